@@ -1,0 +1,3 @@
+from pipeline.cli import pack
+
+pack()

@@ -1,0 +1,36 @@
+"""Every output file is written under a temporary name and renamed into place.
+
+A reader therefore sees either the old file, no file, or the complete new file: never a
+half-written one, whatever kills the process (Ctrl+C, kill -9, a full disk).
+"""
+
+import json
+import os
+from pathlib import Path
+
+
+def temp_name(path: Path) -> Path:
+    # The pid keeps two writers apart; the leading dot keeps globs like shard.* off it.
+    return path.with_name(f".{path.name}.tmp{os.getpid()}")
+
+
+def write_bytes(path: Path, data: bytes | memoryview, fsync: bool = False) -> None:
+    """Write `data` to `path` atomically. On any error the temp file is removed and the
+    error re-raised, so nothing is left under either name."""
+    path = Path(path)
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj, fsync: bool = False) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
+    write_bytes(path, text.encode("utf-8"), fsync=fsync)

@@ -1,0 +1,295 @@
+"""`pack build`: read -> tokenize -> split -> pack -> write shards, resumably.
+
+    read_batches (inputs.py)      main thread: batches of texts from one file, in document order
+      -> encode_batch (encode.py) worker threads: hash, split, tokens + EOS    (--workers)
+      -> RowPacker (pack.py)      main thread, one per split: rows of exactly --seq tokens
+      -> ShardSink (writers.py)   main thread, one per split: write-ahead rows -> finished shards
+      -> checkpoint               every CHECKPOINT_SECONDS and after each finished shard
+
+Batches are submitted in order and consumed in order, at most 2 x workers ahead, so memory is
+bounded and the output is the same for any worker count. A checkpoint records the input cursor,
+counters, each split's unfinished row and how much of its partial shard files is valid; re-running
+the same command resumes from it and produces the same bytes as an uninterrupted build.
+"""
+
+import io
+import json
+import os
+import shutil
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import manifest as manifest_mod
+from pipeline.atomic import write_bytes, write_json
+from pipeline.catalog import expand_inputs, file_format, get_dataset
+from pipeline.config import SHARD_BYTES, BuildConfig
+from pipeline.encode import encode_batch
+from pipeline.errors import InputError, SettingsError
+from pipeline.hub import HubFiles, HuggingFaceHub
+from pipeline.inputs import LocalFiles, describe_hub, read_batches
+from pipeline.pack import RowPacker
+from pipeline.progress import Progress
+from pipeline.records import BLANK_LINE, REASONS, Skip
+from pipeline.split import Splitter
+from pipeline.tokenizer import load_tokenizer
+from pipeline.writers import ShardSink
+
+SPLITS = ("train", "val")
+WORK_DIR = ".longpack-build"
+CHECKPOINT_SECONDS = 10.0
+OUTPUT_NAMES = {"train", "val", "manifest.json", "skipped.jsonl", WORK_DIR}
+
+
+def _open_inputs(cfg: BuildConfig, dataset, hub_client):
+    if cfg.inputs:
+        files = LocalFiles(expand_inputs(dataset, list(cfg.inputs)))
+        return files, files.describe()
+    if dataset.hub_repo is None:
+        raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
+    hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
+    return hub, describe_hub(hub)
+
+
+def _prepare_output(out: Path, fingerprint: dict, overwrite: bool):
+    """Returns 'complete' (this very build is already there), a checkpoint to resume, or None."""
+    work = out / WORK_DIR
+    manifest_path, fp_path = out / "manifest.json", work / "fingerprint.json"
+    existing = None
+    if manifest_path.exists():
+        existing = json.loads(manifest_path.read_text()).get("fingerprint")
+    elif fp_path.exists():
+        existing = json.loads(fp_path.read_text())
+    entries = set(os.listdir(out)) if out.is_dir() else set()
+    if existing is None and entries - OUTPUT_NAMES:
+        raise SettingsError(f"{out} is not empty and holds no longpack build; refusing to write "
+                            "into it: choose a new or empty --out")
+    if existing is not None and existing != fingerprint and not overwrite:
+        changed = sorted(k for k in set(existing) | set(fingerprint)
+                         if existing.get(k) != fingerprint.get(k))
+        raise SettingsError(f"{out} holds a build with different settings ({', '.join(changed)} "
+                            "differ); re-run with the same settings to resume it, or pass "
+                            "--overwrite to replace it")
+    if overwrite or existing != fingerprint:
+        for name in OUTPUT_NAMES & entries:
+            path = out / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    if manifest_path.exists():
+        shutil.rmtree(work, ignore_errors=True)  # left by a build killed while cleaning up
+        return "complete"
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(fp_path, fingerprint)
+    ckpt = work / "checkpoint.npz"
+    if not ckpt.exists():
+        return None
+    with np.load(ckpt) as z:
+        arrays = {k: z[k] for k in z.files}
+    state = json.loads(bytes(arrays.pop("state")).decode())
+    state["arrays"] = arrays
+    return state
+
+
+class Build:
+    def __init__(self, cfg: BuildConfig, hub_client=None, show_progress: bool | None = None):
+        self.t_start, self.t0 = time.time(), time.monotonic()
+        self.cfg = cfg
+        self.dataset = get_dataset(cfg.dataset)
+        self.field = cfg.text_field or self.dataset.text_field
+        self.tok = load_tokenizer(cfg.tokenizer, bos=cfg.bos)
+        self.files, self.inputs = _open_inputs(cfg, self.dataset, hub_client)
+        self.out = Path(cfg.out)
+        self.work = self.out / WORK_DIR
+        tokenizer_id = {k: v for k, v in self.tok.identity().items() if k != "source"}
+        self.fingerprint = {"settings": cfg.output_settings(), "tokenizer": tokenizer_id,
+                            "inputs": self.inputs, "format_version": manifest_mod.FORMAT_VERSION}
+        self.splitter = Splitter(cfg.val_fraction, cfg.seed)
+        self.show_progress = show_progress
+
+    # -- state -------------------------------------------------------------------------------
+    def _restore(self, state: dict | None):
+        cfg, dtype = self.cfg, self.tok.dtype
+        fresh = state is None
+        state = state or {"cursor": [0, 0], "input_done": False, "skip_log_bytes": 0,
+                          "counts": manifest_mod.empty_counts(SPLITS, REASONS), "splits": {},
+                          "arrays": {}, "runs": 0}
+        self.cursor, self.input_done = tuple(state["cursor"]), state["input_done"]
+        self.counts, self.runs = state["counts"], state["runs"] + 1
+        self.resumed = not fresh
+        arrays = state["arrays"]
+        self.packers = {s: RowPacker(cfg.seq, dtype, arrays.get(f"{s}_carry"),
+                                     arrays.get(f"{s}_carry_segments")) for s in SPLITS}
+        compression = None if cfg.compression == "none" else cfg.compression
+        self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
+                                   cfg.shard_rows(dtype.itemsize), compression, SHARD_BYTES,
+                                   state["splits"].get(s)) for s in SPLITS}
+        self.skip_log = open(self.out / "skipped.jsonl", "ab")
+        self.skip_log.truncate(state["skip_log_bytes"])
+
+    def _checkpoint(self):
+        self.skip_log.flush()
+        state = {"cursor": list(self.cursor), "input_done": self.input_done, "runs": self.runs,
+                 "skip_log_bytes": self.skip_log.tell(), "counts": self.counts,
+                 "splits": {s: self.sinks[s].state() for s in SPLITS}}
+        arrays = {"state": np.frombuffer(json.dumps(state).encode(), np.uint8)}
+        for s in SPLITS:
+            arrays[f"{s}_carry"] = self.packers[s].carry
+            arrays[f"{s}_carry_segments"] = self.packers[s].carry_segments
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        write_bytes(self.work / "checkpoint.npz", buf.getbuffer())
+        for sink in self.sinks.values():
+            sink.delete_obsolete()
+        self.last_checkpoint = time.monotonic()
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _skip(self, batch_file: int, n: int, skip: Skip):
+        c = self.counts
+        c["skipped"][skip.reason] += skip.records
+        parquet = file_format(self.files.uri(batch_file)) == "parquet"
+        where = {"row": n - 1} if parquet else {"line": n}
+        record = {"file": self.files.uri(batch_file), **where, "reason": skip.reason,
+                  "detail": skip.detail, "records": skip.records}
+        self.skip_log.write((json.dumps(record) + "\n").encode())
+        if self.cfg.on_error == "fail" and skip.reason != BLANK_LINE:
+            place = ", ".join(f"{k} {v}" for k, v in where.items())
+            raise InputError(f"{record['file']}, {place}: {skip.reason}: {skip.detail} "
+                             "(--on-error skip counts and logs such records instead)")
+
+    def _consume(self, batch, results) -> bool:
+        """Pack one encoded batch; True once --max-tokens / --limit-docs is reached."""
+        cfg, c = self.cfg, self.counts
+        parts = {s: ([], [], []) for s in SPLITS}
+        stop = False
+        for (n, _), r in zip(batch.records, results):
+            c["records_read"] += 1
+            if isinstance(r, Skip):
+                c["records_read"] += r.records - 1
+                self._skip(batch.file_index, n, r)
+                continue
+            is_val, h, doc, nbytes = r
+            split = SPLITS[is_val]
+            tokens, lengths, hashes = parts[split]
+            tokens.append(doc)
+            lengths.append(len(doc))
+            hashes.append(h)
+            cs = c["splits"][split]
+            cs["documents"] += 1
+            cs["tokens"] += len(doc)
+            cs["text_bytes"] += nbytes
+            c["documents"] += 1
+            c["tokens"] += len(doc)
+            if (cfg.max_tokens and c["tokens"] >= cfg.max_tokens
+                    or cfg.limit_docs and c["documents"] >= cfg.limit_docs):
+                stop = True
+                break
+        for s, (tokens, lengths, hashes) in parts.items():
+            if tokens:
+                rows, segments = self.packers[s].add(
+                    np.concatenate(tokens), np.array(lengths, np.int64),
+                    np.array(hashes, np.uint64))
+                self.sinks[s].append(rows, segments)
+        if batch.file_done:
+            self.bytes_done += self.files.files[batch.file_index][1]
+            self.cursor = (batch.file_index + 1, 0)
+        else:
+            self.cursor = (batch.file_index, batch.end)
+        return stop
+
+    def _prefetch_next(self, file_index: int) -> bool:
+        """Fetch the next hub file in the background unless the build should stop in this one."""
+        if not self.cfg.max_tokens or not self.bytes_done:
+            return True
+        tokens_per_byte = self.counts["tokens"] / self.bytes_done
+        expected = self.counts["tokens"] + tokens_per_byte * self.files.files[file_index][1]
+        return expected < self.cfg.max_tokens
+
+    def _read_all(self):
+        cfg = self.cfg
+        progress = Progress(sum(s for _, s in self.files.files), cfg.max_tokens,
+                            self.show_progress)
+        pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
+        inflight: deque = deque()
+        bos = self.tok.bos_id
+        try:
+            batches = read_batches(self.files, self.field, self.cursor, self._prefetch_next)
+            exhausted = False
+            while True:
+                while not exhausted and len(inflight) < 2 * cfg.workers:
+                    batch = next(batches, None)
+                    if batch is None:
+                        exhausted = True
+                        break
+                    inflight.append((batch, pool.submit(encode_batch, batch.records, self.tok,
+                                                        self.splitter, bos)))
+                if not inflight:
+                    break
+                batch, future = inflight.popleft()
+                if self.t_first is None:
+                    self.t_first = time.monotonic()
+                stop = self._consume(batch, future.result())
+                progress.update(self.counts["documents"], self.counts["tokens"], self.bytes_done)
+                if stop:
+                    break
+                if (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
+                        or any(s.obsolete for s in self.sinks.values())):
+                    self._checkpoint()
+        finally:
+            for _, future in inflight:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            progress.close()
+        self.t_last = time.monotonic()
+        self.input_done = True
+        self._checkpoint()
+
+    def run(self) -> dict:
+        state = _prepare_output(self.out, self.fingerprint, self.cfg.overwrite)
+        if state == "complete":
+            self.files.close()
+            return json.loads((self.out / "manifest.json").read_text())
+        self._restore(state)
+        self.t_first = self.t_last = None
+        self.last_checkpoint = time.monotonic()
+        self.bytes_done = sum(s for _, s in self.files.files[: self.cursor[0]])
+        self.tokens_at_start = self.counts["tokens"]
+        try:
+            if not self.input_done:
+                self._read_all()
+            indexes = self._finish()
+        finally:
+            self.skip_log.close()
+            self.files.close()
+        return self._write_manifest(indexes)
+
+    def _finish(self) -> dict:
+        indexes = {}
+        for s in SPLITS:
+            rows, segments, padding, dropped = self.packers[s].finish(self.cfg.last_row,
+                                                                      self.tok.eos_id)
+            self.sinks[s].append(rows, segments)
+            cs = self.counts["splits"][s]
+            cs["padding_tokens"], cs["dropped_tokens"] = padding, dropped
+            indexes[s] = self.sinks[s].close()
+        return indexes
+
+    def _write_manifest(self, indexes: dict) -> dict:
+        t_end = time.time()
+        loop = (self.t_last - self.t_first) if self.t_first and self.t_last else None
+        new_tokens = self.counts["tokens"] - self.tokens_at_start
+        timings = {"started": self.t_start, "finished": t_end, "seconds": t_end - self.t_start,
+                   "startup_seconds": self.t_first - self.t0 if self.t_first else None,
+                   "steady_seconds": loop, "tokens_this_run": new_tokens,
+                   "steady_tokens_per_second": new_tokens / loop if loop else None,
+                   "resumed": self.resumed, "runs": self.runs}
+        m = manifest_mod.make_manifest(self.cfg, self.fingerprint, self.tok, self.inputs,
+                                       self.counts, indexes, self.out, timings)
+        write_json(self.out / "manifest.json", m, fsync=True)
+        shutil.rmtree(self.work, ignore_errors=True)
+        return m
+
+
+def build(cfg: BuildConfig, hub_client=None, show_progress: bool | None = None) -> dict:
+    return Build(cfg, hub_client, show_progress).run()

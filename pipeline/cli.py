@@ -1,0 +1,74 @@
+"""`pack`: the data-stage command line. Every flag is declared once, here."""
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from pipeline.catalog import DATASETS
+from pipeline.config import FORMATS, LAST_ROW_POLICIES, BuildConfig
+from pipeline.errors import LongpackError
+
+
+@click.group()
+@click.version_option(package_name="longpack")
+def pack():
+    """Turn web-scale text into packed long-context training shards."""
+
+
+@pack.command()
+@click.option("--dataset", type=click.Choice(list(DATASETS)), default="fineweb-edu",
+              show_default=True, help="Named dataset: text field, file patterns, hub location.")
+@click.option("--input", "inputs", multiple=True, metavar="PATH",
+              help="File, directory or glob (repeatable). Without it the dataset is fetched "
+                   "from the Hugging Face hub.")
+@click.option("--subset", default=None, help="Hub subset, e.g. sample-10BT (the default), "
+                                             "sample-100BT, CC-MAIN-2024-10.")
+@click.option("--text-field", default=None, help="Field/column with the text [dataset's: text].")
+@click.option("--tokenizer", default="gpt2", show_default=True,
+              help="tiktoken name (gpt2, r50k_base, cl100k_base, o200k_base), a .tiktoken ranks "
+                   "file, or a Hugging Face tokenizer.json.")
+@click.option("--seq", type=int, default=32768, show_default=True, help="Tokens per row.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="mds", show_default=True)
+@click.option("--workers", type=int, default=os.cpu_count() or 1, show_default="all cores",
+              help="Tokenizer threads (the output does not depend on it).")
+@click.option("--val-fraction", type=float, default=0.0005, show_default=True,
+              help="Fraction of documents (by stable hash) in the validation split.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split.")
+@click.option("--max-tokens", type=int, default=None,
+              help="Stop after the document at which the token count reaches N.")
+@click.option("--limit-docs", type=int, default=None, help="Stop after N documents.")
+@click.option("--compression", default=None,
+              help="zstd, zstd:LEVEL or none [mds: zstd; memmap: none].")
+@click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip",
+              show_default=True, help="Bad input: count and log it, or stop.")
+@click.option("--bos/--no-bos", default=False, show_default=True,
+              help="Start every document with the tokenizer's BOS token.")
+@click.option("--last-row", type=click.Choice(LAST_ROW_POLICIES), default="pad",
+              show_default=True, help="Final partial row of each split: pad it or drop it.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing build in --out.")
+@click.option("--quiet", is_flag=True, help="No progress bar and no summary.")
+def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers, val_fraction,
+          seed, max_tokens, limit_docs, compression, on_error, bos, last_row, overwrite, quiet):
+    """Tokenize documents and pack them into rows of exactly --seq tokens."""
+    from pipeline.build import build as run_build
+    from pipeline.manifest import summary
+
+    try:
+        cfg = BuildConfig(out=out, dataset=dataset, inputs=tuple(inputs), subset=subset,
+                          text_field=text_field, tokenizer=tokenizer, seq=seq, format=fmt,
+                          workers=workers, val_fraction=val_fraction, seed=seed,
+                          max_tokens=max_tokens, limit_docs=limit_docs, compression=compression,
+                          on_error=on_error, bos=bos, last_row=last_row, overwrite=overwrite)
+        manifest = run_build(cfg, show_progress=False if quiet else None)
+    except LongpackError as e:
+        raise click.ClickException(str(e)) from None
+    except KeyboardInterrupt:
+        click.echo("\ninterrupted: re-run the same command to resume", err=True)
+        sys.exit(130)
+    if not quiet:
+        click.echo(summary(manifest, Path(out)))
+
+

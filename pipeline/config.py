@@ -1,0 +1,88 @@
+"""The settings of one `pack build`, validated once, recorded in the manifest."""
+
+import os
+from dataclasses import asdict, dataclass, field
+
+from pipeline.errors import SettingsError
+
+SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (MDS's default size)
+FORMATS = ("mds", "memmap")
+LAST_ROW_POLICIES = ("pad", "drop")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    out: str
+    """Output directory: OUT/train, OUT/val, OUT/manifest.json."""
+    dataset: str = "fineweb-edu"
+    """Named dataset: sets the text field, file patterns and hub location."""
+    inputs: tuple[str, ...] = ()
+    """Files, directories or globs; empty means fetch the named dataset from the hub."""
+    subset: str | None = None
+    """Hub subset when fetching (FineWeb-Edu: sample-10BT, sample-100BT, CC-MAIN-2024-10, ...)."""
+    text_field: str | None = None
+    """Field/column holding the document text; None takes the dataset's."""
+    tokenizer: str = "gpt2"
+    """tiktoken name, .tiktoken ranks file, or Hugging Face tokenizer.json."""
+    seq: int = 32768
+    """Tokens per row."""
+    format: str = "mds"
+    """mds (mosaicml-streaming shards) or memmap (.npy arrays)."""
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Tokenizer threads; output does not depend on it."""
+    val_fraction: float = 0.0005
+    """Expected fraction of documents in the validation split."""
+    seed: int = 0
+    """Seed of the train/validation split."""
+    max_tokens: int | None = None
+    """Stop after the document at which the total token count reaches this."""
+    limit_docs: int | None = None
+    """Stop after this many documents are packed."""
+    compression: str | None = None
+    """zstd, zstd:LEVEL (1-22) or none; None takes the format's default (MDS: zstd, memmap: none)."""
+    on_error: str = "skip"
+    """skip: count and log bad input; fail: stop at the first bad document."""
+    bos: bool = False
+    """Start each document with the tokenizer's BOS token (EOS always ends it)."""
+    last_row: str = "pad"
+    """Final partial row of each split: pad (with EOS, marked as padding) or drop."""
+    overwrite: bool = False
+    """Replace an existing build in `out` instead of refusing."""
+
+    def __post_init__(self):
+        if self.seq < 2:
+            raise SettingsError(f"--seq must be at least 2 (got {self.seq})")
+        if self.format not in FORMATS:
+            raise SettingsError(f"--format must be one of {', '.join(FORMATS)}")
+        if self.workers < 1:
+            raise SettingsError(f"--workers must be at least 1 (got {self.workers})")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise SettingsError(f"--val-fraction must be in [0, 1) (got {self.val_fraction})")
+        for flag, value in (("--max-tokens", self.max_tokens), ("--limit-docs", self.limit_docs)):
+            if value is not None and value < 1:
+                raise SettingsError(f"{flag} must be positive (got {value})")
+        if self.on_error not in ("skip", "fail"):
+            raise SettingsError("--on-error must be skip or fail")
+        if self.last_row not in LAST_ROW_POLICIES:
+            raise SettingsError(f"--last-row must be one of {', '.join(LAST_ROW_POLICIES)}")
+        if self.compression is None:
+            object.__setattr__(self, "compression", "zstd" if self.format == "mds" else "none")
+        algo, _, level = self.compression.partition(":")
+        if not (self.compression == "none" or algo == "zstd" and (
+                not level or level.isdigit() and 1 <= int(level) <= 22)):
+            raise SettingsError(f"--compression {self.compression}: use zstd, zstd:LEVEL "
+                                "(1-22) or none")
+        if self.format == "memmap" and self.compression != "none":
+            raise SettingsError("memmap shards are uncompressed .npy files: drop --compression "
+                                "(or use --format mds)")
+
+    def shard_rows(self, itemsize: int) -> int:
+        return max(1, SHARD_BYTES // (self.seq * itemsize))
+
+    def output_settings(self) -> dict:
+        """The settings that determine the output bytes (inputs are fingerprinted separately)."""
+        d = asdict(self)
+        for k in ("out", "workers", "on_error", "overwrite", "inputs"):
+            d.pop(k)
+        d["shard_bytes"] = SHARD_BYTES
+        return d

@@ -1,0 +1,75 @@
+"""The build's input files, and the stream of document batches read from them.
+
+A batch holds up to BATCH_CHARS characters of text from one file, in record order. It is the
+unit of tokenization (one worker thread each) and of resumption: after a batch the cursor is
+(file index, records read in that file), and a resumed build starts reading right there.
+"""
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.catalog import file_format
+from pipeline.read_jsonl import read_jsonl
+from pipeline.read_parquet import read_parquet
+from pipeline.records import Skip
+
+BATCH_CHARS = 1 << 20  # ~250k tokens: ~0.1 s of one tokenizer thread
+BATCH_DOCS = 4096
+
+
+class LocalFiles:
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+        self.files = [(str(p), os.path.getsize(p)) for p in paths]
+
+    def describe(self) -> list[dict]:
+        return [{"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+                for p, st in ((p, os.stat(p)) for p in self.paths)]
+
+    def path(self, i: int, prefetch_next: bool = True) -> Path:
+        return self.paths[i]
+
+    def uri(self, i: int) -> str:
+        return str(self.paths[i])
+
+    def close(self):
+        pass
+
+
+def describe_hub(hub) -> list[dict]:
+    return [{"path": hub.uri(i), "size": size} for i, (_, size) in enumerate(hub.files)]
+
+
+@dataclass
+class Batch:
+    file_index: int
+    records: list[tuple[int, object]] = field(default_factory=list)  # (record number, text|Skip)
+    chars: int = 0
+    end: int = 0  # records of this file read once this batch is done
+    file_done: bool = False
+
+    @property
+    def texts(self) -> list[str]:
+        return [v for _, v in self.records if not isinstance(v, Skip)]
+
+
+def read_batches(files, text_field: str, cursor: tuple[int, int],
+                 prefetch_next=lambda i: True) -> Iterator[Batch]:
+    first_file, first_record = cursor
+    for fi in range(first_file, len(files.files)):
+        start = first_record if fi == first_file else 0
+        path = files.path(fi, prefetch_next=prefetch_next(fi))
+        reader = read_parquet if file_format(str(path)) == "parquet" else read_jsonl
+        batch = Batch(fi, end=start)
+        for n, value in reader(path, text_field, start):
+            batch.records.append((n, value))
+            batch.end = n
+            if isinstance(value, str):
+                batch.chars += len(value)
+            if batch.chars >= BATCH_CHARS or len(batch.records) >= BATCH_DOCS:
+                yield batch
+                batch = Batch(fi, end=n)
+        batch.file_done = True
+        yield batch

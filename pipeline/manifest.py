@@ -1,0 +1,86 @@
+"""OUT/manifest.json: exactly what went in and what came out, and the end-of-build summary.
+
+Written last (atomically), so its presence means the build is complete. docs/FORMAT.md
+documents every field.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+FORMAT_VERSION = 1
+
+
+def longpack_version() -> str:
+    try:
+        return version("longpack")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def empty_counts(splits, reasons) -> dict:
+    split = {"documents": 0, "tokens": 0, "text_bytes": 0, "padding_tokens": 0,
+             "dropped_tokens": 0}
+    return {"records_read": 0, "documents": 0, "tokens": 0,
+            "skipped": {r: 0 for r in reasons}, "splits": {s: dict(split) for s in splits}}
+
+
+def _split_outputs(fmt: str, index: dict, seq: int) -> dict:
+    if fmt == "mds":
+        shards = index["shards"]
+        rows = sum(s["samples"] for s in shards)
+        files = [(s["zip_data"] or s["raw_data"]) for s in shards]
+        nbytes = sum(f["bytes"] for f in files)
+    else:
+        shards = index["shards"]
+        rows = index["rows"]
+        nbytes = sum(s["tokens"]["bytes"] + s["docs"]["bytes"] for s in shards)
+    return {"rows": rows, "shards": len(shards), "bytes": nbytes, "row_tokens": rows * seq}
+
+
+def make_manifest(cfg, fingerprint: dict, tok, inputs: list[dict], counts: dict,
+                  indexes: dict, out: Path, timings: dict) -> dict:
+    splits = {}
+    for name, index in indexes.items():
+        splits[name] = {**counts["splits"][name], **_split_outputs(cfg.format, index, cfg.seq),
+                        "path": name}
+    return {
+        "longpack_version": longpack_version(),
+        "format_version": FORMAT_VERSION,
+        "format": cfg.format,
+        "seq": cfg.seq,
+        "dtype": tok.dtype.name,
+        "tokenizer": tok.identity(),
+        "pad_id": tok.eos_id,
+        "document_order": "input files sorted by path, then records in file order",
+        "settings": {**cfg.output_settings(), "workers": cfg.workers, "on_error": cfg.on_error},
+        "inputs": inputs,
+        "counts": {k: v for k, v in counts.items() if k != "splits"},
+        "splits": splits,
+        "skipped_log": "skipped.jsonl",
+        "timings": timings,
+        "fingerprint": fingerprint,
+    }
+
+
+def summary(m: dict, out: Path) -> str:
+    c, t = m["counts"], m["timings"]
+    lines = [f"pack build: {out}  ({m['format']}, seq {m['seq']}, {m['dtype']}, "
+             f"tokenizer {m['tokenizer']['name']})",
+             f"  inputs      {len(m['inputs'])} files, {sum(i['size'] for i in m['inputs']):,} bytes",
+             f"  read        {c['records_read']:,} records -> {c['documents']:,} documents, "
+             f"{c['tokens']:,} tokens"]
+    skipped = {k: v for k, v in c["skipped"].items() if v}
+    if skipped:
+        lines.append("  skipped     " + ", ".join(f"{k} {v:,}" for k, v in skipped.items())
+                     + f"  (each one in {out / m['skipped_log']})")
+    else:
+        lines.append("  skipped     none")
+    for name, s in m["splits"].items():
+        lines.append(f"  {name:<11} {s['documents']:,} docs, {s['tokens']:,} tokens -> "
+                     f"{s['rows']:,} rows in {s['shards']} shards, {s['bytes']:,} bytes; "
+                     f"padding {s['padding_tokens']:,}, dropped {s['dropped_tokens']:,}")
+    rate = t.get("steady_tokens_per_second")
+    rate_text = f", {rate / 1e6:.2f} M tokens/s steady" if rate else ""
+    resumed = f" (resumed; run {t['runs']})" if t.get("resumed") else ""
+    lines.append(f"  time        {t['seconds']:.1f} s{rate_text}{resumed}")
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""Load a tokenizer from a tiktoken name, a `.tiktoken` ranks file or a Hugging Face tokenizer.json.
+
+Offline use is first-class: a file path never touches the network. A tiktoken name (gpt2,
+cl100k_base, ...) is fetched by tiktoken itself (and cached in TIKTOKEN_CACHE_DIR); when that
+fails, the error names the file to pass instead.
+
+Text is always encoded as ordinary text: a literal "<|endoftext|>" inside a document becomes the
+tokens of those characters, never the EOS id, so splitting packed rows at EOS gives back exactly
+the input documents.
+"""
+
+import base64
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import TokenizerError
+
+ENDOFTEXT = "<|endoftext|>"
+
+# tiktoken's own encodings (facts from tiktoken_ext/openai_public.py, tiktoken 0.14): the sha256 of
+# each ranks file, its special tokens and its pre-tokenization regex. They let a local
+# `.tiktoken` file be used with no network. gpt2 and r50k_base have the same ranks.
+_R50K_PAT = (
+    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+)
+_CL100K_PAT = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+_O200K_PAT = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+TIKTOKEN_ENCODINGS = {
+    "gpt2": ("306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+             _R50K_PAT, {ENDOFTEXT: 50256}),
+    "r50k_base": ("306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
+                  _R50K_PAT, {ENDOFTEXT: 50256}),
+    "cl100k_base": ("223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+                    _CL100K_PAT, {ENDOFTEXT: 100257, "<|fim_prefix|>": 100258,
+                                  "<|fim_middle|>": 100259, "<|fim_suffix|>": 100260,
+                                  "<|endofprompt|>": 100276}),
+    "o200k_base": ("446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+                   _O200K_PAT, {ENDOFTEXT: 199999, "<|endofprompt|>": 200018}),
+}
+# Names a Hugging Face tokenizer gives its end- and start-of-document tokens, in order of preference.
+HF_EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
+HF_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|bos|>")
+
+
+@dataclass
+class Tokenizer:
+    """A loaded tokenizer: `encode_batch` for packing, `identity` for the manifest."""
+
+    name: str
+    kind: str  # "tiktoken" or "huggingface"
+    source: str  # the name or file it was loaded from
+    sha256: str  # of the ranks file / tokenizer.json (for a tiktoken name: of its canonical ranks file)
+    vocab_size: int  # every token id is < vocab_size
+    eos_id: int
+    bos_id: int | None
+    _impl: object = field(repr=False)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The smallest unsigned dtype that holds every id: uint16 for GPT-2, uint32 for cl100k."""
+        return np.dtype(np.uint16) if self.vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+    def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids (uint32) of each text, special-token strings encoded as plain text.
+        Releases the GIL inside the tokenizer, so worker threads run in parallel."""
+        if self.kind == "tiktoken":
+            return [self._impl.encode_to_numpy(t, disallowed_special=()) for t in texts]
+        encodings = self._impl.encode_batch_fast(texts, add_special_tokens=False)
+        return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self.kind == "tiktoken":
+            return self._impl.decode(ids)
+        return self._impl.decode(ids, skip_special_tokens=False)
+
+    def identity(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "source": self.source,
+                "sha256": self.sha256, "vocab_size": self.vocab_size,
+                "eos_id": self.eos_id, "bos_id": self.bos_id, "dtype": self.dtype.name}
+
+
+def load_tokenizer(spec: str, bos: bool = False) -> Tokenizer:
+    """`spec` is a tiktoken encoding name, a `.tiktoken` ranks file, or a tokenizer.json."""
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix == ".json":
+            tok = _load_huggingface(path)
+        else:
+            tok = _load_tiktoken_file(path)
+    elif spec in TIKTOKEN_ENCODINGS:
+        tok = _load_tiktoken_name(spec)
+    elif path.suffix in (".json", ".tiktoken") or os.sep in spec:
+        raise TokenizerError(f"tokenizer file not found: {spec}")
+    else:
+        raise TokenizerError(
+            f"unknown tokenizer {spec!r}: pass one of {', '.join(TIKTOKEN_ENCODINGS)}, "
+            "a path to a .tiktoken ranks file, or a path to a Hugging Face tokenizer.json")
+    if bos and tok.bos_id is None:
+        raise TokenizerError(
+            f"--bos: tokenizer {tok.name} has no beginning-of-document token distinct from its "
+            "EOS; drop --bos (documents are still separated by EOS)")
+    if not bos:
+        tok.bos_id = None
+    return tok
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _ranks_sha256(ranks: dict[bytes, int]) -> str:
+    """sha256 of the canonical .tiktoken serialization ("base64 rank" lines in rank order),
+    which equals the sha256 of the official ranks file."""
+    h = hashlib.sha256()
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        h.update(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _tiktoken_tokenizer(enc, name: str, source: str, sha256: str) -> Tokenizer:
+    if ENDOFTEXT not in enc._special_tokens:
+        raise TokenizerError(f"tiktoken encoding {name} has no {ENDOFTEXT} token to end documents")
+    return Tokenizer(name=name, kind="tiktoken", source=source, sha256=sha256,
+                     vocab_size=enc.n_vocab, eos_id=enc.eot_token, bos_id=None, _impl=enc)
+
+
+def _load_tiktoken_name(name: str) -> Tokenizer:
+    import tiktoken
+
+    try:
+        enc = tiktoken.get_encoding(name)
+    except Exception as e:  # requests/urllib/blobfile errors when offline
+        raise TokenizerError(
+            f"could not load tiktoken encoding {name!r} ({type(e).__name__}: no network?); pass "
+            f"its ranks file instead, e.g. --tokenizer path/to/{name}.tiktoken") from None
+    return _tiktoken_tokenizer(enc, name, name, _ranks_sha256(enc._mergeable_ranks))
+
+
+def _load_tiktoken_file(path: Path) -> Tokenizer:
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    sha = _file_sha256(path)
+    by_hash = [n for n, (h, _, _) in TIKTOKEN_ENCODINGS.items() if h == sha]
+    if path.stem in TIKTOKEN_ENCODINGS and (not by_hash or path.stem in by_hash):
+        name = path.stem
+    elif by_hash:
+        name = by_hash[0]
+    else:
+        raise TokenizerError(
+            f"{path}: unknown .tiktoken ranks file (sha256 {sha[:12]}…); name it after the "
+            f"encoding whose pattern and special tokens it uses ({', '.join(TIKTOKEN_ENCODINGS)})")
+    _, pat_str, special_tokens = TIKTOKEN_ENCODINGS[name]
+    try:
+        ranks = load_tiktoken_bpe(str(path))
+    except Exception as e:
+        raise TokenizerError(f"{path}: not a .tiktoken ranks file ({e})") from None
+    enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks,
+                            special_tokens=special_tokens)
+    return _tiktoken_tokenizer(enc, name, str(path), sha)
+
+
+def _load_huggingface(path: Path) -> Tokenizer:
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:
+        raise TokenizerError(
+            f"{path} is a Hugging Face tokenizer.json; install the extra: pip install 'longpack[hf]'"
+        ) from None
+    try:
+        impl = HFTokenizer.from_file(str(path))
+    except Exception as e:
+        raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({e})") from None
+    # Literal special-token strings inside a document stay text (see the module docstring).
+    impl.encode_special_tokens = True
+    vocab = impl.get_vocab(with_added_tokens=True)
+    specials = {t.content for t in impl.get_added_tokens_decoder().values() if t.special}
+    eos = next((n for n in HF_EOS_NAMES if n in specials), None)
+    if eos is None:
+        raise TokenizerError(
+            f"{path}: no end-of-document token among its special tokens "
+            f"(looked for {', '.join(HF_EOS_NAMES)})")
+    bos = next((n for n in HF_BOS_NAMES if n in specials and n != eos), None)
+    return Tokenizer(name=path.stem, kind="huggingface", source=str(path),
+                     sha256=_file_sha256(path), vocab_size=max(vocab.values()) + 1,
+                     eos_id=vocab[eos], bos_id=vocab[bos] if bos else None, _impl=impl)

@@ -1,0 +1,92 @@
+"""Encode one MDS shard (mosaicml-streaming's format, version 2) from packed rows.
+
+Written here rather than with streaming's MDSWriter so that every shard goes to disk under a
+temporary name and is renamed whole, and so that a build can resume shard by shard (MDSWriter
+writes index.json from `__exit__` even when the body raised, and cannot continue a dataset).
+The layout is streaming's (streaming/base/format/mds/writer.py and encodings.py, v0.13):
+
+  raw shard = u32 n | u32 offsets[n+1] | config JSON | sample 0 | ... | sample n-1
+  offsets are absolute byte positions of each sample (offsets[n] = file length);
+  config JSON = json.dumps(config, sort_keys=True), config as in `shard_config` below;
+  sample = u32 size of each variable-size column, in column order | each column's bytes.
+
+Columns, sorted by name as MDS stores them:
+  doc_hashes  ndarray:uint64        document hash of each segment of the row (0 = padding)
+  doc_starts  ndarray:uint32        offset where each segment starts (the first is 0)
+  tokens      ndarray:<dtype>:<seq> the row, fixed size, what llm-foundry's text loader reads
+A variable-shape ndarray is encoded as one byte (ndim << 2 | shape dtype code, code 0..3 =
+uint8..uint64, the smallest that holds the length) | the length in that dtype | the values.
+"""
+
+import hashlib
+import json
+
+import numpy as np
+import zstandard
+
+SHAPE_CODES = ((1 << 8, 0, np.uint8), (1 << 16, 1, np.uint16), (1 << 32, 2, np.uint32))
+
+
+def column_spec(seq: int, dtype: np.dtype) -> tuple[list[str], list[str], list[int | None]]:
+    names = ["doc_hashes", "doc_starts", "tokens"]
+    encodings = ["ndarray:uint64", "ndarray:uint32", f"ndarray:{np.dtype(dtype).name}:{seq}"]
+    sizes = [None, None, seq * np.dtype(dtype).itemsize]
+    return names, encodings, sizes
+
+
+def shard_config(seq: int, dtype: np.dtype, compression: str | None, size_limit: int) -> dict:
+    names, encodings, sizes = column_spec(seq, dtype)
+    return {"version": 2, "format": "mds", "compression": compression, "hashes": ["sha256"],
+            "size_limit": size_limit, "column_names": names, "column_encodings": encodings,
+            "column_sizes": sizes}
+
+
+def _vector(values: np.ndarray) -> bytes:
+    n = len(values)  # always >= 1: every row has a segment at offset 0
+    limit, code, shape_dtype = next(c for c in SHAPE_CODES if n < c[0])
+    return bytes([(1 << 2) | code]) + np.array([n], shape_dtype).tobytes() + values.tobytes()
+
+
+def encode_raw_shard(rows: np.ndarray, segments: np.ndarray, config: dict) -> bytes:
+    """`segments` is [m, 3] uint64 (row within this shard, start, hash), sorted by row."""
+    bounds = np.searchsorted(segments[:, 0], np.arange(len(rows) + 1))
+    samples = []
+    for r in range(len(rows)):
+        seg = segments[bounds[r]:bounds[r + 1]]
+        hashes = _vector(seg[:, 2].astype("<u8"))
+        starts = _vector(seg[:, 1].astype("<u4"))
+        sizes = np.array([len(hashes), len(starts)], "<u4").tobytes()
+        samples.append(sizes + hashes + starts + rows[r].tobytes())
+    config_bytes = json.dumps(config, sort_keys=True).encode("utf-8")
+    head = 4 + 4 * (len(rows) + 1) + len(config_bytes)
+    offsets = head + np.concatenate([[0], np.cumsum([len(s) for s in samples])])
+    return b"".join([np.array([len(rows)], "<u4").tobytes(), offsets.astype("<u4").tobytes(),
+                     config_bytes, *samples])
+
+
+def compress(data: bytes, compression: str | None) -> bytes:
+    if compression is None:
+        return data
+    level = int(compression.split(":")[1]) if ":" in compression else 3
+    return zstandard.ZstdCompressor(level=level).compress(data)
+
+
+def encode_shard(number: int, rows: np.ndarray, segments: np.ndarray, config: dict
+                 ) -> tuple[dict[str, bytes], dict]:
+    """Returns ({basename: file bytes}, this shard's entry for index.json)."""
+    raw = encode_raw_shard(rows, segments, config)
+    raw_name = f"shard.{number:05d}.mds"
+    raw_info = {"basename": raw_name, "bytes": len(raw),
+                "hashes": {"sha256": hashlib.sha256(raw).hexdigest()}}
+    entry = {**config, "samples": len(rows), "raw_data": raw_info, "zip_data": None}
+    if config["compression"] is None:
+        return {raw_name: raw}, entry
+    zipped = compress(raw, config["compression"])
+    zip_name = f"{raw_name}.zstd"
+    entry["zip_data"] = {"basename": zip_name, "bytes": len(zipped),
+                         "hashes": {"sha256": hashlib.sha256(zipped).hexdigest()}}
+    return {zip_name: zipped}, entry
+
+
+def index_json(entries: list[dict]) -> dict:
+    return {"version": 2, "shards": entries}

@@ -1,0 +1,116 @@
+"""Rows of one split -> finished shards in OUT/<split>/, through write-ahead partial files.
+
+Completed rows are appended to `<work>/<split>.NNNNN.rows` (and their segments to `.segs`) as
+they are packed: disk writes are sequential and memory holds no shard. When a shard's worth of
+rows is there, the shard is encoded from those files and renamed into OUT/<split>/ whole. The
+checkpoint records how many rows and segments of the partial files are valid, so a resumed build
+truncates them to that and carries on; a partial file is deleted only after a checkpoint that
+no longer needs it.
+"""
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import write_mds, write_memmap
+from pipeline.atomic import write_bytes, write_json
+from pipeline.errors import SettingsError
+
+SEGMENT_BYTES = 3 * 8
+
+
+class ShardSink:
+    def __init__(self, fmt: str, split_dir: Path, work_dir: Path, split: str, seq: int,
+                 dtype: np.dtype, rows_per_shard: int, compression: str | None,
+                 size_limit: int, state: dict | None = None):
+        self.fmt, self.split_dir, self.work_dir, self.split = fmt, split_dir, work_dir, split
+        self.seq, self.dtype, self.rows_per_shard = seq, np.dtype(dtype), rows_per_shard
+        self.mds_config = write_mds.shard_config(seq, dtype, compression, size_limit)
+        state = state or {"shards": [], "partial_rows": 0, "partial_segments": 0}
+        self.entries: list[dict] = list(state["shards"])
+        self.partial_rows, self.partial_segments = state["partial_rows"], state["partial_segments"]
+        self.obsolete: list[Path] = []
+        split_dir.mkdir(parents=True, exist_ok=True)
+        self._open_partial(truncate_to=(self.partial_rows, self.partial_segments))
+
+    def _paths(self) -> tuple[Path, Path]:
+        stem = self.work_dir / f"{self.split}.{len(self.entries):05d}"
+        return stem.with_suffix(".rows"), stem.with_suffix(".segs")
+
+    def _open_partial(self, truncate_to: tuple[int, int]):
+        rows_path, segs_path = self._paths()
+        sizes = (truncate_to[0] * self.seq * self.dtype.itemsize, truncate_to[1] * SEGMENT_BYTES)
+        self._files = []
+        for path, size in zip((rows_path, segs_path), sizes):
+            if path.exists() and path.stat().st_size < size or not path.exists() and size:
+                raise SettingsError(f"resume state does not match {path} (shorter than its "
+                                    "checkpoint); re-run with --overwrite to rebuild")
+            f = open(path, "ab")
+            f.truncate(size)
+            self._files.append(f)
+
+    def append(self, rows: np.ndarray, segments: np.ndarray) -> None:
+        """`segments` rows index into `rows` and are sorted."""
+        bounds = np.searchsorted(segments[:, 0], np.arange(len(rows) + 1))
+        i = 0
+        while i < len(rows):
+            take = min(self.rows_per_shard - self.partial_rows, len(rows) - i)
+            seg = segments[bounds[i]:bounds[i + take]].copy()
+            seg[:, 0] += np.uint64(self.partial_rows) - np.uint64(i)
+            self._files[0].write(rows[i:i + take].tobytes())
+            self._files[1].write(seg.astype("<u8").tobytes())
+            self.partial_rows += take
+            self.partial_segments += len(seg)
+            i += take
+            if self.partial_rows == self.rows_per_shard:
+                self._finish_shard()
+
+    def _finish_shard(self) -> None:
+        for f in self._files:
+            f.close()
+        rows_path, segs_path = self._paths()
+        rows = np.fromfile(rows_path, self.dtype).reshape(-1, self.seq)
+        segs = np.fromfile(segs_path, "<u8").reshape(-1, 3)
+        number = len(self.entries)
+        if self.fmt == "mds":
+            files, entry = write_mds.encode_shard(number, rows, segs, self.mds_config)
+        else:
+            files, entry = write_memmap.encode_shard(number, rows, segs)
+        for name, data in files.items():
+            write_bytes(self.split_dir / name, data, fsync=True)
+        self.entries.append(entry)
+        self.obsolete += [rows_path, segs_path]
+        self.partial_rows = self.partial_segments = 0
+        self._open_partial(truncate_to=(0, 0))
+
+    def state(self) -> dict:
+        """Flush, and return what a checkpoint must record to resume this sink."""
+        for f in self._files:
+            f.flush()
+        return {"shards": self.entries, "partial_rows": self.partial_rows,
+                "partial_segments": self.partial_segments}
+
+    def delete_obsolete(self) -> None:
+        for path in self.obsolete:
+            path.unlink(missing_ok=True)
+        self.obsolete = []
+
+    def close(self) -> dict:
+        """Finish the last shard and write index.json; returns the index."""
+        if self.partial_rows:
+            self._finish_shard()
+        for f in self._files:
+            f.close()
+        for path in self._paths():
+            path.unlink(missing_ok=True)
+        self.delete_obsolete()
+        if self.fmt == "mds":
+            index = write_mds.index_json(self.entries)
+        else:
+            index = write_memmap.index_json(self.entries, self.seq, self.dtype)
+        write_json(self.split_dir / "index.json", index, fsync=True)
+        return index
+
+    def bytes_on_disk(self) -> int:
+        return sum(os.path.getsize(self.split_dir / n) for n in os.listdir(self.split_dir))

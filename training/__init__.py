@@ -1,0 +1,1 @@
+"""longpack's trainer over packed shards (issue 5)."""
