@@ -26,7 +26,7 @@ import numpy as np
 from pipeline import manifest as manifest_mod
 from pipeline.atomic import write_bytes, write_json
 from pipeline.catalog import expand_inputs, file_format, get_dataset
-from pipeline.config import SHARD_BYTES, BuildConfig
+from pipeline.config import BuildConfig
 from pipeline.encode import encode_batch
 from pipeline.errors import InputError, SettingsError
 from pipeline.hub import HubFiles, HuggingFaceHub
@@ -54,6 +54,20 @@ def _open_inputs(cfg: BuildConfig, dataset, hub_client):
     return hub, describe_hub(hub)
 
 
+def _differences(old: dict, new: dict) -> str:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if key == "settings":
+            out += [f"--{k.replace('_', '-')} {a.get(k)} -> {b.get(k)}" for k in sorted(a)
+                    if a.get(k) != b.get(k)]
+        else:
+            out.append(f"{key} changed")
+    return "; ".join(out)
+
+
 def _prepare_output(out: Path, fingerprint: dict, overwrite: bool):
     """Returns 'complete' (this very build is already there), a checkpoint to resume, or None."""
     work = out / WORK_DIR
@@ -68,11 +82,9 @@ def _prepare_output(out: Path, fingerprint: dict, overwrite: bool):
         raise SettingsError(f"{out} is not empty and holds no longpack build; refusing to write "
                             "into it: choose a new or empty --out")
     if existing is not None and existing != fingerprint and not overwrite:
-        changed = sorted(k for k in set(existing) | set(fingerprint)
-                         if existing.get(k) != fingerprint.get(k))
-        raise SettingsError(f"{out} holds a build with different settings ({', '.join(changed)} "
-                            "differ); re-run with the same settings to resume it, or pass "
-                            "--overwrite to replace it")
+        raise SettingsError(f"{out} holds a build with different settings "
+                            f"({_differences(existing, fingerprint)}); re-run with the same "
+                            "settings to resume it, or pass --overwrite to replace it")
     if overwrite or existing != fingerprint:
         for name in OUTPUT_NAMES & entries:
             path = out / name
@@ -123,7 +135,7 @@ class Build:
                                      arrays.get(f"{s}_carry_segments")) for s in SPLITS}
         compression = None if cfg.compression == "none" else cfg.compression
         self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
-                                   cfg.shard_rows(dtype.itemsize), compression, SHARD_BYTES,
+                                   cfg.shard_rows(dtype.itemsize), compression, cfg.shard_bytes,
                                    state["splits"].get(s)) for s in SPLITS}
         self.skip_log = open(self.out / "skipped.jsonl", "ab")
         self.skip_log.truncate(state["skip_log_bytes"])

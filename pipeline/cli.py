@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from pipeline.catalog import DATASETS
-from pipeline.config import FORMATS, LAST_ROW_POLICIES, BuildConfig
+from pipeline.config import FORMATS, LAST_ROW_POLICIES, SHARD_BYTES, BuildConfig
 from pipeline.errors import LongpackError
 
 
@@ -48,10 +48,13 @@ def pack():
               help="Start every document with the tokenizer's BOS token.")
 @click.option("--last-row", type=click.Choice(LAST_ROW_POLICIES), default="pad",
               show_default=True, help="Final partial row of each split: pad it or drop it.")
+@click.option("--shard-bytes", type=int, default=SHARD_BYTES, show_default=True,
+              help="Token bytes per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing build in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary.")
 def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers, val_fraction,
-          seed, max_tokens, limit_docs, compression, on_error, bos, last_row, overwrite, quiet):
+          seed, max_tokens, limit_docs, compression, on_error, bos, last_row, shard_bytes, overwrite,
+          quiet):
     """Tokenize documents and pack them into rows of exactly --seq tokens."""
     from pipeline.build import build as run_build
     from pipeline.manifest import summary
@@ -61,7 +64,8 @@ def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers
                           text_field=text_field, tokenizer=tokenizer, seq=seq, format=fmt,
                           workers=workers, val_fraction=val_fraction, seed=seed,
                           max_tokens=max_tokens, limit_docs=limit_docs, compression=compression,
-                          on_error=on_error, bos=bos, last_row=last_row, overwrite=overwrite)
+                          on_error=on_error, bos=bos, last_row=last_row,
+                          shard_bytes=shard_bytes, overwrite=overwrite)
         manifest = run_build(cfg, show_progress=False if quiet else None)
     except LongpackError as e:
         raise click.ClickException(str(e)) from None

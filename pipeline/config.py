@@ -46,6 +46,8 @@ class BuildConfig:
     """Start each document with the tokenizer's BOS token (EOS always ends it)."""
     last_row: str = "pad"
     """Final partial row of each split: pad (with EOS, marked as padding) or drop."""
+    shard_bytes: int = SHARD_BYTES
+    """Token bytes per shard (rows per shard = shard_bytes // row bytes, at least 1)."""
     overwrite: bool = False
     """Replace an existing build in `out` instead of refusing."""
 
@@ -61,6 +63,8 @@ class BuildConfig:
         for flag, value in (("--max-tokens", self.max_tokens), ("--limit-docs", self.limit_docs)):
             if value is not None and value < 1:
                 raise SettingsError(f"{flag} must be positive (got {value})")
+        if self.shard_bytes < 1:
+            raise SettingsError(f"--shard-bytes must be positive (got {self.shard_bytes})")
         if self.on_error not in ("skip", "fail"):
             raise SettingsError("--on-error must be skip or fail")
         if self.last_row not in LAST_ROW_POLICIES:
@@ -77,12 +81,11 @@ class BuildConfig:
                                 "(or use --format mds)")
 
     def shard_rows(self, itemsize: int) -> int:
-        return max(1, SHARD_BYTES // (self.seq * itemsize))
+        return max(1, self.shard_bytes // (self.seq * itemsize))
 
     def output_settings(self) -> dict:
         """The settings that determine the output bytes (inputs are fingerprinted separately)."""
         d = asdict(self)
         for k in ("out", "workers", "on_error", "overwrite", "inputs"):
             d.pop(k)
-        d["shard_bytes"] = SHARD_BYTES
         return d

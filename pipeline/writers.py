@@ -35,8 +35,8 @@ class ShardSink:
         self._open_partial(truncate_to=(self.partial_rows, self.partial_segments))
 
     def _paths(self) -> tuple[Path, Path]:
-        stem = self.work_dir / f"{self.split}.{len(self.entries):05d}"
-        return stem.with_suffix(".rows"), stem.with_suffix(".segs")
+        stem = f"{self.split}.{len(self.entries):05d}"
+        return self.work_dir / f"{stem}.rows", self.work_dir / f"{stem}.segs"
 
     def _open_partial(self, truncate_to: tuple[int, int]):
         rows_path, segs_path = self._paths()
@@ -57,7 +57,7 @@ class ShardSink:
         while i < len(rows):
             take = min(self.rows_per_shard - self.partial_rows, len(rows) - i)
             seg = segments[bounds[i]:bounds[i + take]].copy()
-            seg[:, 0] += np.uint64(self.partial_rows) - np.uint64(i)
+            seg[:, 0] = seg[:, 0] - np.uint64(i) + np.uint64(self.partial_rows)
             self._files[0].write(rows[i:i + take].tobytes())
             self._files[1].write(seg.astype("<u8").tobytes())
             self.partial_rows += take
@@ -102,9 +102,8 @@ class ShardSink:
             self._finish_shard()
         for f in self._files:
             f.close()
-        for path in self._paths():
-            path.unlink(missing_ok=True)
-        self.delete_obsolete()
+        # The partial files stay until the work directory goes (after manifest.json is written):
+        # a build killed before then resumes from its last checkpoint, which refers to them.
         if self.fmt == "mds":
             index = write_mds.index_json(self.entries)
         else:

@@ -1,0 +1,81 @@
+"""Shared fixtures: a hermetic tiny tokenizer, corpus writers, and the ../shared corpus."""
+
+import base64
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+from pipeline.shards import open_split
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture
+def shared() -> Path:
+    if not (SHARED / "data").is_dir():
+        pytest.skip(f"the shared real corpus is not at {SHARED} (CI has it)")
+    return SHARED
+
+
+def write_byte_ranks(path: Path) -> Path:
+    """A .tiktoken ranks file of the 256 single bytes: every byte is one token (hermetic, fast)."""
+    lines = [base64.b64encode(bytes([b])) + b" " + str(b).encode() for b in range(256)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+@pytest.fixture
+def byte_tokenizer(tmp_path) -> str:
+    """Named gpt2.tiktoken, so it takes GPT-2's pattern and <|endoftext|> = 50256 (uint16)."""
+    return str(write_byte_ranks(tmp_path / "gpt2.tiktoken"))
+
+
+@pytest.fixture
+def byte_tokenizer_u32(tmp_path) -> str:
+    """Named cl100k_base.tiktoken: its special tokens reach id 100276, so rows are uint32."""
+    return str(write_byte_ranks(tmp_path / "cl100k_base.tiktoken"))
+
+
+def make_texts(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    words = ["alpha", "beta", "gamma", "δέλτα", "ε", "long-context", "<|endoftext|>", "\n", "€"]
+    return [" ".join(rng.choice(words, size=int(rng.integers(1, 120)))) + f" #{i}"
+            for i in range(n)]
+
+
+def write_jsonl(path: Path, records: list, compress: str | None = None) -> Path:
+    data = b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n"
+                    for r in records)
+    if compress == "gz":
+        data = gzip.compress(data)
+    elif compress == "zst":
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+    return path
+
+
+def write_parquet(path: Path, texts: list, row_group_size: int = 50) -> Path:
+    pq.write_table(pa.table({"text": texts, "id": [str(i) for i in range(len(texts))]}), path,
+                   row_group_size=row_group_size)
+    return path
+
+
+def split_documents(out: Path, split: str, eos_id: int) -> list[np.ndarray]:
+    """Documents of a split, in order: rows concatenated, padding removed, cut after each EOS."""
+    tokens = []
+    for row, starts, hashes in open_split(out / split).rows():
+        if hashes is not None and hashes[-1] == 0:  # padding segment
+            row = row[: starts[-1]]
+        tokens.append(np.asarray(row))
+    if not tokens:
+        return []
+    stream = np.concatenate(tokens).astype(np.int64)
+    cuts = np.flatnonzero(stream == eos_id) + 1
+    assert len(cuts) == 0 or cuts[-1] == len(stream), "stream must end with EOS"
+    return np.split(stream, cuts)[:-1]
