@@ -104,6 +104,10 @@ def _prepare_output(out: Path, fingerprint: dict, overwrite: bool):
     return state
 
 
+class _Stop(Exception):
+    """--max-tokens or --limit-docs was reached while settling before a download."""
+
+
 class Build:
     def __init__(self, cfg: BuildConfig, hub_client=None, show_progress: bool | None = None):
         self.t_start, self.t0 = time.time(), time.monotonic()
@@ -211,48 +215,62 @@ class Build:
         return stop
 
     def _prefetch_next(self, file_index: int) -> bool:
-        """Fetch the next hub file in the background unless the build should stop in this one."""
-        if not self.cfg.max_tokens or not self.bytes_done:
+        """Fetch the next hub file in the background unless the build may stop in this one
+        (before the first file is done there is no tokens-per-byte estimate: no prefetch)."""
+        if not self.cfg.max_tokens:
             return True
+        if not self.bytes_done:
+            return False
         tokens_per_byte = self.counts["tokens"] / self.bytes_done
         expected = self.counts["tokens"] + tokens_per_byte * self.files.files[file_index][1]
         return expected < self.cfg.max_tokens
 
+    def _consume_next(self) -> bool:
+        batch, future = self.inflight.popleft()
+        if self.t_first is None:
+            self.t_first = time.monotonic()
+        stop = self._consume(batch, future.result())
+        self.progress.update(self.counts["documents"], self.counts["tokens"], self.bytes_done)
+        if not stop and (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
+                         or any(s.obsolete for s in self.sinks.values())):
+            self._checkpoint()
+        return stop
+
+    def _settle_before_download(self, file_index: int):
+        """A hub build with --max-tokens packs what is in flight before fetching another file,
+        so it never downloads a file it will not read."""
+        while self.inflight:
+            if self._consume_next():
+                raise _Stop
+
     def _read_all(self):
         cfg = self.cfg
-        progress = Progress(sum(s for _, s in self.files.files), cfg.max_tokens,
-                            self.show_progress)
+        self.progress = Progress(sum(s for _, s in self.files.files), cfg.max_tokens,
+                                 self.show_progress)
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
-        inflight: deque = deque()
-        bos = self.tok.bos_id
+        self.inflight = deque()
+        settle = (self._settle_before_download if cfg.max_tokens and not cfg.inputs
+                  else lambda i: None)
+        batches = read_batches(self.files, self.field, self.cursor, self._prefetch_next, settle)
         try:
-            batches = read_batches(self.files, self.field, self.cursor, self._prefetch_next)
             exhausted = False
             while True:
-                while not exhausted and len(inflight) < 2 * cfg.workers:
+                while not exhausted and len(self.inflight) < 2 * cfg.workers:
                     batch = next(batches, None)
                     if batch is None:
                         exhausted = True
                         break
-                    inflight.append((batch, pool.submit(encode_batch, batch.records, self.tok,
-                                                        self.splitter, bos)))
-                if not inflight:
+                    self.inflight.append((batch, pool.submit(
+                        encode_batch, batch.records, self.tok, self.splitter, self.tok.bos_id)))
+                if not self.inflight or self._consume_next():
                     break
-                batch, future = inflight.popleft()
-                if self.t_first is None:
-                    self.t_first = time.monotonic()
-                stop = self._consume(batch, future.result())
-                progress.update(self.counts["documents"], self.counts["tokens"], self.bytes_done)
-                if stop:
-                    break
-                if (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
-                        or any(s.obsolete for s in self.sinks.values())):
-                    self._checkpoint()
+        except _Stop:
+            pass
         finally:
-            for _, future in inflight:
+            for _, future in self.inflight:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-            progress.close()
+            self.progress.close()
         self.t_last = time.monotonic()
         self.input_done = True
         self._checkpoint()

@@ -56,9 +56,13 @@ class Batch:
 
 
 def read_batches(files, text_field: str, cursor: tuple[int, int],
-                 prefetch_next=lambda i: True) -> Iterator[Batch]:
+                 prefetch_next=lambda i: True, before_file=lambda i: None) -> Iterator[Batch]:
+    """`before_file(i)` runs before file i (after the first) is opened: the build uses it to
+    settle --max-tokens before a hub file is downloaded."""
     first_file, first_record = cursor
     for fi in range(first_file, len(files.files)):
+        if fi != first_file:
+            before_file(fi)
         start = first_record if fi == first_file else 0
         path = files.path(fi, prefetch_next=prefetch_next(fi))
         reader = read_parquet if file_format(str(path)) == "parquet" else read_jsonl

@@ -1,0 +1,69 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+from click.testing import CliRunner
+
+from conftest import make_texts, write_jsonl
+from pipeline.cli import pack
+from pipeline.shards import open_split
+
+
+def test_build_prints_a_summary_and_writes_the_layout(tmp_path, byte_tokenizer):
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(50)])
+    out = tmp_path / "out"
+    r = CliRunner().invoke(pack, ["build", "--dataset", "jsonl", "--input", str(tmp_path / "d.jsonl"),
+                                  "--tokenizer", byte_tokenizer, "--seq", "128", "--out", str(out),
+                                  "--val-fraction", "0.1", "--workers", "2"])
+    assert r.exit_code == 0, r.output
+    assert "50 documents" in r.output and "train" in r.output and "val" in r.output
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["settings"]["seq"] == 128 and m["settings"]["workers"] == 2
+    assert (out / "train" / "index.json").exists() and (out / "val" / "index.json").exists()
+
+
+def test_user_errors_are_one_line_without_traceback(tmp_path, byte_tokenizer):
+    r = CliRunner().invoke(pack, ["build", "--dataset", "jsonl", "--input", str(tmp_path / "nope"),
+                                  "--tokenizer", byte_tokenizer, "--out", str(tmp_path / "o")])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "no such file or directory" in r.output
+    r = CliRunner().invoke(pack, ["build", "--format", "memmap", "--compression", "zstd",
+                                  "--out", str(tmp_path / "o"), "--input", str(tmp_path)])
+    assert r.exit_code == 1 and "memmap shards are uncompressed" in r.output
+
+
+def test_mds_output_reads_back_with_plain_streaming_dataset(tmp_path, byte_tokenizer):
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])
+    out = tmp_path / "out"
+    r = CliRunner().invoke(pack, ["build", "--dataset", "jsonl", "--input", str(tmp_path / "d.jsonl"),
+                                  "--tokenizer", byte_tokenizer, "--seq", "256", "--out", str(out),
+                                  "--val-fraction", "0", "--shard-bytes", "4096", "--quiet"])
+    assert r.exit_code == 0, r.output
+    ours = list(open_split(out / "train").rows())
+    # In a child process: StreamingDataset keeps shared memory and worker state per process.
+    script = f"""
+import numpy as np, sys
+from pipeline.streaming_compat import import_streaming
+streaming = import_streaming()
+ds = streaming.StreamingDataset(local={str(out / 'train')!r}, batch_size=1, shuffle=False)
+rows = [ds[i] for i in range(len(ds))]
+np.savez({str(tmp_path / 'sd.npz')!r},
+         tokens=np.stack([r['tokens'] for r in rows]),
+         starts=np.concatenate([r['doc_starts'] for r in rows]),
+         hashes=np.concatenate([r['doc_hashes'] for r in rows]))
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    sd = np.load(tmp_path / "sd.npz")
+    assert sd["tokens"].dtype == np.uint16 and sd["tokens"].shape == (len(ours), 256)
+    assert np.array_equal(sd["tokens"], np.stack([t for t, _, _ in ours]))
+    assert np.array_equal(sd["starts"], np.concatenate([s for _, s, _ in ours]))
+    assert np.array_equal(sd["hashes"], np.concatenate([h for _, _, h in ours]))
+    assert len(json.loads((out / "train" / "index.json").read_text())["shards"]) > 5
+
+
+def test_importing_the_pipeline_pulls_in_neither_torch_nor_torchvision():
+    code = ("import sys, pipeline.build, pipeline.cli, pipeline.shards; "
+            "print(sorted(m for m in ('torch', 'torchvision', 'streaming') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"
