@@ -40,7 +40,7 @@ def get_dataset(name: str) -> Dataset:
     try:
         return DATASETS[name]
     except KeyError:
-        raise SettingsError(f"unknown --dataset {name!r}; choose one of {', '.join(DATASETS)}")
+        raise SettingsError(f"unknown --dataset {name!r}; choose one of {', '.join(DATASETS)}") from None
 
 
 def file_format(path: str) -> str:

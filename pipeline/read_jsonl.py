@@ -14,8 +14,16 @@ from pathlib import Path
 
 import zstandard
 
-from pipeline.records import (BAD_JSON, BLANK_LINE, CORRUPT_FILE, EMPTY, INVALID_UTF8,
-                              MISSING_TEXT, TRUNCATED_FILE, Skip)
+from pipeline.records import (
+    BAD_JSON,
+    BLANK_LINE,
+    CORRUPT_FILE,
+    EMPTY,
+    INVALID_UTF8,
+    MISSING_TEXT,
+    TRUNCATED_FILE,
+    Skip,
+)
 
 CHUNK = 1 << 20
 

@@ -7,8 +7,16 @@ import zstandard
 from conftest import write_jsonl, write_parquet
 from pipeline.read_jsonl import read_jsonl
 from pipeline.read_parquet import read_parquet
-from pipeline.records import (BAD_JSON, BLANK_LINE, CORRUPT_FILE, EMPTY, INVALID_UTF8,
-                              MISSING_TEXT, TRUNCATED_FILE, Skip)
+from pipeline.records import (
+    BAD_JSON,
+    BLANK_LINE,
+    CORRUPT_FILE,
+    EMPTY,
+    INVALID_UTF8,
+    MISSING_TEXT,
+    TRUNCATED_FILE,
+    Skip,
+)
 
 
 def reasons(items):

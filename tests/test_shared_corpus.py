@@ -120,3 +120,35 @@ def test_huggingface_tokenizer_build_of_dolma(tmp_path, shared):
     assert [tok.decode(d[:-1]) for d in docs[:50]] == [
         unicodedata.normalize("NFC", t) for t in texts[:50]]
     assert np.concatenate(docs).max() < tok.vocab_size
+
+
+def test_damaged_real_files_are_counted_and_the_rest_is_kept(tmp_path, shared):
+    import shutil
+
+    d = tmp_path / "dolma"
+    shutil.copytree(shared / "data/dolma-sample", d)
+    gz = d / "cc_en_head-0091.jsonl.gz"
+    data = gz.read_bytes()
+    gz.write_bytes(data[: len(data) // 2])
+    complete = []
+    try:
+        with gzip.open(gz, "rt") as f:
+            for line in f:
+                if line.endswith("\n"):
+                    complete.append(json.loads(line)["text"])
+    except EOFError:
+        pass
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"PAR1" + b"\0" * 100)
+    m = build(BuildConfig(out=str(tmp_path / "o"), dataset="dolma", tokenizer=gpt2(shared),
+                          inputs=(str(d), str(junk)), seq=4096, val_fraction=0.0),
+              show_progress=False)
+    assert m["counts"]["skipped"]["truncated_file"] == 1
+    assert m["counts"]["skipped"]["corrupt_file"] == 1
+    assert m["counts"]["documents"] == 700 - 10 + len(complete)
+    log = [json.loads(x) for x in (tmp_path / "o/skipped.jsonl").read_text().splitlines()]
+    assert {(e["reason"], Path(e["file"]).name) for e in log if e["reason"] != "empty"} == {
+        ("truncated_file", gz.name), ("corrupt_file", "junk.parquet")}
+    with pytest.raises(Exception, match=r"cc_en_head-0091\.jsonl\.gz, line \d+: truncated_file"):
+        build(BuildConfig(out=str(tmp_path / "o2"), dataset="dolma", tokenizer=gpt2(shared),
+                          inputs=(str(gz),), seq=4096, on_error="fail"), show_progress=False)
