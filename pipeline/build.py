@@ -174,39 +174,37 @@ class Build:
             raise InputError(f"{record['file']}, {place}: {skip.reason}: {skip.detail} "
                              "(--on-error skip counts and logs such records instead)")
 
-    def _consume(self, batch, results) -> bool:
+    def _consume(self, batch, encoded) -> bool:
         """Pack one encoded batch; True once --max-tokens / --limit-docs is reached."""
         cfg, c = self.cfg, self.counts
-        parts = {s: ([], [], []) for s in SPLITS}
+        taken = [0, 0]  # documents of each split taken from this batch
         stop = False
-        for (n, _), r in zip(batch.records, results):
-            c["records_read"] += 1
-            if isinstance(r, Skip):
-                c["records_read"] += r.records - 1
-                self._skip(batch.file_index, n, r)
+        for (n, _), doc in zip(batch.records, encoded.docs):
+            if isinstance(doc, Skip):
+                c["records_read"] += doc.records
+                self._skip(batch.file_index, n, doc)
                 continue
-            is_val, h, doc, nbytes = r
-            split = SPLITS[is_val]
-            tokens, lengths, hashes = parts[split]
-            tokens.append(doc)
-            lengths.append(len(doc))
-            hashes.append(h)
-            cs = c["splits"][split]
-            cs["documents"] += 1
-            cs["tokens"] += len(doc)
-            cs["text_bytes"] += nbytes
+            c["records_read"] += 1
+            split, length = doc
+            taken[split] += 1
             c["documents"] += 1
-            c["tokens"] += len(doc)
+            c["tokens"] += length
             if (cfg.max_tokens and c["tokens"] >= cfg.max_tokens
                     or cfg.limit_docs and c["documents"] >= cfg.limit_docs):
                 stop = True
                 break
-        for s, (tokens, lengths, hashes) in parts.items():
-            if tokens:
-                rows, segments = self.packers[s].add(
-                    np.concatenate(tokens), np.array(lengths, np.int64),
-                    np.array(hashes, np.uint64))
-                self.sinks[s].append(rows, segments)
+        for i, s in enumerate(SPLITS):
+            if not taken[i]:
+                continue
+            hashes, text_bytes = encoded.hashes[i][: taken[i]], encoded.text_bytes[i][: taken[i]]
+            lengths = np.diff(encoded.bounds[i][: taken[i] + 1])
+            tokens = encoded.tokens[i][: int(encoded.bounds[i][taken[i]])]
+            cs = c["splits"][s]
+            cs["documents"] += taken[i]
+            cs["tokens"] += len(tokens)
+            cs["text_bytes"] += int(text_bytes.sum())
+            rows, segments = self.packers[s].add(tokens, lengths, hashes)
+            self.sinks[s].append(rows, segments)
         if batch.file_done:
             self.bytes_done += self.files.files[batch.file_index][1]
             self.cursor = (batch.file_index + 1, 0)

@@ -1,10 +1,13 @@
 """Turn one batch of texts into documents ready to pack (runs in a worker thread).
 
-Per text: UTF-8 bytes (lone surrogates are a skip), the document hash and split, and the token
-ids with BOS/EOS in the output dtype. The tokenizer and BLAKE2b release the GIL, so `--workers`
-threads run these in parallel; the result is a pure function of the batch, which is why the
-output does not depend on the worker count.
+Per text: the token ids with BOS/EOS in the output dtype, the document hash (of its UTF-8 bytes)
+and its split; lone surrogates in a text make it a skip. The tokenizer and BLAKE2b release the
+GIL, so `--workers` threads run in parallel, and the result is a pure function of the batch,
+which is why the output does not depend on the worker count. Hashing comes after tokenizing:
+the tokenizer leaves each non-ASCII str holding its UTF-8 form, so `encode` is then one copy.
 """
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -13,30 +16,67 @@ from pipeline.split import Splitter, doc_hash
 from pipeline.tokenizer import Tokenizer
 
 
+@dataclass
+class EncodedBatch:
+    """`docs[i]` is record i's Skip, or (split index 0/1, document length in tokens)."""
+
+    docs: list = field(default_factory=list)
+    tokens: tuple = ()  # per split: the documents' tokens concatenated, in record order
+    hashes: tuple = ()  # per split: uint64 hash of each document
+    text_bytes: tuple = ()  # per split: UTF-8 bytes of each document
+    bounds: tuple = ()  # per split: document i's tokens are tokens[bounds[i]:bounds[i + 1]]
+
+
 def encode_batch(records: list[tuple[int, object]], tok: Tokenizer, splitter: Splitter,
-                 bos_id: int | None) -> list:
-    """One entry per record: the record's Skip, or (is_val, hash, tokens, utf8_bytes)."""
-    out: list = []
-    texts, where = [], []
+                 bos_id: int | None) -> EncodedBatch:
+    texts = [v for _, v in records if not isinstance(v, Skip)]
+    try:
+        ids = tok.encode_batch(texts)
+    except UnicodeEncodeError:  # a lone surrogate somewhere: find it text by text below
+        ids = [None] * len(texts)
+    head = 0 if bos_id is None else 1
+    out = EncodedBatch()
+    parts: tuple[list, list] = ([], [])
+    hashes: tuple[list, list] = ([], [])
+    nbytes: tuple[list, list] = ([], [])
+    it = iter(zip(texts, ids))
     for _, value in records:
         if isinstance(value, Skip):
-            out.append(value)
+            out.docs.append(value)
             continue
+        text, doc_ids = next(it)
         try:
-            data = value.encode("utf-8")
+            data = text.encode("utf-8")
         except UnicodeEncodeError as e:
-            out.append(Skip(INVALID_UTF8, f"lone surrogate at character {e.start}"))
+            out.docs.append(Skip(INVALID_UTF8, f"lone surrogate at character {e.start}"))
             continue
-        out.append((doc_hash(data), len(data)))
-        texts.append(value)
-        where.append(len(out) - 1)
-    head = 0 if bos_id is None else 1
-    for i, ids in zip(where, tok.encode_batch(texts)):
-        h, nbytes = out[i]
-        doc = np.empty(head + len(ids) + 1, tok.dtype)
-        if head:
-            doc[0] = bos_id
-        doc[head:-1] = ids
-        doc[-1] = tok.eos_id
-        out[i] = (splitter.is_val(h), h, doc, nbytes)
+        if doc_ids is None:
+            doc_ids = tok.encode_batch([text])[0]
+        h = doc_hash(data)
+        split = int(splitter.is_val(h))
+        parts[split].append(doc_ids)
+        hashes[split].append(h)
+        nbytes[split].append(len(data))
+        out.docs.append((split, head + len(doc_ids) + 1))
+    marked = [_with_markers(p, tok.dtype, bos_id, tok.eos_id) for p in parts]
+    out.tokens, out.bounds = tuple(m[0] for m in marked), tuple(m[1] for m in marked)
+    out.hashes = tuple(np.array(h, np.uint64) for h in hashes)
+    out.text_bytes = tuple(np.array(n, np.int64) for n in nbytes)
     return out
+
+
+def _with_markers(docs: list[np.ndarray], dtype, bos_id: int | None, eos_id: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """[BOS] + ids + [EOS] for each document, concatenated in one allocation, and the
+    document bounds (len(docs) + 1 offsets)."""
+    head = 0 if bos_id is None else 1
+    lengths = np.array([len(d) for d in docs], np.int64) + head + 1
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if len(docs) else 0, dtype)
+    if len(docs):
+        out[ends - 1] = eos_id
+        if head:
+            out[ends - lengths] = bos_id
+        for d, start in zip(docs, ends - lengths + head):
+            out[start:start + len(d)] = d
+    return out, np.concatenate([[0], ends])

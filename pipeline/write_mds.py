@@ -50,18 +50,18 @@ def _vector(values: np.ndarray) -> bytes:
 def encode_raw_shard(rows: np.ndarray, segments: np.ndarray, config: dict) -> bytes:
     """`segments` is [m, 3] uint64 (row within this shard, start, hash), sorted by row."""
     bounds = np.searchsorted(segments[:, 0], np.arange(len(rows) + 1))
-    samples = []
+    parts, sizes = [], []
     for r in range(len(rows)):
         seg = segments[bounds[r]:bounds[r + 1]]
         hashes = _vector(seg[:, 2].astype("<u8"))
         starts = _vector(seg[:, 1].astype("<u4"))
-        sizes = np.array([len(hashes), len(starts)], "<u4").tobytes()
-        samples.append(sizes + hashes + starts + rows[r].tobytes())
+        parts += [np.array([len(hashes), len(starts)], "<u4").tobytes(), hashes, starts, rows[r]]
+        sizes.append(8 + len(hashes) + len(starts) + rows[r].nbytes)
     config_bytes = json.dumps(config, sort_keys=True).encode("utf-8")
     head = 4 + 4 * (len(rows) + 1) + len(config_bytes)
-    offsets = head + np.concatenate([[0], np.cumsum([len(s) for s in samples])])
+    offsets = head + np.concatenate([[0], np.cumsum(sizes)])
     return b"".join([np.array([len(rows)], "<u4").tobytes(), offsets.astype("<u4").tobytes(),
-                     config_bytes, *samples])
+                     config_bytes, *parts])
 
 
 def compress(data: bytes, compression: str | None) -> bytes:

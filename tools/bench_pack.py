@@ -23,11 +23,17 @@ What it measures, in one run:
    Hugging Face tokenizer gpt-neox-tokenizer.json on a smaller corpus (--hf-tokens): ceiling =
    `Tokenizer.encode_batch_fast(texts, add_special_tokens=False)` with RAYON_NUM_THREADS=W.
 
+Ceiling and build runs alternate --repeat times (default 3) and the best run of each is reported
+(peak RSS: the worst), because on a small shared machine other processes take CPU now and then.
+Each row also shows the CPU seconds the run used and how many cores' worth of CPU other processes
+used meanwhile ("others", from /proc/stat): a row with others well above 0 was disturbed.
+
 Targets: end-to-end text tokens/s >= 0.85 x ceiling, steady-state >= 0.9 x ceiling, peak tree RSS
 <= 1.5 GiB (and HF end-to-end >= 0.85 x its ceiling). It prints a table with PASS/FAIL per target
 and exits 0 whatever the figures are: it is a measuring tool, not a test.
 
-    .venv/bin/python tools/bench_pack.py [--work DIR] [--tokens 60e6] [--workers 2] [--no-hf]
+    .venv/bin/python tools/bench_pack.py [--work DIR] [--tokens 60e6] [--workers 2] [--repeat 3]
+                                         [--no-hf] [--hf-tokens 15e6] [--memmap] [--keep]
 """
 
 import argparse
@@ -184,10 +190,12 @@ class CpuWatch:
     def __init__(self):
         self.t0, self.busy0, self.ours0 = time.perf_counter(), machine_busy(), our_cpu()
 
-    def others_cores(self) -> float:
+    def read(self) -> tuple[float, float]:
+        """(CPU seconds we and our children used, cores' worth of CPU others used)."""
         wall = time.perf_counter() - self.t0
-        others = (machine_busy() - self.busy0) - (our_cpu() - self.ours0)
-        return max(others, 0.0) / wall
+        ours = our_cpu() - self.ours0
+        others = (machine_busy() - self.busy0) - ours
+        return ours, max(others, 0.0) / wall
 
 
 def machine_busy() -> float:
@@ -212,11 +220,12 @@ def time_ceiling(encode, corpus: Path) -> dict:
     t0 = time.perf_counter()
     results = encode(texts)
     seconds = time.perf_counter() - t0
-    others = watch.others_cores()
+    cpu, others = watch.read()
     tokens = sum(len(r) for r in results)
     del results, texts  # gigabytes of Python objects: gone before the build runs beside us
     gc.collect()
-    return {"tokens": tokens, "seconds": seconds, "tps": tokens / seconds, "others": others}
+    return {"tokens": tokens, "seconds": seconds, "tps": tokens / seconds, "cpu": cpu,
+            "others": others}
 
 
 def tiktoken_encoder(workers: int):
@@ -300,8 +309,9 @@ def run_build(corpus: Path, tokenizer: Path, out: Path, workers: int, env: dict,
     output = proc.communicate()[0].decode("utf-8", "replace")
     wall = time.perf_counter() - t0
     sampler.stop()
+    cpu, others = watch.read()  # cpu: the build's tree (and our RSS sampler, a few %)
     result = {"cmd": cmd, "rc": proc.returncode, "wall": wall, "peak_rss": sampler.peak,
-              "others": watch.others_cores(),
+              "cpu": cpu, "others": others,
               "rss_samples": sampler.samples, "output": output}
     manifest = out / "manifest.json"
     if proc.returncode == 0 and manifest.exists():
@@ -354,14 +364,14 @@ def table_row(name: str, run: dict, tokens: int, seconds: float, tps: float, cei
               all_tps: list[float]) -> str:
     spread = " ".join(f"{x / 1e6:.2f}" for x in all_tps)
     return (f"  {name:30}{tokens:>13,}{seconds:>9.2f}{tps / 1e6:>9.3f}{tps / ceiling:>10.3f}"
-            f"  {run['others']:>6.2f}  {spread}")
+            f"{run['cpu']:>8.1f}{run['others']:>8.2f}  {spread}")
 
 
 def report(title: str, ceilings: list, builds: list, check_steady: bool) -> list[tuple]:
     """Print one build variant's table; return its (target, value, verdict) rows."""
     print(f"\n== {title} (best of {len(ceilings)} runs each)")
     print(f"  {'':30}{'tokens':>13}{'seconds':>9}{'M tok/s':>9}{'x ceiling':>10}"
-          f"  {'others':>6}  M tok/s of every run")
+          f"{'cpu s':>8}{'others':>8}  M tok/s of every run")
     ceil = max(ceilings, key=lambda c: c["tps"])
     print(table_row("ceiling (tokenizer alone)", ceil, ceil["tokens"], ceil["seconds"],
                     ceil["tps"], ceil["tps"], [c["tps"] for c in ceilings]))
@@ -424,7 +434,8 @@ def describe_checkout() -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--work", type=Path, help="working directory (default: a new temp dir)")
     p.add_argument("--tokens", type=float, default=60e6, help="GPT-2 corpus size, approx.")
     p.add_argument("--workers", type=int, default=2, help="threads for ceiling and build")
@@ -459,7 +470,8 @@ def main():
     print(f"bench_pack: work {work}, --tokens {args.tokens:.3g}, --workers {args.workers}, "
           f"--repeat {args.repeat}, hf {args.hf}, cpus {os.cpu_count()}, "
           f"python {sys.version.split()[0]}, checkout {describe_checkout()}", flush=True)
-    print("'others' = cores' worth of CPU that other processes used during that run", flush=True)
+    print("cpu s = CPU seconds the run used (whole run, for steady state too); others = cores'"
+          " worth of CPU other processes used meanwhile", flush=True)
     targets = []
     try:
         corpus = make_corpus(work / "corpus", args.tokens)
