@@ -115,6 +115,10 @@ class Build:
         self.dataset = get_dataset(cfg.dataset)
         self.field = cfg.text_field or self.dataset.text_field
         self.tok = load_tokenizer(cfg.tokenizer, bos=cfg.bos)
+        if self.tok.kind == "huggingface":
+            # tokenizers parallelises each batch on rayon's global pool, sized from this variable
+            # when first used; without it the pool takes every core whatever --workers says.
+            os.environ.setdefault("RAYON_NUM_THREADS", str(cfg.workers))
         self.files, self.inputs = _open_inputs(cfg, self.dataset, hub_client)
         self.out = Path(cfg.out)
         self.work = self.out / WORK_DIR

@@ -8,8 +8,6 @@ texts always land in the same split, so no document is in both.
 
 import hashlib
 
-import numpy as np
-
 PAD_HASH = 0
 _MASK = (1 << 64) - 1
 
@@ -36,6 +34,3 @@ class Splitter:
     def is_val(self, h: int) -> bool:
         return _splitmix64(h ^ self.key) < self.threshold
 
-
-def hashes_array(hashes: list[int]) -> np.ndarray:
-    return np.array(hashes, dtype=np.uint64)

@@ -384,6 +384,9 @@ def report(title: str, ceilings: list, builds: list, check_steady: bool) -> list
     e2e = max(builds, key=lambda b: b["e2e_tps"])
     print(table_row("pack build end to end (wall)", e2e, e2e["text_tokens"], e2e["wall"],
                     e2e["e2e_tps"], ceil["tps"], [b["e2e_tps"] for b in builds]))
+    paired = sorted(b["e2e_tps"] / c["tps"] for b, c in zip(builds, ceilings))
+    print("  end to end / the ceiling measured just before it, run by run: "
+          + " ".join(f"{r:.3f}" for r in paired) + f" (median {paired[len(paired) // 2]:.3f})")
     rows = [(f"{title}: end to end >= {TARGET_E2E} x ceiling",
              f"{e2e['e2e_tps'] / ceil['tps']:.3f}", verdict(e2e["e2e_tps"] / ceil["tps"]
                                                            >= TARGET_E2E))]
