@@ -76,3 +76,38 @@ def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers
         click.echo(summary(manifest, Path(out)))
 
 
+
+
+@pack.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--verify", is_flag=True, help="Also check checksums, token ids and document starts.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/STATS.md).")
+@click.option("--decode", "decode", type=int, default=None, metavar="ROW",
+              help="Print row ROW of --split as text with document boundaries marked.")
+@click.option("--split", default="train", show_default=True, help="Split for --decode.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write document-length and token-frequency plots to this PNG.")
+@click.option("--throughput", type=float, default=None, metavar="TOKENS/S",
+              help="Training throughput, for a time estimate.")
+@click.option("--budget", type=float, default=None, metavar="TOKENS",
+              help="Training budget in tokens, for epochs and time.")
+@click.option("--eos-id", type=int, default=None,
+              help="EOS id for data without a manifest (plain .npy or other tools' MDS).")
+def stats(path, verify, as_json, decode, split, plot, throughput, budget, eos_id):
+    """Validate a build and report what it holds and what it will train."""
+    import json
+
+    from pipeline import stats_report
+
+    try:
+        if decode is not None:
+            click.echo(stats_report.decode_row(path, split, decode, eos_id))
+            return
+        report = stats_report.collect(path, verify, throughput, budget, eos_id)
+        if plot is not None:
+            stats_report.plot(report, plot)
+    except LongpackError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(json.dumps(report, indent=2) if as_json else stats_report.render(report))
+    if not report["checks"]["ok"]:
+        sys.exit(1)

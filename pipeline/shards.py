@@ -11,6 +11,7 @@ zstandard, so reading needs neither torch nor mosaicml-streaming.
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -93,36 +94,107 @@ class SplitReader:
         return [self.path / (s["zip_data"] or s["raw_data"])["basename"]
                 for s in self.index["shards"]]
 
-    def rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    def rows_in_shard(self, i: int) -> int:
         if self.kind == "mds":
-            dctx = zstandard.ZstdDecompressor()
-            for shard, path in zip(self.index["shards"], self.shard_files()):
-                data = path.read_bytes()
-                if shard["zip_data"]:
-                    data = dctx.decompress(data)
-                for sample in decode_mds_shard(data, shard):
-                    tokens = sample["tokens"]
-                    if isinstance(tokens, bytes):  # other tools' byte-encoded token column
-                        tokens = np.frombuffer(tokens, np.uint16)
-                    if "doc_starts" in sample:
-                        yield tokens, sample["doc_starts"], sample.get("doc_hashes")
-                    else:
-                        yield tokens, starts_from_eos(tokens, self.eos_id), None
-            return
-        for path in self.shard_files():
+            return self.index["shards"][i]["samples"]
+        if self.kind == "memmap":
+            return self.index["shards"][i]["rows"]
+        return np.load(self.shard_files()[i], mmap_mode="r").shape[0]
+
+    def shards(self, bytes_dtype: str = "int64") -> Iterator["Shard"]:
+        """Each shard's rows [n, seq] and segments [m, 3] (row, start, hash), or None where the
+        data records none. A shard that cannot be read raises ShardError naming it; `read_shard`
+        reads one by number, so a caller can report it and go on (`pack stats` does)."""
+        for i in range(len(self.shard_files())):
+            yield self.read_shard(i, bytes_dtype)
+
+    def read_shard(self, i: int, bytes_dtype: str = "int64") -> "Shard":
+        path = self.shard_files()[i]
+        if self.kind == "mds":
+            return self._mds_shard(self.index["shards"][i], path, bytes_dtype)
+        try:
             tokens = np.load(path, mmap_mode="r")
-            if tokens.ndim != 2:
-                raise LongpackError(f"{path}: shape {tokens.shape}, expected [rows, seq]")
+        except FileNotFoundError:
+            raise ShardError(path, "missing") from None
+        except (OSError, ValueError) as e:
+            raise ShardError(path, f"unreadable .npy ({e})") from None
+        if tokens.ndim != 2:
+            raise ShardError(path, f"shape {tokens.shape}, expected [rows, seq]")
+        segments = None
+        if self.kind == "memmap":
             docs_path = path.with_name(path.name.replace(".tokens.npy", ".docs.npy"))
-            if self.kind == "memmap" and docs_path.exists():
-                docs = np.load(docs_path, mmap_mode="r")
-                bounds = np.searchsorted(docs[:, 0], np.arange(len(tokens) + 1))
-                for r in range(len(tokens)):
-                    seg = docs[bounds[r]:bounds[r + 1]]
-                    yield tokens[r], seg[:, 1].astype(np.uint32), seg[:, 2]
-            else:
-                for r in range(len(tokens)):
-                    yield tokens[r], starts_from_eos(tokens[r], self.eos_id), None
+            try:
+                segments = np.load(docs_path, mmap_mode="r")
+            except FileNotFoundError:
+                raise ShardError(docs_path, "missing") from None
+            except (OSError, ValueError) as e:
+                raise ShardError(docs_path, f"unreadable .npy ({e})") from None
+            if segments.ndim != 2 or segments.shape[1] != 3:
+                raise ShardError(docs_path, f"shape {segments.shape}, expected [segments, 3]")
+            entry = self.index["shards"][i]
+            if tokens.shape[0] != entry["rows"]:
+                raise ShardError(path, f"holds {tokens.shape[0]} rows, index.json says "
+                                       f"{entry['rows']}")
+        return Shard(path, tokens, segments)
+
+    def _mds_shard(self, entry: dict, path: Path, bytes_dtype: str) -> "Shard":
+        try:
+            data = path.read_bytes()
+            if entry["zip_data"]:
+                data = zstandard.ZstdDecompressor().decompress(data)
+            samples = list(decode_mds_shard(data, entry))
+        except FileNotFoundError:
+            raise ShardError(path, "missing") from None
+        except Exception as e:  # zstd errors, truncated buffers, bad offsets
+            raise ShardError(path, f"cannot be decoded ({type(e).__name__}: {e})") from None
+        if len(samples) != entry["samples"]:
+            raise ShardError(path, f"holds {len(samples)} rows, index.json says "
+                                   f"{entry['samples']}")
+        rows = []
+        for sample in samples:
+            tokens = sample.get("tokens")
+            if isinstance(tokens, bytes):  # other tools' byte-encoded token column
+                tokens = np.frombuffer(tokens, bytes_dtype)
+            if tokens is None:
+                raise ShardError(path, "has no 'tokens' column")
+            rows.append(tokens)
+        if len({len(r) for r in rows}) > 1:
+            raise ShardError(path, "rows of different lengths: "
+                                   f"{sorted({len(r) for r in rows})}")
+        tokens = np.stack(rows) if rows else np.zeros((0, 0), np.uint16)
+        segments = None
+        if samples and "doc_starts" in samples[0]:
+            segments = np.concatenate([
+                np.stack([np.full(len(x["doc_starts"]), r, np.uint64),
+                          x["doc_starts"].astype(np.uint64),
+                          x.get("doc_hashes", np.zeros(len(x["doc_starts"]), np.uint64))], axis=1)
+                for r, x in enumerate(samples)])
+        return Shard(path, tokens, segments)
+
+    def rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+        """(tokens, starts, hashes) of each row; see the module docstring."""
+        for shard in self.shards():
+            if shard.segments is None:
+                for row in shard.tokens:
+                    yield row, starts_from_eos(row, self.eos_id), None
+                continue
+            bounds = np.searchsorted(shard.segments[:, 0], np.arange(len(shard.tokens) + 1))
+            for r, row in enumerate(shard.tokens):
+                seg = shard.segments[bounds[r]:bounds[r + 1]]
+                yield row, seg[:, 1].astype(np.uint32), seg[:, 2]
+
+
+class ShardError(LongpackError):
+    def __init__(self, path: Path, what: str):
+        super().__init__(f"{path}: {what}")
+        self.path, self.what = Path(path), what
+
+
+@dataclass
+class Shard:
+    path: Path
+    tokens: np.ndarray  # [rows, seq]
+    segments: np.ndarray | None  # [m, 3] uint64 (row within shard, start, hash), sorted
 
 
 def open_split(path, eos_id: int | None = None) -> SplitReader:

@@ -1,0 +1,282 @@
+"""`pack stats`: what a build holds, whether it is sound, and what it will train.
+
+One pass over each split, shard by shard (memory: one shard plus the token-frequency table):
+
+    SplitReader.shards (shards.py)   rows [n, seq] + segments, or a ShardError -> a Problem
+      -> SplitScan.add               padding, EOS positions -> document lengths and boundaries,
+                                     token frequencies, id range; with --verify also segment /
+                                     EOS agreement and id < vocab_size
+      -> report                      per split + total, checks, recommendations (text or JSON)
+
+Cheap checks always run (index present, every shard file present with the size its index gives,
+counts agree with the manifest); --verify adds checksums and the row-level checks. The val split
+is scanned first so that the train scan can check that no document is in both (by hash).
+docs/STATS.md documents the JSON keys.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import LongpackError
+from pipeline.shards import SplitReader
+from pipeline.split import PAD_HASH
+
+SPLITS = ("train", "val")
+EXACT_LENGTHS = 1 << 16  # document lengths below this are counted exactly; longer ones kept as-is
+TOP_TOKENS = 10
+FIX_REBUILD = "re-run the same pack build with --overwrite to rewrite it"
+
+
+@dataclass
+class Problem:
+    file: str
+    what: str
+    fix: str = FIX_REBUILD
+    row: int | None = None
+
+    def line(self) -> str:
+        where = f"{self.file}, row {self.row}" if self.row is not None else self.file
+        return f"{where}: {self.what}; {self.fix}"
+
+
+class DocLengths:
+    """Exact distribution of document lengths in bounded memory: a count per length below
+    EXACT_LENGTHS, and the rare longer documents kept individually."""
+
+    def __init__(self):
+        self.counts = np.zeros(EXACT_LENGTHS, np.int64)
+        self.long: list[np.ndarray] = []
+
+    def add(self, lengths: np.ndarray):
+        short = lengths < EXACT_LENGTHS
+        self.counts += np.bincount(lengths[short], minlength=EXACT_LENGTHS)
+        if not short.all():
+            self.long.append(lengths[~short])
+
+    def summary(self) -> dict | None:
+        long = np.sort(np.concatenate(self.long)) if self.long else np.zeros(0, np.int64)
+        n = int(self.counts.sum()) + len(long)
+        if n == 0:
+            return None
+        cum = np.cumsum(self.counts)
+
+        def quantile(q: float) -> int:
+            k = min(int(q * n), n - 1)  # the k-th smallest length (0-based)
+            if k < cum[-1]:
+                return int(np.searchsorted(cum, k, side="right"))
+            return int(long[k - cum[-1]])
+
+        total = float(np.dot(self.counts, np.arange(EXACT_LENGTHS))) + float(long.sum())
+        top = int(long[-1]) if len(long) else int(np.flatnonzero(self.counts)[-1])
+        edges = [1 << k for k in range(0, max(top, 1).bit_length() + 1)]
+        hist = [int(self.counts[a:min(b, EXACT_LENGTHS)].sum()) +
+                int(((long >= a) & (long < b)).sum()) for a, b in zip(edges, edges[1:])]
+        return {"count": n, "mean": total / n, "median": quantile(0.5), "p10": quantile(0.1),
+                "p90": quantile(0.9), "p99": quantile(0.99), "max": top,
+                "histogram": {"edges": edges, "counts": hist}}
+
+
+@dataclass
+class SplitScan:
+    """Accumulates one split's figures, shard by shard."""
+
+    name: str
+    eos_id: int | None
+    vocab_size: int | None
+    verify: bool
+    problems: list
+    seq: int | None = None
+    dtype: str | None = None
+    shards: int = 0
+    rows: int = 0
+    padding: int = 0
+    documents: int = 0
+    segments: int = 0
+    rows_with_boundary: int = 0
+    min_id: int | None = None
+    max_id: int | None = None
+    lengths: DocLengths = field(default_factory=DocLengths)
+    freq: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    hashes: list = field(default_factory=list)  # kept only when keep_hashes (the val split)
+    keep_hashes: bool = False
+    other_hashes: np.ndarray | None = None  # documents of the other split, to find overlaps
+    overlap: int = 0
+    _prev_token: int | None = None  # last token of the previous shard
+    stream_pos: int = 0  # tokens of this split seen so far
+    last_eos: int = -1  # stream position of the last EOS seen
+    has_segments: bool = False
+
+    def add(self, path: Path, tokens: np.ndarray, segments: np.ndarray | None):
+        n, seq = tokens.shape
+        name = f"{self.name}/{path.name}"
+        if self.seq is None:
+            self.seq, self.dtype = seq, tokens.dtype.name
+        elif seq != self.seq:
+            self.problems.append(Problem(name, f"rows of {seq} tokens, the split's others have "
+                                               f"{self.seq}"))
+            return
+        flat = tokens.reshape(-1)
+        real = len(flat)
+        if segments is not None and len(segments):
+            self.has_segments = True
+            pad = segments[segments[:, 2] == PAD_HASH]
+            if len(pad):
+                real = int(pad[0, 0]) * seq + int(pad[0, 1])
+                self.padding += len(flat) - real
+            self.segments += len(segments) - len(pad)
+            starts = self._true_starts(tokens, segments)
+            if self.keep_hashes:
+                self.hashes.append(starts)
+            if self.other_hashes is not None and len(self.other_hashes):
+                self.overlap += int(np.isin(starts, self.other_hashes).sum())
+        flat = flat[:real]
+        if real:
+            lo, hi = int(flat.min()), int(flat.max())
+            self.min_id = lo if self.min_id is None else min(self.min_id, lo)
+            self.max_id = hi if self.max_id is None else max(self.max_id, hi)
+            self._count_tokens(flat, hi)
+            if self.verify and self.vocab_size is not None and hi >= self.vocab_size:
+                row = int(np.flatnonzero((tokens >= self.vocab_size).any(axis=1))[0])
+                self.problems.append(Problem(name, f"token id {hi} >= vocab size "
+                                                   f"{self.vocab_size}", row=row))
+        if self.eos_id is not None:
+            eos = np.flatnonzero(flat == self.eos_id)
+            ends = self.stream_pos + eos
+            self.lengths.add(np.diff(np.concatenate([[self.last_eos], ends])))
+            if len(eos):
+                self.last_eos = int(ends[-1])
+            self.documents += len(eos)
+            starts = eos + 1
+            inner = starts[(starts % seq != 0) & (starts < real)]
+            self.rows_with_boundary += len(np.unique(inner // seq))
+            if self.verify and segments is not None:
+                self._check_segments(name, tokens, segments, inner, real)
+        self.stream_pos += len(flat)
+        self.rows += n
+        self.shards += 1
+
+    def _count_tokens(self, flat: np.ndarray, hi: int):
+        if len(self.freq) <= hi:
+            self.freq = np.concatenate([self.freq, np.zeros(hi + 1 - len(self.freq), np.int64)])
+        for i in range(0, len(flat), 1 << 22):  # bincount copies to intp: bound that copy
+            counts = np.bincount(flat[i:i + (1 << 22)])
+            self.freq[: len(counts)] += counts
+
+    def _true_starts(self, tokens: np.ndarray, segments: np.ndarray) -> np.ndarray:
+        """Hashes of the documents that begin in this shard (not continuations, not padding):
+        a segment at offset 0 begins a document only if the token before the row is EOS."""
+        before_row = np.empty(len(tokens), np.int64)
+        before_row[1:] = tokens[:-1, -1]
+        before_row[0] = self.eos_id if self._prev_token is None else self._prev_token
+        self._prev_token = int(tokens[-1, -1])
+        rows = segments[:, 0].astype(np.int64)
+        opens_doc = (segments[:, 1] != 0) | (before_row[rows] == self.eos_id)
+        return segments[opens_doc & (segments[:, 2] != PAD_HASH), 2]
+
+    def _check_segments(self, name, tokens, segments, inner, real):
+        seq = tokens.shape[1]
+        recorded = (segments[:, 0].astype(np.int64) * seq + segments[:, 1].astype(np.int64))
+        pad = segments[:, 2] == PAD_HASH
+        expected = np.union1d(np.arange(len(tokens), dtype=np.int64) * seq, inner)
+        expected = expected[expected < real] if real < tokens.size else expected
+        got = np.sort(recorded[~pad])
+        if not np.array_equal(got, expected):
+            diff = np.setxor1d(got, expected)
+            self.problems.append(Problem(
+                name, "document starts do not match the EOS positions (first difference at "
+                      f"offset {int(diff[0] % seq)})", row=int(diff[0] // seq)))
+
+    def report(self, split_dir: Path, index: dict | None, tokenizer=None) -> dict:
+        disk = sum(p.stat().st_size for p in split_dir.iterdir() if p.is_file())
+        raw = disk
+        if index and "shards" in index and index.get("format") != "longpack-memmap":
+            raw = sum(s["raw_data"]["bytes"] for s in index["shards"])
+        tokens = self.rows * (self.seq or 0)
+        out = {"shards": self.shards, "rows": self.rows, "seq": self.seq, "dtype": self.dtype,
+               "bytes_on_disk": disk, "raw_bytes": raw,
+               "compression_ratio": raw / disk if disk else None,
+               "bytes_per_token": disk / tokens if tokens else None,
+               "tokens": tokens, "real_tokens": tokens - self.padding,
+               "padding_tokens": self.padding}
+        if self.eos_id is not None:
+            out.update({
+                "documents": self.documents,
+                "documents_per_row": (self.segments / self.rows if self.has_segments and
+                                      self.rows else None),
+                "rows_with_boundary_fraction": self.rows_with_boundary / self.rows
+                if self.rows else None,
+                "doc_length": self.lengths.summary()})
+        out["vocab"] = self.vocab_report(tokenizer)
+        return out
+
+    def vocab_report(self, tokenizer) -> dict:
+        used = np.flatnonzero(self.freq)
+        top = np.argsort(-self.freq, kind="stable")[:TOP_TOKENS] if len(used) else []
+        total = int(self.freq.sum()) or 1
+        by_rank = np.sort(self.freq[used])[::-1]
+        ranks = [1 << k for k in range(max(len(by_rank), 1).bit_length()) if 1 << k <= len(by_rank)]
+        return {"min_id": self.min_id, "max_id": self.max_id, "distinct_ids": len(used),
+                "rank_fractions": {"ranks": ranks,
+                                   "fractions": [float(by_rank[r - 1]) / total for r in ranks]},
+                "top": [{"id": int(t), "count": int(self.freq[t]),
+                         "fraction": float(self.freq[t]) / total,
+                         "text": tokenizer.decode([int(t)]) if tokenizer else None}
+                        for t in top if self.freq[t]]}
+
+
+def file_checks(split: str, reader: SplitReader, verify: bool) -> list[Problem]:
+    """Every shard named in the index is present, has its size, and (verify) its checksum."""
+    problems = []
+    if reader.kind == "npy":
+        return problems
+    for entry in reader.index["shards"]:
+        files = ([entry["tokens"], entry["docs"]] if reader.kind == "memmap"
+                 else [entry["zip_data"] or entry["raw_data"]])
+        for info in files:
+            path = reader.path / info["basename"]
+            name = f"{split}/{info['basename']}"
+            if not path.exists():
+                problems.append(Problem(name, "missing"))
+                continue
+            size = path.stat().st_size
+            if size != info["bytes"]:
+                what = "truncated" if size < info["bytes"] else "longer than its index says"
+                problems.append(Problem(name, f"{what} ({size:,} bytes, index.json says "
+                                              f"{info['bytes']:,})"))
+            elif verify:
+                want = info["sha256"] if "sha256" in info else info["hashes"].get("sha256")
+                if want and _sha256(path) != want:
+                    problems.append(Problem(name, "checksum mismatch (sha256): the file changed "
+                                                  "after it was written"))
+    return problems
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def open_output(path: Path) -> tuple[dict | None, dict[str, Path]]:
+    """(manifest or None, {split name: directory}) for OUT, OUT/train, or a plain shard dir."""
+    if not path.exists():
+        raise LongpackError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise LongpackError(f"{path}: not a directory (pass the --out of pack build)")
+    manifest = None
+    if (path / "manifest.json").exists():
+        try:
+            manifest = json.loads((path / "manifest.json").read_text())
+        except (OSError, ValueError) as e:
+            raise LongpackError(f"{path}/manifest.json: unreadable ({e})") from None
+    splits = {s: path / s for s in SPLITS if (path / s).is_dir()}
+    if not splits:
+        splits = {path.name: path}
+    return manifest, splits
+

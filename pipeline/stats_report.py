@@ -1,0 +1,301 @@
+"""Assemble `pack stats`: scan the splits, cross-check them and the manifest, recommend, render.
+
+`collect` returns the report as a plain dict (the --json output, keys in docs/STATS.md);
+`render` turns it into one screen of text. `decode_row` and `plot` serve --decode and --plot.
+"""
+
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import LongpackError
+from pipeline.shards import ShardError, SplitReader
+from pipeline.split import PAD_HASH
+from pipeline.stats import Problem, SplitScan, file_checks, open_output
+
+TOKENS_PER_PARAM = 20  # compute-optimal training (Hoffmann et al. 2022, "Chinchilla")
+
+
+def _tokenizer(manifest: dict | None, not_checked: list):
+    if not manifest:
+        return None
+    from pipeline.tokenizer import load_tokenizer
+
+    source = manifest["tokenizer"]["source"]
+    try:
+        return load_tokenizer(source)
+    except LongpackError as e:
+        not_checked.append(f"token texts: the tokenizer {source} cannot be loaded here ({e})")
+        return None
+
+
+def _scan(name: str, path: Path, eos_id, vocab, verify, problems, not_checked, tokenizer,
+          other_hashes) -> tuple[dict, SplitScan] | None:
+    try:
+        reader = SplitReader(path, eos_id)
+    except LongpackError as e:
+        problems.append(Problem(name, str(e)))
+        return None
+    problems += file_checks(name, reader, verify)
+    scan = SplitScan(name, eos_id, vocab, verify, problems, keep_hashes=other_hashes is None,
+                     other_hashes=other_hashes)
+    for i in range(len(reader.shard_files())):
+        try:
+            shard = reader.read_shard(i)
+        except ShardError as e:
+            if not any(p.file == f"{name}/{e.path.name}" for p in problems):
+                problems.append(Problem(f"{name}/{e.path.name}", e.what))
+            continue
+        scan.add(shard.path, np.asarray(shard.tokens), shard.segments)
+    if reader.kind == "npy" or not scan.has_segments:
+        not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
+    return scan.report(path, reader.index, tokenizer), scan
+
+
+def _agree_with_manifest(name: str, got: dict, manifest: dict, problems: list):
+    want = manifest["splits"].get(name)
+    if want is None:
+        return
+    pairs = [("rows", "rows"), ("shards", "shards"), ("padding_tokens", "padding_tokens"),
+             ("real_tokens", "tokens"), ("documents", "documents")]
+    for ours, theirs in pairs:
+        if ours in got and got[ours] != want[theirs]:
+            problems.append(Problem(name, f"shards hold {got[ours]:,} {theirs.replace('_', ' ')}"
+                                          f", manifest.json says {want[theirs]:,}"))
+
+
+def _total(splits: dict) -> dict:
+    keys = ("shards", "rows", "bytes_on_disk", "raw_bytes", "tokens", "real_tokens",
+            "padding_tokens", "documents")
+    total = {k: sum(s.get(k) or 0 for s in splits.values()) for k in keys}
+    total["compression_ratio"] = (total["raw_bytes"] / total["bytes_on_disk"]
+                                  if total["bytes_on_disk"] else None)
+    total["bytes_per_token"] = (total["bytes_on_disk"] / total["tokens"]
+                                if total["tokens"] else None)
+    return total
+
+
+def _presets(params: float) -> list[dict]:
+    try:
+        import archs
+        models = archs.list_models()
+    except (ImportError, AttributeError):
+        return []
+    return [m for m in models if 0.5 * params <= m["params"] <= 2 * params]
+
+
+def recommendations(train_tokens: int, throughput: float | None, budget: float | None) -> dict:
+    params = train_tokens / TOKENS_PER_PARAM
+    out = {"train_tokens": train_tokens, "tokens_per_param": TOKENS_PER_PARAM,
+           "compute_optimal_params": params, "presets": _presets(params)}
+    if budget:
+        out["budget_tokens"] = budget
+        out["epochs_for_budget"] = budget / train_tokens if train_tokens else None
+    if throughput:
+        out["throughput_tokens_per_second"] = throughput
+        out["epoch_seconds"] = train_tokens / throughput
+        if budget:
+            out["budget_seconds"] = budget / throughput
+    return out
+
+
+def collect(path: Path, verify: bool = False, throughput: float | None = None,
+            budget: float | None = None, eos_id: int | None = None) -> dict:
+    manifest, split_dirs = open_output(Path(path))
+    problems: list[Problem] = []
+    not_checked: list[str] = []
+    tok_info = manifest["tokenizer"] if manifest else None
+    if tok_info:
+        eos_id, vocab = tok_info["eos_id"], tok_info["vocab_size"]
+    else:
+        vocab = None
+        not_checked.append("manifest.json absent: counts, tokenizer and vocabulary range not "
+                           "checked")
+        if eos_id is None:
+            not_checked.append("no EOS id (pass --eos-id): documents, their lengths and "
+                               "boundaries not computed")
+    tokenizer = _tokenizer(manifest, not_checked)
+    splits, scans = {}, {}
+    order = sorted(split_dirs, key=lambda s: s != "val")  # val first: train checks against it
+    for name in order:
+        val = scans.get("val")
+        other = (np.unique(np.concatenate(val.hashes)) if val is not None and val.hashes
+                 else None)
+        result = _scan(name, split_dirs[name], eos_id, vocab, verify, problems, not_checked,
+                       tokenizer, other if name != "val" else None)
+        if result:
+            splits[name], scans[name] = result
+    if "train" in scans and scans["train"].overlap:
+        problems.append(Problem("val", f"{scans['train'].overlap:,} documents are in both "
+                                       "train and val", fix="re-run pack build with --overwrite"))
+    if manifest:
+        for name, got in splits.items():
+            _agree_with_manifest(name, got, manifest, problems)
+    if not verify:
+        not_checked.append("checksums and row-level checks (token ids, document starts): "
+                           "pass --verify")
+    splits = {k: splits[k] for k in sorted(splits, key=lambda s: s != "train")}
+    train = splits.get("train") or next(iter(splits.values()), {})
+    return {"path": str(path), "format": manifest["format"] if manifest else None,
+            "tokenizer": tok_info, "splits": splits, "total": _total(splits),
+            "checks": {"verified": verify, "ok": not problems,
+                       "problems": [vars(p) for p in problems], "not_checked": not_checked},
+            "recommendations": recommendations(train.get("real_tokens", 0), throughput,
+                                               budget)}
+
+
+def _n(x, digits=2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}"
+    return f"{x:,}"
+
+
+def _human(n: float, unit: str = "") -> str:
+    for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{suffix}{unit}"
+    return f"{n:.0f}{unit}"
+
+
+def _duration(seconds: float) -> str:
+    h, rest = divmod(int(seconds), 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def render(r: dict) -> str:
+    names = list(r["splits"]) + ["total"]
+    cols = {**r["splits"], "total": r["total"]}
+    tok = r["tokenizer"]
+    head = f"pack stats {r['path']}  ({r['format'] or 'no manifest'}"
+    if tok:
+        head += f", tokenizer {tok['name']} sha256 {tok['sha256'][:12]}, vocab {tok['vocab_size']:,}"
+    lines = [head + ")", f"  {'':22}" + "".join(f"{n:>16}" for n in names)]
+
+    def row(label, key, fmt=_n):
+        lines.append(f"  {label:22}" + "".join(f"{fmt(cols[n].get(key)):>16}" for n in names))
+
+    row("shards", "shards")
+    row("rows", "rows")
+    lines.append(f"  {'seq / dtype':22}" + "".join(
+        f"{str(cols[n].get('seq', '')) + ' ' + str(cols[n].get('dtype', '')):>16}"
+        for n in r["splits"]))
+    row("bytes on disk", "bytes_on_disk", lambda x: _human(x, "B") if x is not None else "-")
+    row("compression ratio", "compression_ratio")
+    row("bytes per token", "bytes_per_token", lambda x: _n(x, 3))
+    row("tokens", "tokens")
+    row("  real", "real_tokens")
+    row("  padding", "padding_tokens")
+    row("documents", "documents")
+    row("documents per row", "documents_per_row")
+    row("rows with a boundary", "rows_with_boundary_fraction",
+        lambda x: f"{100 * x:.1f}%" if x is not None else "-")
+    for name, s in r["splits"].items():
+        d = s.get("doc_length")
+        if d:
+            lines.append(f"  doc length ({name})".ljust(24) + f"mean {d['mean']:,.0f}  median "
+                         f"{d['median']:,}  p10 {d['p10']:,}  p90 {d['p90']:,}  p99 "
+                         f"{d['p99']:,}  max {d['max']:,}")
+            bars = d["histogram"]
+            peak = max(bars["counts"]) or 1
+            spark = "".join(" ▁▂▃▄▅▆▇█"[min(8, -(-8 * c // peak))] for c in bars["counts"])
+            lines.append(f"{'':24}histogram, bins 1..{bars['edges'][-1]:,} doubling: {spark}")
+        v = s["vocab"]
+        top = ", ".join(f"{t['text']!r} {100 * t['fraction']:.1f}%" if t["text"] is not None
+                        else f"#{t['id']} {100 * t['fraction']:.1f}%" for t in v["top"][:6])
+        lines.append(f"  vocab ({name})".ljust(24) + f"ids {v['min_id']}..{v['max_id']}, "
+                     f"{v['distinct_ids']:,} distinct; top: {top}")
+    c = r["checks"]
+    lines.append("  checks".ljust(24) + ("OK" if c["ok"] else f"{len(c['problems'])} PROBLEMS")
+                 + (" (verified: checksums, ids, document starts)" if c["verified"] else ""))
+    for p in c["problems"][:20]:
+        lines.append("    " + Problem(**p).line())
+    if len(c["problems"]) > 20:
+        lines.append(f"    ... and {len(c['problems']) - 20} more (--json lists all)")
+    for note in c["not_checked"]:
+        lines.append(f"    not checked: {note}")
+    rec = r["recommendations"]
+    presets = ", ".join(p["name"] for p in rec["presets"]) or "none in archs/ yet"
+    lines.append("  recommend".ljust(24) + f"{_human(rec['compute_optimal_params'])} parameters"
+                 f" is compute-optimal for {_human(rec['train_tokens'])} train tokens "
+                 f"({rec['tokens_per_param']} tokens/param); presets near it: {presets}")
+    if "epochs_for_budget" in rec and rec["epochs_for_budget"] is not None:
+        lines.append(f"{'':24}a {_human(rec['budget_tokens'])}-token budget is "
+                     f"{rec['epochs_for_budget']:.2f} epochs over train")
+    if "epoch_seconds" in rec:
+        more = (f", the budget {_duration(rec['budget_seconds'])}"
+                if "budget_seconds" in rec else "")
+        lines.append(f"{'':24}at {_human(rec['throughput_tokens_per_second'])} tokens/s one "
+                     f"epoch takes {_duration(rec['epoch_seconds'])}{more}")
+    return "\n".join(lines)
+
+
+def find_row(path: Path, split: str, row: int, eos_id):
+    """(tokens, starts, hashes) of row `row` of a split, reading only the shard that holds it."""
+    manifest, split_dirs = open_output(Path(path))
+    if split not in split_dirs:
+        raise LongpackError(f"{path}: no split {split!r} (has: {', '.join(split_dirs)})")
+    reader = SplitReader(split_dirs[split], eos_id)
+    first = 0
+    for i in range(len(reader.shard_files())):
+        n = reader.rows_in_shard(i)
+        if row < first + n:
+            shard = reader.read_shard(i)
+            r = row - first
+            tokens = np.asarray(shard.tokens[r])
+            if shard.segments is None:
+                from pipeline.shards import starts_from_eos
+                return manifest, tokens, starts_from_eos(tokens, eos_id), None
+            seg = shard.segments[shard.segments[:, 0] == r]
+            return manifest, tokens, seg[:, 1].astype(np.int64), seg[:, 2]
+        first += n
+    raise LongpackError(f"row {row} is past the end of {split} ({first:,} rows)")
+
+
+def decode_row(path: Path, split: str, row: int, eos_id=None) -> str:
+    manifest, tokens, starts, hashes = find_row(path, split, row, eos_id)
+    tokenizer = _tokenizer(manifest, [])
+    bounds = list(starts) + [len(tokens)]
+    out = [f"{split} row {row}: {len(tokens):,} tokens, {len(starts)} segments"]
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        h = None if hashes is None else int(hashes[k])
+        if h == PAD_HASH:
+            out.append(f"\n⟦padding: {b - a:,} tokens⟧")
+            continue
+        label = "continued document" if k == 0 and row > 0 and a == 0 else "document"
+        out.append(f"\n⟦{label}" + (f" {h:016x}" if h is not None else "") +
+                   f", tokens {a:,}..{b - 1:,}⟧")
+        piece = tokens[a:b]
+        out.append(tokenizer.decode(piece) if tokenizer else " ".join(map(str, piece.tolist())))
+    return "\n".join(out)
+
+
+def plot(report: dict, out: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise LongpackError("--plot needs matplotlib: pip install matplotlib") from None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, s in report["splits"].items():
+        d = s.get("doc_length")
+        if d:
+            edges = d["histogram"]["edges"]
+            left.stairs(d["histogram"]["counts"], edges, label=name)
+        curve = s["vocab"]["rank_fractions"]
+        if curve["ranks"]:
+            right.loglog(curve["ranks"], curve["fractions"], "o-", label=name)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("document length (tokens)")
+    left.set_ylabel("documents")
+    left.set_title("document lengths")
+    left.legend()
+    right.set_xlabel("rank")
+    right.set_ylabel("fraction of tokens")
+    right.set_title("token frequency by rank")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
