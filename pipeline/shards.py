@@ -63,6 +63,8 @@ def decode_mds_shard(raw: bytes, shard: dict) -> Iterator[dict]:
             size = int(next(dynamic)) if size is None else size
             out[name] = _decode_column(enc, sample[pos:pos + size])
             pos += size
+        if pos != len(sample):
+            raise ValueError(f"sample {i} is {len(sample)} bytes, its columns {pos}")
         yield out
 
 
@@ -142,9 +144,18 @@ class SplitReader:
             data = path.read_bytes()
             if entry["zip_data"]:
                 data = zstandard.ZstdDecompressor().decompress(data)
+            n = int(np.frombuffer(data[:4], "<u4")[0])
+            first_sample = int(np.frombuffer(data[4:8], "<u4")[0])
+            config = json.loads(data[8 + 4 * n:first_sample])  # between offsets and samples
+            differ = [k for k, v in config.items() if entry.get(k) != v]
+            if differ:
+                raise ShardError(path, f"its header disagrees with index.json on "
+                                       f"{', '.join(sorted(differ))}")
             samples = list(decode_mds_shard(data, entry))
         except FileNotFoundError:
             raise ShardError(path, "missing") from None
+        except ShardError:
+            raise
         except Exception as e:  # zstd errors, truncated buffers, bad offsets
             raise ShardError(path, f"cannot be decoded ({type(e).__name__}: {e})") from None
         if len(samples) != entry["samples"]:

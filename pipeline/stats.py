@@ -114,11 +114,12 @@ class SplitScan:
         n, seq = tokens.shape
         name = f"{self.name}/{path.name}"
         if self.seq is None:
-            self.seq, self.dtype = seq, tokens.dtype.name
-        elif seq != self.seq:
-            self.problems.append(Problem(name, f"rows of {seq} tokens, the split's others have "
+            self.seq = seq
+        if seq != self.seq:
+            self.problems.append(Problem(name, f"rows of {seq} tokens, the split's seq is "
                                                f"{self.seq}"))
             return
+        self.dtype = tokens.dtype.name
         flat = tokens.reshape(-1)
         real = len(flat)
         if segments is not None and len(segments):

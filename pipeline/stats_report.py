@@ -29,7 +29,7 @@ def _tokenizer(manifest: dict | None, not_checked: list):
         return None
 
 
-def _scan(name: str, path: Path, eos_id, vocab, verify, problems, not_checked, tokenizer,
+def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_checked, tokenizer,
           other_hashes) -> tuple[dict, SplitScan] | None:
     try:
         reader = SplitReader(path, eos_id)
@@ -37,8 +37,8 @@ def _scan(name: str, path: Path, eos_id, vocab, verify, problems, not_checked, t
         problems.append(Problem(name, str(e)))
         return None
     problems += file_checks(name, reader, verify)
-    scan = SplitScan(name, eos_id, vocab, verify, problems, keep_hashes=other_hashes is None,
-                     other_hashes=other_hashes)
+    scan = SplitScan(name, eos_id, vocab, verify, problems, seq=seq,
+                     keep_hashes=other_hashes is None, other_hashes=other_hashes)
     for i in range(len(reader.shard_files())):
         try:
             shard = reader.read_shard(i)
@@ -121,8 +121,9 @@ def collect(path: Path, verify: bool = False, throughput: float | None = None,
         val = scans.get("val")
         other = (np.unique(np.concatenate(val.hashes)) if val is not None and val.hashes
                  else None)
-        result = _scan(name, split_dirs[name], eos_id, vocab, verify, problems, not_checked,
-                       tokenizer, other if name != "val" else None)
+        result = _scan(name, split_dirs[name], eos_id, vocab, manifest and manifest["seq"],
+                       verify, problems, not_checked, tokenizer,
+                       other if name != "val" else None)
         if result:
             splits[name], scans[name] = result
     if "train" in scans and scans["train"].overlap:

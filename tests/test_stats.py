@@ -1,0 +1,274 @@
+"""pack stats on small built fixtures: figures against an independent computation, every
+validation failure class produced on purpose, and the JSON keys."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import make_texts, write_jsonl
+from pipeline.build import build
+from pipeline.cli import pack
+from pipeline.config import BuildConfig
+from pipeline.split import Splitter, doc_hash
+from pipeline.stats_report import collect
+
+EOS = 50256
+SEQ = 64
+
+
+@pytest.fixture
+def texts():
+    return make_texts(400, seed=7)
+
+
+def make_build(tmp_path, texts, fmt="mds", name="out", **kw):
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    write_jsonl(src / "d.jsonl", [{"text": t} for t in texts])
+    out = tmp_path / name
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(src / "d.jsonl"),),
+                      tokenizer=str(tmp_path / "gpt2.tiktoken"), seq=SEQ, format=fmt,
+                      val_fraction=0.2, shard_bytes=SEQ * 2 * 16, **kw), show_progress=False)
+    return out
+
+
+def expected(texts, split):
+    """Figures computed from the input texts alone (byte tokenizer: one token per byte)."""
+    s = Splitter(0.2, 0)
+    docs = [t for t in texts if s.is_val(doc_hash(t.encode())) == (split == "val")]
+    lengths = np.array([len(t.encode()) + 1 for t in docs])
+    tokens = int(lengths.sum())
+    rows = -(-tokens // SEQ)
+    ids = np.concatenate([np.frombuffer(t.encode(), np.uint8) for t in docs]).astype(np.int64)
+    ends = np.cumsum(lengths)  # a document starts inside a row unless it starts at a row start
+    boundary_rows = {int(e // SEQ) for e in ends[:-1] if e % SEQ}
+    return {"documents": len(docs), "real_tokens": tokens, "rows": rows,
+            "padding_tokens": rows * SEQ - tokens, "lengths": lengths, "ids": ids,
+            "boundary_rows": len(boundary_rows)}
+
+
+@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+def test_figures_match_an_independent_computation(tmp_path, byte_tokenizer, texts, fmt):
+    out = make_build(tmp_path, texts, fmt)
+    r = collect(out, verify=True)
+    assert r["checks"]["ok"], r["checks"]["problems"]
+    for split in ("train", "val"):
+        got, want = r["splits"][split], expected(texts, split)
+        for key in ("documents", "real_tokens", "rows", "padding_tokens"):
+            assert got[key] == want[key], key
+        assert got["tokens"] == want["rows"] * SEQ and got["seq"] == SEQ
+        d = got["doc_length"]
+        lengths = want["lengths"]
+        assert d["count"] == len(lengths) and d["max"] == lengths.max()
+        assert d["mean"] == pytest.approx(lengths.mean())
+        srt = np.sort(lengths)
+        for q, key in ((0.5, "median"), (0.1, "p10"), (0.9, "p90"), (0.99, "p99")):
+            assert d[key] == srt[min(int(q * len(srt)), len(srt) - 1)]
+        assert sum(d["histogram"]["counts"]) == len(lengths)
+        assert got["rows_with_boundary_fraction"] == pytest.approx(
+            want["boundary_rows"] / want["rows"])
+        v = got["vocab"]
+        ids = np.concatenate([want["ids"], [EOS]])
+        assert (v["min_id"], v["max_id"]) == (ids.min(), ids.max())
+        assert v["distinct_ids"] == len(np.unique(ids))
+        counts = np.bincount(np.concatenate([want["ids"], np.full(want["documents"], EOS)]))
+        assert v["top"][0]["id"] == int(np.argmax(counts))
+        assert v["top"][0]["count"] == counts.max()
+        assert got["bytes_on_disk"] == sum(p.stat().st_size for p in (out / split).iterdir())
+    assert r["total"]["rows"] == r["splits"]["train"]["rows"] + r["splits"]["val"]["rows"]
+
+
+def test_recommendations_follow_from_the_train_tokens(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    r = collect(out, throughput=1000.0, budget=1e6)["recommendations"]
+    train = expected(texts, "train")["real_tokens"]
+    assert r["compute_optimal_params"] == train / 20
+    assert r["epochs_for_budget"] == pytest.approx(1e6 / train)
+    assert r["epoch_seconds"] == pytest.approx(train / 1000)
+    assert r["budget_seconds"] == pytest.approx(1000)
+
+
+def run_stats(path, *args):
+    return CliRunner().invoke(pack, ["stats", str(path), *args])
+
+
+def first_shard(out, split="train", suffix=".mds.zstd"):
+    return sorted((out / split).glob(f"shard.*{suffix}"))[0]
+
+
+def test_sound_build_exits_0_and_prints_one_screen(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    r = run_stats(out, "--verify")
+    assert r.exit_code == 0, r.output
+    assert "checks                OK" in r.output and len(r.output.splitlines()) <= 40
+
+
+def test_truncated_shard(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    shard = first_shard(out)
+    shard.write_bytes(shard.read_bytes()[:-100])
+    r = run_stats(out)
+    assert r.exit_code == 1
+    assert f"train/{shard.name}: truncated" in r.output and "--overwrite" in r.output
+
+
+def test_flipped_byte_is_a_checksum_mismatch_under_verify(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts, fmt="memmap")
+    shard = first_shard(out, suffix=".tokens.npy")
+    data = bytearray(shard.read_bytes())
+    data[-10] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert run_stats(out).exit_code == 0  # same size: only --verify can tell
+    r = run_stats(out, "--verify")
+    assert r.exit_code == 1 and f"train/{shard.name}: checksum mismatch" in r.output
+
+
+def rewrite_memmap_tokens(shard, change):
+    tokens = np.load(shard)
+    change(tokens)
+    np.save(shard, tokens)
+    index = json.loads((shard.parent / "index.json").read_text())
+    for s in index["shards"]:  # keep sizes and checksums right: only the content is wrong
+        if s["tokens"]["basename"] == shard.name:
+            import hashlib
+            s["tokens"]["bytes"] = shard.stat().st_size
+            s["tokens"]["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    (shard.parent / "index.json").write_text(json.dumps(index))
+
+
+def test_out_of_range_token_id(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts, fmt="memmap")
+    shard = first_shard(out, suffix=".tokens.npy")
+    rewrite_memmap_tokens(shard, lambda t: t.__setitem__((3, 5), 60000))
+    r = run_stats(out, "--verify")
+    assert r.exit_code == 1
+    assert f"train/{shard.name}, row 3: token id 60000 >= vocab size 50257" in r.output
+
+
+def test_moved_eos_disagrees_with_document_starts(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts, fmt="memmap")
+    shard = first_shard(out, suffix=".tokens.npy")
+
+    def drop_an_eos(t):
+        r, c = np.argwhere(t[:, :-1] == EOS)[0]
+        t[r, c] = ord("x")
+
+    rewrite_memmap_tokens(shard, drop_an_eos)
+    r = run_stats(out, "--verify")
+    assert r.exit_code == 1 and "document starts do not match the EOS positions" in r.output
+
+
+def test_wrong_row_length(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts, fmt="memmap")
+    shard = first_shard(out, suffix=".tokens.npy")
+    tokens = np.load(shard)
+    np.save(shard, tokens[:, :-1])
+    r = run_stats(out)
+    assert r.exit_code == 1 and f"train/{shard.name}" in r.output
+    assert "rows of 63 tokens" in r.output or "index.json says" in r.output
+
+
+def test_wrong_row_length_in_mds(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    shard = first_shard(out)
+    index = json.loads((out / "train" / "index.json").read_text())
+    index["shards"][0]["column_encodings"][2] = "ndarray:uint16:32"
+    index["shards"][0]["column_sizes"][2] = 64
+    (out / "train" / "index.json").write_text(json.dumps(index))
+    r = run_stats(out)
+    assert r.exit_code == 1 and f"train/{shard.name}" in r.output
+
+
+def test_missing_shard(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    shard = first_shard(out)
+    shard.unlink()
+    r = run_stats(out)
+    assert r.exit_code == 1 and f"train/{shard.name}: missing" in r.output
+
+
+def test_overlapping_splits(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts, fmt="memmap")
+    # copy train's first shard's document hashes into val's segments
+    train_docs = np.load(first_shard(out, suffix=".docs.npy"))
+    val_path = first_shard(out, "val", suffix=".docs.npy")
+    val_docs = np.load(val_path)
+    inner = np.flatnonzero(val_docs[:, 1] != 0)[:2]  # segments that begin a document
+    val_docs[inner, 2] = train_docs[train_docs[:, 1] != 0][:2, 2]
+    np.save(val_path, val_docs)
+    r = run_stats(out)
+    assert r.exit_code == 1 and "documents are in both train and val" in r.output
+
+
+def test_counts_disagreeing_with_the_manifest(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    m = json.loads((out / "manifest.json").read_text())
+    m["splits"]["train"]["documents"] += 1
+    (out / "manifest.json").write_text(json.dumps(m))
+    r = run_stats(out)
+    assert r.exit_code == 1 and "manifest.json says" in r.output
+
+
+def test_missing_directory_is_one_line(tmp_path):
+    r = run_stats(tmp_path / "nope")
+    assert r.exit_code == 1 and r.output.strip().count("\n") == 0 and "no such directory" in r.output
+
+
+def test_json_keys_are_stable(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    r = json.loads(run_stats(out, "--json").output)
+    assert set(r) == {"path", "format", "tokenizer", "splits", "total", "checks",
+                      "recommendations"}
+    assert set(r["splits"]["train"]) == {
+        "shards", "rows", "seq", "dtype", "bytes_on_disk", "raw_bytes", "compression_ratio",
+        "bytes_per_token", "tokens", "real_tokens", "padding_tokens", "documents",
+        "documents_per_row", "rows_with_boundary_fraction", "doc_length", "vocab"}
+    assert set(r["splits"]["train"]["doc_length"]) == {
+        "count", "mean", "median", "p10", "p90", "p99", "max", "histogram"}
+    assert set(r["splits"]["train"]["vocab"]) == {"min_id", "max_id", "distinct_ids",
+                                                  "rank_fractions", "top"}
+    assert set(r["checks"]) == {"verified", "ok", "problems", "not_checked"}
+
+
+def test_decode_marks_document_boundaries(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    r = run_stats(out, "--decode", "1")
+    assert r.exit_code == 0
+    assert r.output.startswith("train row 1: 64 tokens")
+    assert "⟦continued document" in r.output or "⟦document" in r.output
+    assert run_stats(out, "--decode", "99999").exit_code == 1
+
+
+def test_plot_writes_a_png(tmp_path, byte_tokenizer, texts):
+    pytest.importorskip("matplotlib")
+    out = make_build(tmp_path, texts)
+    assert run_stats(out, "--plot", str(tmp_path / "p.png")).exit_code == 0
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plain_npy_directory_is_read_and_says_what_it_could_not_check(tmp_path):
+    rows = np.array([[1, 2, EOS, 3], [4, EOS, 5, EOS]], np.uint16)
+    (tmp_path / "data").mkdir()
+    np.save(tmp_path / "data" / "part0.npy", rows)
+    r = collect(tmp_path / "data", eos_id=EOS)
+    s = r["splits"]["data"]
+    assert (s["rows"], s["documents"], s["seq"]) == (2, 3, 4)
+    assert s["doc_length"]["max"] == 3 and r["checks"]["ok"]
+    assert any("manifest.json absent" in n for n in r["checks"]["not_checked"])
+
+
+def test_other_tools_mds_with_byte_tokens(tmp_path):
+    """llm-foundry's older converter writes `tokens` as raw int64 bytes and nothing else."""
+    from pipeline.streaming_compat import import_streaming
+
+    streaming = import_streaming()
+    out = tmp_path / "foundry"
+    with streaming.MDSWriter(out=str(out), columns={"tokens": "bytes"}, compression="zstd") as w:
+        for row in ([1, 2, EOS, 3], [4, EOS, 5, EOS]):
+            w.write({"tokens": np.array(row, np.int64).tobytes()})
+    r = collect(out, eos_id=EOS)
+    s = r["splits"]["foundry"]
+    assert (s["rows"], s["documents"], s["seq"]) == (2, 3, 4)
+    assert any("no document hashes" in n for n in r["checks"]["not_checked"])
