@@ -110,12 +110,13 @@ class SplitReader:
         for i in range(len(self.shard_files())):
             yield self.read_shard(i, bytes_dtype)
 
-    def read_shard(self, i: int, bytes_dtype: str = "int64") -> "Shard":
+    def read_shard(self, i: int, bytes_dtype: str = "int64", in_memory: bool = False) -> "Shard":
+        """Shard i; .npy files are memory-mapped unless `in_memory` (one sequential read)."""
         path = self.shard_files()[i]
         if self.kind == "mds":
             return self._mds_shard(self.index["shards"][i], path, bytes_dtype)
         try:
-            tokens = np.load(path, mmap_mode="r")
+            tokens = np.load(path, mmap_mode=None if in_memory else "r")
         except FileNotFoundError:
             raise ShardError(path, "missing") from None
         except (OSError, ValueError) as e:

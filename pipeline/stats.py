@@ -163,8 +163,8 @@ class SplitScan:
     def _count_tokens(self, flat: np.ndarray, hi: int):
         if len(self.freq) <= hi:
             self.freq = np.concatenate([self.freq, np.zeros(hi + 1 - len(self.freq), np.int64)])
-        for i in range(0, len(flat), 1 << 22):  # bincount copies to intp: bound that copy
-            counts = np.bincount(flat[i:i + (1 << 22)])
+        for i in range(0, len(flat), 1 << 20):  # bincount copies to intp: 1M keeps it in cache
+            counts = np.bincount(flat[i:i + (1 << 20)])
             self.freq[: len(counts)] += counts
 
     def _true_starts(self, tokens: np.ndarray, segments: np.ndarray) -> np.ndarray:

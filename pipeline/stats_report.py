@@ -4,6 +4,8 @@
 `render` turns it into one screen of text. `decode_row` and `plot` serve --decode and --plot.
 """
 
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -39,17 +41,35 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
     problems += file_checks(name, reader, verify)
     scan = SplitScan(name, eos_id, vocab, verify, problems, seq=seq,
                      keep_hashes=other_hashes is None, other_hashes=other_hashes)
-    for i in range(len(reader.shard_files())):
-        try:
-            shard = reader.read_shard(i)
-        except ShardError as e:
-            if not any(p.file == f"{name}/{e.path.name}" for p in problems):
-                problems.append(Problem(f"{name}/{e.path.name}", e.what))
+    for shard in _read_ahead(reader):
+        if isinstance(shard, ShardError):
+            if not any(p.file == f"{name}/{shard.path.name}" for p in problems):
+                problems.append(Problem(f"{name}/{shard.path.name}", shard.what))
             continue
-        scan.add(shard.path, np.asarray(shard.tokens), shard.segments)
+        scan.add(shard.path, shard.tokens, shard.segments)
     if reader.kind == "npy" or not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
     return scan.report(path, reader.index, tokenizer), scan
+
+
+def _read_ahead(reader: SplitReader, depth: int = 2):
+    """Shards in order, the next `depth` read (and decompressed) in background threads while
+    one is scanned: file reads and zstd release the GIL, so on two cores the scan of one shard
+    overlaps the decompression of the next ones. Memory: depth + 1 shards."""
+    def load(i):
+        try:
+            return reader.read_shard(i, in_memory=True)
+        except ShardError as e:
+            return e
+
+    n = len(reader.shard_files())
+    with ThreadPoolExecutor(depth, thread_name_prefix="read-shard") as pool:
+        ahead = deque(pool.submit(load, i) for i in range(min(depth, n)))
+        for i in range(n):
+            shard = ahead.popleft().result()
+            if i + depth < n:
+                ahead.append(pool.submit(load, i + depth))
+            yield shard
 
 
 def _agree_with_manifest(name: str, got: dict, manifest: dict, problems: list):
