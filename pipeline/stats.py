@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.build import WORK_DIR
 from pipeline.errors import LongpackError
 from pipeline.shards import SplitReader
 from pipeline.split import PAD_HASH
@@ -270,14 +271,18 @@ def open_output(path: Path) -> tuple[dict | None, dict[str, Path]]:
         raise LongpackError(f"{path}: no such directory")
     if not path.is_dir():
         raise LongpackError(f"{path}: not a directory (pass the --out of pack build)")
-    manifest = None
-    if (path / "manifest.json").exists():
-        try:
-            manifest = json.loads((path / "manifest.json").read_text())
-        except (OSError, ValueError) as e:
-            raise LongpackError(f"{path}/manifest.json: unreadable ({e})") from None
-    splits = {s: path / s for s in SPLITS if (path / s).is_dir()}
-    if not splits:
+    if (path / WORK_DIR).exists() and not (path / "manifest.json").exists():
+        raise LongpackError(f"{path}: an unfinished build (no manifest.json yet); re-run the same "
+                            "pack build command to finish it")
+    root, splits = path, {s: path / s for s in SPLITS if (path / s).is_dir()}
+    if not splits:  # one split directory, or a directory of shards
         splits = {path.name: path}
+        if path.name in SPLITS and (path.parent / "manifest.json").exists():
+            root = path.parent
+    manifest = None
+    if (root / "manifest.json").exists():
+        try:
+            manifest = json.loads((root / "manifest.json").read_text())
+        except (OSError, ValueError) as e:
+            raise LongpackError(f"{root}/manifest.json: unreadable ({e})") from None
     return manifest, splits
-

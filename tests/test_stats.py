@@ -272,3 +272,17 @@ def test_other_tools_mds_with_byte_tokens(tmp_path):
     s = r["splits"]["foundry"]
     assert (s["rows"], s["documents"], s["seq"]) == (2, 3, 4)
     assert any("no document hashes" in n for n in r["checks"]["not_checked"])
+
+
+def test_one_split_directory_uses_the_builds_manifest(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    r = collect(out / "val", verify=True)
+    assert list(r["splits"]) == ["val"] and r["tokenizer"]["eos_id"] == EOS and r["checks"]["ok"]
+
+
+def test_an_unfinished_build_says_to_resume_it(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    (out / "manifest.json").unlink()
+    (out / ".longpack-build").mkdir()
+    r = run_stats(out)
+    assert r.exit_code == 1 and "unfinished build" in r.output and "re-run the same" in r.output
