@@ -26,7 +26,7 @@ import numpy as np
 from pipeline import manifest as manifest_mod
 from pipeline.atomic import write_bytes, write_json
 from pipeline.catalog import expand_inputs, file_format, get_dataset
-from pipeline.config import BuildConfig
+from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.encode import encode_batch
 from pipeline.errors import InputError, SettingsError
 from pipeline.hub import HubFiles, HuggingFaceHub
@@ -39,7 +39,6 @@ from pipeline.tokenizer import load_tokenizer
 from pipeline.writers import ShardSink
 
 SPLITS = ("train", "val")
-WORK_DIR = ".longpack-build"
 CHECKPOINT_SECONDS = 10.0
 OUTPUT_NAMES = {"train", "val", "manifest.json", "skipped.jsonl", WORK_DIR}
 

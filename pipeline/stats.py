@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.build import WORK_DIR
+from pipeline.config import WORK_DIR
 from pipeline.errors import LongpackError
 from pipeline.shards import SplitReader
 from pipeline.split import PAD_HASH
@@ -82,6 +82,38 @@ class DocLengths:
 
 
 @dataclass
+class Digest:
+    """What one shard's tokens give, computed where the shard is read (numpy releases the GIL
+    in these loops, so two read-ahead threads digest two shards at once)."""
+
+    real: int  # tokens before the padding
+    lo: int | None
+    hi: int | None
+    counts: np.ndarray  # occurrences of each id < hi + 1
+    eos: np.ndarray | None  # flat positions of EOS among the real tokens (None: EOS unknown)
+
+
+def digest(tokens: np.ndarray, segments: np.ndarray | None, eos_id: int | None) -> Digest:
+    flat = tokens.reshape(-1)
+    real = len(flat)
+    if segments is not None and len(segments):
+        pad = segments[segments[:, 2] == PAD_HASH]
+        if len(pad):
+            real = int(pad[0, 0]) * tokens.shape[1] + int(pad[0, 1])
+    flat = flat[:real]
+    no_eos = None if eos_id is None else np.zeros(0, np.int64)
+    if not real:
+        return Digest(0, None, None, np.zeros(0, np.int64), no_eos)
+    hi = int(flat.max())
+    counts = np.zeros(hi + 1, np.int64)
+    for i in range(0, real, 1 << 20):  # bincount converts to intp: 1M at a time stays in cache
+        chunk = np.bincount(flat[i:i + (1 << 20)])
+        counts[: len(chunk)] += chunk
+    eos = None if eos_id is None else np.flatnonzero(flat == eos_id)
+    return Digest(real, int(flat.min()), hi, counts, eos)
+
+
+@dataclass
 class SplitScan:
     """Accumulates one split's figures, shard by shard."""
 
@@ -111,7 +143,8 @@ class SplitScan:
     last_eos: int = -1  # stream position of the last EOS seen
     has_segments: bool = False
 
-    def add(self, path: Path, tokens: np.ndarray, segments: np.ndarray | None):
+    def add(self, path: Path, tokens: np.ndarray, segments: np.ndarray | None, d: "Digest"):
+        """Fold one shard in, in order; `d` is its digest (computed in a read-ahead thread)."""
         n, seq = tokens.shape
         name = f"{self.name}/{path.name}"
         if self.seq is None:
@@ -121,52 +154,40 @@ class SplitScan:
                                                f"{self.seq}"))
             return
         self.dtype = tokens.dtype.name
-        flat = tokens.reshape(-1)
-        real = len(flat)
         if segments is not None and len(segments):
             self.has_segments = True
-            pad = segments[segments[:, 2] == PAD_HASH]
-            if len(pad):
-                real = int(pad[0, 0]) * seq + int(pad[0, 1])
-                self.padding += len(flat) - real
-            self.segments += len(segments) - len(pad)
+            self.padding += tokens.size - d.real
+            self.segments += len(segments) - int((segments[:, 2] == PAD_HASH).sum())
             starts = self._true_starts(tokens, segments)
             if self.keep_hashes:
                 self.hashes.append(starts)
             if self.other_hashes is not None and len(self.other_hashes):
                 self.overlap += int(np.isin(starts, self.other_hashes).sum())
-        flat = flat[:real]
-        if real:
-            lo, hi = int(flat.min()), int(flat.max())
-            self.min_id = lo if self.min_id is None else min(self.min_id, lo)
-            self.max_id = hi if self.max_id is None else max(self.max_id, hi)
-            self._count_tokens(flat, hi)
-            if self.verify and self.vocab_size is not None and hi >= self.vocab_size:
+        if d.real:
+            self.min_id = d.lo if self.min_id is None else min(self.min_id, d.lo)
+            self.max_id = d.hi if self.max_id is None else max(self.max_id, d.hi)
+            if len(self.freq) < len(d.counts):
+                self.freq = np.concatenate([self.freq,
+                                            np.zeros(len(d.counts) - len(self.freq), np.int64)])
+            self.freq[: len(d.counts)] += d.counts
+            if self.verify and self.vocab_size is not None and d.hi >= self.vocab_size:
                 row = int(np.flatnonzero((tokens >= self.vocab_size).any(axis=1))[0])
-                self.problems.append(Problem(name, f"token id {hi} >= vocab size "
+                self.problems.append(Problem(name, f"token id {d.hi} >= vocab size "
                                                    f"{self.vocab_size}", row=row))
-        if self.eos_id is not None:
-            eos = np.flatnonzero(flat == self.eos_id)
-            ends = self.stream_pos + eos
+        if d.eos is not None:
+            ends = self.stream_pos + d.eos
             self.lengths.add(np.diff(np.concatenate([[self.last_eos], ends])))
-            if len(eos):
+            if len(ends):
                 self.last_eos = int(ends[-1])
-            self.documents += len(eos)
-            starts = eos + 1
-            inner = starts[(starts % seq != 0) & (starts < real)]
+            self.documents += len(ends)
+            starts = d.eos + 1
+            inner = starts[(starts % seq != 0) & (starts < d.real)]
             self.rows_with_boundary += len(np.unique(inner // seq))
             if self.verify and segments is not None:
-                self._check_segments(name, tokens, segments, inner, real)
-        self.stream_pos += len(flat)
+                self._check_segments(name, tokens, segments, inner, d.real)
+        self.stream_pos += d.real
         self.rows += n
         self.shards += 1
-
-    def _count_tokens(self, flat: np.ndarray, hi: int):
-        if len(self.freq) <= hi:
-            self.freq = np.concatenate([self.freq, np.zeros(hi + 1 - len(self.freq), np.int64)])
-        for i in range(0, len(flat), 1 << 20):  # bincount copies to intp: 1M keeps it in cache
-            counts = np.bincount(flat[i:i + (1 << 20)])
-            self.freq[: len(counts)] += counts
 
     def _true_starts(self, tokens: np.ndarray, segments: np.ndarray) -> np.ndarray:
         """Hashes of the documents that begin in this shard (not continuations, not padding):

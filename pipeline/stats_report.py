@@ -13,7 +13,7 @@ import numpy as np
 from pipeline.errors import LongpackError
 from pipeline.shards import ShardError, SplitReader
 from pipeline.split import PAD_HASH
-from pipeline.stats import Problem, SplitScan, file_checks, open_output
+from pipeline.stats import Problem, SplitScan, digest, file_checks, open_output
 
 TOKENS_PER_PARAM = 20  # compute-optimal training (Hoffmann et al. 2022, "Chinchilla")
 
@@ -41,26 +41,27 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
     problems += file_checks(name, reader, verify)
     scan = SplitScan(name, eos_id, vocab, verify, problems, seq=seq,
                      keep_hashes=other_hashes is None, other_hashes=other_hashes)
-    for shard in _read_ahead(reader):
+    for shard, d in _read_ahead(reader, eos_id):
         if isinstance(shard, ShardError):
             if not any(p.file == f"{name}/{shard.path.name}" for p in problems):
                 problems.append(Problem(f"{name}/{shard.path.name}", shard.what))
             continue
-        scan.add(shard.path, shard.tokens, shard.segments)
+        scan.add(shard.path, shard.tokens, shard.segments, d)
     if reader.kind == "npy" or not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
     return scan.report(path, reader.index, tokenizer), scan
 
 
-def _read_ahead(reader: SplitReader, depth: int = 2):
-    """Shards in order, the next `depth` read (and decompressed) in background threads while
-    one is scanned: file reads and zstd release the GIL, so on two cores the scan of one shard
-    overlaps the decompression of the next ones. Memory: depth + 1 shards."""
+def _read_ahead(reader: SplitReader, eos_id, depth: int = 2):
+    """(shard, digest) in order, the next `depth` shards read, decompressed and digested in
+    background threads while one is folded in: file reads, zstd and the numpy loops release the
+    GIL, so two cores work on two shards at once. Memory: depth + 1 shards."""
     def load(i):
         try:
-            return reader.read_shard(i, in_memory=True)
+            shard = reader.read_shard(i, in_memory=True)
         except ShardError as e:
-            return e
+            return e, None
+        return shard, digest(shard.tokens, shard.segments, eos_id)
 
     n = len(reader.shard_files())
     with ThreadPoolExecutor(depth, thread_name_prefix="read-shard") as pool:
