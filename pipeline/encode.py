@@ -1,10 +1,9 @@
 """Turn one batch of texts into documents ready to pack (runs in a worker thread).
 
 Per text: the token ids with BOS/EOS in the output dtype, the document hash (of its UTF-8 bytes)
-and its split; lone surrogates in a text make it a skip. The tokenizer and BLAKE2b release the
-GIL, so `--workers` threads run in parallel, and the result is a pure function of the batch,
-which is why the output does not depend on the worker count. Hashing comes after tokenizing:
-the tokenizer leaves each non-ASCII str holding its UTF-8 form, so `encode` is then one copy.
+and its split; lone surrogates in a text make it a skip. The tokenizer releases the GIL, so
+`--workers` threads run in parallel, and the result is a pure function of the batch, which is
+why the output does not depend on the worker count.
 """
 
 from dataclasses import dataclass, field
@@ -46,17 +45,16 @@ def encode_batch(records: list[tuple[int, object]], tok: Tokenizer, splitter: Sp
             continue
         text, doc_ids = next(it)
         try:
-            data = text.encode("utf-8")
+            h = doc_hash(text)
         except UnicodeEncodeError as e:
             out.docs.append(Skip(INVALID_UTF8, f"lone surrogate at character {e.start}"))
             continue
         if doc_ids is None:
             doc_ids = tok.encode_batch([text])[0]
-        h = doc_hash(data)
         split = int(splitter.is_val(h))
         parts[split].append(doc_ids)
         hashes[split].append(h)
-        nbytes[split].append(len(data))
+        nbytes[split].append(len(text) if text.isascii() else len(text.encode("utf-8")))
         out.docs.append((split, head + len(doc_ids) + 1))
     marked = [_with_markers(p, tok.dtype, bos_id, tok.eos_id) for p in parts]
     out.tokens, out.bounds = tuple(m[0] for m in marked), tuple(m[1] for m in marked)

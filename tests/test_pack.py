@@ -97,3 +97,11 @@ def test_split_is_stable_and_close_to_the_fraction():
 
 def test_doc_hash_never_uses_the_padding_value():
     assert doc_hash(b"") != PAD_HASH and doc_hash(b"x") == doc_hash(b"x")
+
+
+def test_doc_hash_is_of_the_utf8_bytes_and_refuses_lone_surrogates():
+    import pytest
+
+    assert doc_hash("δέλτα") == doc_hash("δέλτα".encode())
+    with pytest.raises(UnicodeEncodeError):
+        doc_hash("a\ud800")
