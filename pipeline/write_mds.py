@@ -68,7 +68,10 @@ def compress(data: bytes, compression: str | None) -> bytes:
     if compression is None:
         return data
     level = int(compression.split(":")[1]) if ":" in compression else 3
-    return zstandard.ZstdCompressor(level=level).compress(data)
+    # threads=-1: one worker per core. zstd gives the same bytes for any worker count >= 1
+    # (not for 0, its single-threaded mode), so shards stay identical across machines, and the
+    # last shards of a build, compressed after the main loop, use every core.
+    return zstandard.ZstdCompressor(level=level, threads=-1).compress(data)
 
 
 def encode_shard(number: int, rows: np.ndarray, segments: np.ndarray, config: dict
