@@ -49,7 +49,7 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
         scan.add(shard.path, shard.tokens, shard.segments, d)
     if reader.kind == "npy" or not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
-    return scan.report(path, reader.index, tokenizer), scan
+    return scan.report(path, reader.index, tokenizer.result()), scan
 
 
 def _read_ahead(reader: SplitReader, eos_id, count_every: int, depth: int = 2):
@@ -135,7 +135,10 @@ def collect(path: Path, verify: bool = False, throughput: float | None = None,
         if eos_id is None:
             not_checked.append("no EOS id (pass --eos-id): documents, their lengths and "
                                "boundaries not computed")
-    tokenizer = _tokenizer(manifest, not_checked)
+    # Loading the tokenizer (only to show the top tokens as text) overlaps the scan.
+    loader = ThreadPoolExecutor(1, thread_name_prefix="load-tokenizer")
+    tokenizer = loader.submit(_tokenizer, manifest, not_checked)
+    loader.shutdown(wait=False)
     splits, scans = {}, {}
     order = sorted(split_dirs, key=lambda s: s != "val")  # val first: train checks against it
     for name in order:
