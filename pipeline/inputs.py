@@ -13,7 +13,6 @@ from pathlib import Path
 from pipeline.catalog import file_format
 from pipeline.read_jsonl import read_jsonl
 from pipeline.read_parquet import read_parquet
-from pipeline.records import Skip
 
 BATCH_CHARS = 1 << 20  # ~250k tokens: ~0.1 s of one tokenizer thread
 BATCH_DOCS = 4096
@@ -49,10 +48,6 @@ class Batch:
     chars: int = 0
     end: int = 0  # records of this file read once this batch is done
     file_done: bool = False
-
-    @property
-    def texts(self) -> list[str]:
-        return [v for _, v in self.records if not isinstance(v, Skip)]
 
 
 def read_batches(files, text_field: str, cursor: tuple[int, int],

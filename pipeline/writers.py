@@ -8,7 +8,6 @@ truncates them to that and carries on; a partial file is deleted only after a ch
 no longer needs it.
 """
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +109,3 @@ class ShardSink:
             index = write_memmap.index_json(self.entries, self.seq, self.dtype)
         write_json(self.split_dir / "index.json", index, fsync=True)
         return index
-
-    def bytes_on_disk(self) -> int:
-        return sum(os.path.getsize(self.split_dir / n) for n in os.listdir(self.split_dir))
