@@ -1,1 +1,50 @@
-"""longpack's model zoo (issue 4): GPT-NeoX, MoE and the resonance FFT model, by name."""
+"""longpack's model zoo: each architecture in one file, registered here by name with presets.
+
+    archs.list_models()                 -> [{name, family, params, flops_per_token}, ...]
+    archs.build("neox-tiny")            -> nn.Module; model(input_ids, doc_starts=None) -> logits
+    archs.build("gpt-neox", n_layers=4) -> the family's default config with overrides
+
+Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
+`num_params()` and `flops_per_token(seq)`. Families still to come (issue 4): moe, resonance.
+"""
+
+from dataclasses import replace
+
+import torch
+
+from archs import gpt_neox
+
+# family -> (config class, model class, presets)
+FAMILIES = {
+    "gpt-neox": (gpt_neox.GPTNeoXConfig, gpt_neox.GPTNeoX, gpt_neox.PRESETS),
+}
+PRESETS = {name: family for family, (_, _, presets) in FAMILIES.items() for name in presets}
+LIST_SEQ = 2048  # the sequence length list_models reports FLOPs/token at
+
+
+def config(name: str, **overrides):
+    if name in FAMILIES:
+        cfg_cls, _, _ = FAMILIES[name]
+        return replace(cfg_cls(), **overrides)
+    if name in PRESETS:
+        cfg_cls, _, presets = FAMILIES[PRESETS[name]]
+        return replace(cfg_cls(**presets[name]), **overrides)
+    raise KeyError(f"unknown model {name!r}; choose a family ({', '.join(FAMILIES)}) or a "
+                   f"preset ({', '.join(PRESETS)})")
+
+
+def build(name: str, device: str | torch.device | None = None, **overrides) -> torch.nn.Module:
+    """`device="meta"` builds without allocating (so a 5B preset can be counted anywhere)."""
+    cfg = config(name, **overrides)
+    family = name if name in FAMILIES else PRESETS[name]
+    with torch.device(device or "cpu"):
+        return FAMILIES[family][1](cfg)
+
+
+def list_models(seq: int = LIST_SEQ) -> list[dict]:
+    out = []
+    for name, family in PRESETS.items():
+        model = build(name, device="meta")
+        out.append({"name": name, "family": family, "params": model.num_params(),
+                    "flops_per_token": model.flops_per_token(seq), "seq": seq})
+    return out

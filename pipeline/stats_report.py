@@ -97,12 +97,16 @@ def _total(splits: dict) -> dict:
 
 
 def _presets(params: float) -> list[dict]:
-    try:
-        import archs
-        models = archs.list_models()
-    except (ImportError, AttributeError):
+    """Zoo presets within 0.5x-2x of `params`, from archs/presets.json (written by
+    `python -m archs --json`), so that stats never import torch."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.find_spec("archs")
+    table = Path(spec.submodule_search_locations[0]) / "presets.json" if spec else None
+    if table is None or not table.exists():
         return []
-    return [m for m in models if 0.5 * params <= m["params"] <= 2 * params]
+    return [m for m in json.loads(table.read_text()) if 0.5 * params <= m["params"] <= 2 * params]
 
 
 def recommendations(train_tokens: int, throughput: float | None, budget: float | None) -> dict:
@@ -243,7 +247,8 @@ def render(r: dict) -> str:
     for note in c["not_checked"]:
         lines.append(f"    not checked: {note}")
     rec = r["recommendations"]
-    presets = ", ".join(p["name"] for p in rec["presets"]) or "none in archs/ yet"
+    presets = ", ".join(f"{p['name']} ({_human(p['params'])})" for p in rec["presets"]) or (
+        "none in archs/ within 0.5x-2x")
     lines.append("  recommend".ljust(24) + f"{_human(rec['compute_optimal_params'])} parameters"
                  f" is compute-optimal for {_human(rec['train_tokens'])} train tokens "
                  f"({rec['tokens_per_param']} tokens/param); presets near it: {presets}")

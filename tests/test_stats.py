@@ -112,6 +112,14 @@ def first_shard(out, split="train", suffix=".mds.zstd"):
     return sorted((out / split).glob(f"shard.*{suffix}"))[0]
 
 
+def test_recommended_presets_come_from_the_zoo():
+    from pipeline.stats_report import recommendations
+
+    tiny = 165_632  # neox-tiny's parameters (archs/presets.json)
+    assert [p["name"] for p in recommendations(20 * tiny, None, None)["presets"]] == ["neox-tiny"]
+    assert recommendations(20 * 10**15, None, None)["presets"] == []
+
+
 def test_sound_build_exits_0_and_prints_one_screen(tmp_path, byte_tokenizer, texts):
     out = make_build(tmp_path, texts)
     r = run_stats(out, "--verify")

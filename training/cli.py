@@ -4,8 +4,14 @@ import click
 
 
 @click.command()
+@click.option("--list-models", is_flag=True, help="Print the model zoo's presets and exit.")
 @click.version_option(package_name="longpack")
-def train():
-    """Train a model from archs/ on shards written by `pack build` (not implemented yet)."""
-    raise click.ClickException("train is not implemented yet: it arrives with the trainer issue; "
-                               "`pack build` output is ready for it")
+def train(list_models):
+    """Train a model from archs/ on shards written by `pack build` (training: not yet)."""
+    if list_models:
+        import runpy
+
+        runpy.run_module("archs", run_name="__main__")
+        return
+    raise click.ClickException("training is not implemented yet (it arrives with the trainer "
+                               "issue); `train --list-models` shows the model zoo")

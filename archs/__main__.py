@@ -1,0 +1,19 @@
+"""python -m archs [--json]: the zoo's presets with their true parameter counts and FLOPs/token.
+
+`--json` prints the table that archs/presets.json holds for torch-free readers (`pack stats`
+recommends presets from it); a test keeps that file equal to this output.
+"""
+
+import json
+import sys
+
+from archs import list_models
+
+models = list_models()
+if "--json" in sys.argv[1:]:
+    print(json.dumps(models, indent=2))
+else:
+    print(f"{'name':<14}{'family':<12}{'parameters':>16}{'GFLOPs/token @2048':>22}")
+    for m in models:
+        print(f"{m['name']:<14}{m['family']:<12}{m['params']:>16,}"
+              f"{m['flops_per_token'] / 1e9:>22.2f}")

@@ -1,0 +1,128 @@
+"""GPT-NeoX (Black et al. 2022): LayerNorm, GELU MLP, rotary on a fraction of each head,
+parallel residual (x + attn(ln1(x)) + mlp(ln2(x))), untied input and output embeddings.
+
+Parameters per layer: qkv 3d^2 + 3d, attention out d^2 + d, MLP 2*d*f + f + d, two LayerNorms
+4d; plus embeddings 2*V*d and the final LayerNorm 2d. For neox-1.2b (d 2048, 24 layers, f 8192,
+V 50257) that is 50.36 M per layer and 1.414 B in all (1.209 B without the embeddings): the
+"45.1 M per layer" of the seed configuration leaves out part of the MLP.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from archs.layers import Rotary, attention, chunked_cross_entropy, positions
+
+
+@dataclass(frozen=True)
+class GPTNeoXConfig:
+    vocab_size: int = 50257
+    d_model: int = 2048
+    n_layers: int = 24
+    n_heads: int = 16
+    d_ff: int = 8192
+    max_seq: int = 2048  # the context the preset is meant for (rotary itself has no limit)
+    rotary_pct: float = 0.25  # fraction of each head's features that rotary rotates
+    rotary_base: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    checkpointing: bool = False  # recompute each block in backward (activation checkpointing)
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTNeoXConfig):
+        super().__init__()
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+        rot = int(self.head_dim * cfg.rotary_pct) // 2 * 2
+        self.rotary = Rotary(rot, cfg.rotary_base) if rot else None
+
+    def forward(self, x, pos, doc_starts):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        # q, k, v: (B, nh, T, hs)
+        if self.rotary is not None:
+            q, k = self.rotary(q, pos), self.rotary(k, pos)
+        y = attention(q, k, v, doc_starts)  # (B, nh, T, hs)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTNeoXConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.fc_in = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc_out = nn.Linear(cfg.d_ff, cfg.d_model)
+
+    def forward(self, x, pos, doc_starts):
+        mlp = self.fc_out(F.gelu(self.fc_in(self.ln2(x))))
+        return x + self.attn(self.ln1(x), pos, doc_starts) + mlp
+
+
+class GPTNeoX(nn.Module):
+    def __init__(self, cfg: GPTNeoXConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        # Scaled residual init (GPT-2): each residual branch's last projection gets
+        # std / sqrt(2 * n_layers), so the residual stream's variance does not grow with depth.
+        for block in self.blocks:
+            for proj in (block.attn.out, block.fc_out):
+                nn.init.normal_(proj.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
+
+    def _init(self, m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=self.cfg.init_std)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def hidden(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
+        B, T = input_ids.shape
+        pos = positions(doc_starts, B, T, input_ids.device)
+        x = self.embed(input_ids)  # (B, T, d)
+        for block in self.blocks:
+            if self.cfg.checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, pos, doc_starts,
+                                                      use_reentrant=False)
+            else:
+                x = block(x, pos, doc_starts)
+        return self.ln_f(x)
+
+    def forward(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
+        """Logits (B, T, vocab). For training use `loss`, which never holds them all."""
+        return self.head(self.hidden(input_ids, doc_starts))
+
+    def loss(self, input_ids, targets, doc_starts=None) -> dict:
+        """{'loss': mean next-token loss (targets -100 are ignored), 'aux': 0}."""
+        ce = chunked_cross_entropy(self.hidden(input_ids, doc_starts), self.head.weight, targets)
+        return {"loss": ce, "ce": ce, "aux": ce.new_zeros(())}
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq: int) -> float:
+        """Nominal training FLOPs per token: 6N for the weights (forward + backward) plus
+        12 * layers * d * seq for attention scores and values (PaLM appendix B)."""
+        return 6 * self.num_params() + 12 * self.cfg.n_layers * self.cfg.d_model * seq
+
+
+PRESETS = {
+    "neox-tiny": dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq=256),
+    "neox-125m": dict(d_model=768, n_layers=12, n_heads=12, d_ff=3072),
+    "neox-350m": dict(d_model=1024, n_layers=24, n_heads=16, d_ff=4096),
+    "neox-1.2b": dict(d_model=2048, n_layers=24, n_heads=16, d_ff=8192, max_seq=2048),
+}

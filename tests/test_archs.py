@@ -1,0 +1,145 @@
+"""The model zoo on CPU with tiny presets: causality, document masking, honest sizes, learning."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import archs
+from archs.layers import attention, chunked_cross_entropy, positions, segment_ids
+
+FAMILY_TINY = ["neox-tiny"]
+
+
+def neox_params(V, d, L, f):
+    """Written from the GPT-NeoX layout, independently of the model code."""
+    per_layer = (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 4 * d
+    return L * per_layer + 2 * V * d + 2 * d
+
+
+@pytest.mark.parametrize("name", FAMILY_TINY)
+def test_changing_future_tokens_never_changes_past_logits(name):
+    torch.manual_seed(0)
+    model = archs.build(name).eval()
+    x = torch.randint(0, model.cfg.vocab_size, (2, 48))
+    y = x.clone()
+    y[:, 30:] = torch.randint(0, model.cfg.vocab_size, (2, 18))
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.allclose(a[:, :30], b[:, :30], atol=1e-5)
+    assert not torch.allclose(a[:, 30:], b[:, 30:])
+
+
+@pytest.mark.parametrize("name", FAMILY_TINY)
+def test_a_packed_row_equals_each_document_on_its_own(name):
+    torch.manual_seed(0)
+    model = archs.build(name).eval()
+    lengths = [7, 20, 1, 12]
+    docs = [torch.randint(0, model.cfg.vocab_size, (n,)) for n in lengths]
+    row = torch.cat(docs)[None]
+    starts = torch.tensor([[0, 7, 27, 28, -1]])  # padded with -1
+    with torch.no_grad():
+        packed = model(row, doc_starts=starts)[0]
+        alone = torch.cat([model(d[None])[0] for d in docs])
+    assert torch.allclose(packed, alone, atol=1e-5)
+
+
+def test_segments_and_positions_restart_at_each_document():
+    starts = torch.tensor([[0, 3, 5, -1], [0, -1, -1, -1]])
+    assert segment_ids(starts, 7).tolist() == [[0, 0, 0, 1, 1, 2, 2], [0] * 7]
+    assert positions(starts, 2, 7, starts.device).tolist() == [[0, 1, 2, 0, 1, 0, 1],
+                                                               list(range(7))]
+
+
+def test_cpu_document_attention_matches_a_dense_mask():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
+    starts = torch.tensor([[0, 5, 9, -1], [0, 15, -1, -1]])
+    seg = segment_ids(starts, 16)
+    causal = torch.ones(16, 16, dtype=torch.bool).tril()
+    mask = causal & (seg[:, :, None] == seg[:, None, :])
+    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+    assert torch.allclose(attention(q, k, v, starts), dense, atol=1e-6)
+
+
+def test_chunked_loss_equals_the_full_loss_and_ignores_minus_100():
+    torch.manual_seed(0)
+    h = torch.randn(2, 10, 8, requires_grad=True)
+    w = torch.randn(30, 8, requires_grad=True)
+    t = torch.randint(0, 30, (2, 10))
+    t[0, 3] = -100
+    full = torch.nn.functional.cross_entropy((h @ w.t()).reshape(-1, 30), t.reshape(-1))
+    chunked = chunked_cross_entropy(h, w, t, chunk=3)
+    assert torch.allclose(full, chunked, atol=1e-6)
+    g_full = torch.autograd.grad(full, (h, w))
+    g_chunk = torch.autograd.grad(chunked, (h, w))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_full, g_chunk))
+
+
+@pytest.mark.parametrize("name", list(archs.gpt_neox.PRESETS))
+def test_neox_parameter_counts_match_the_formula_on_the_meta_device(name):
+    model = archs.build(name, device="meta")
+    c = model.cfg
+    assert next(model.parameters()).is_meta
+    assert model.num_params() == neox_params(c.vocab_size, c.d_model, c.n_layers, c.d_ff)
+
+
+def test_neox_1_2b_is_1_414_billion_parameters():
+    assert archs.build("neox-1.2b", device="meta").num_params() == 1_414_455_296
+
+
+def test_registry_lists_presets_and_names_the_choices():
+    names = [m["name"] for m in archs.list_models()]
+    assert "neox-tiny" in names and "neox-1.2b" in names
+    with pytest.raises(KeyError, match="unknown model 'nope'.*gpt-neox"):
+        archs.build("nope")
+    assert archs.build("gpt-neox", device="meta", n_layers=2).cfg.n_layers == 2
+
+
+def real_text_bytes() -> torch.Tensor:
+    """Real English text: this repository's own documentation, as bytes."""
+    root = Path(__file__).resolve().parents[1]
+    text = "".join((root / p).read_text() for p in ("README.md", "docs/FORMAT.md"))
+    return torch.tensor(list(text.encode()), dtype=torch.long)
+
+
+@pytest.mark.parametrize("name", FAMILY_TINY)
+def test_loss_falls_clearly_on_real_text(name):
+    torch.manual_seed(0)
+    data = real_text_bytes()
+    model = archs.build(name, vocab_size=256)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    seq, batch = 64, 16
+    losses = []
+    for _ in range(200):
+        i = torch.randint(0, len(data) - seq - 1, (batch,))
+        x = torch.stack([data[j:j + seq] for j in i])
+        y = torch.stack([data[j + 1:j + seq + 1] for j in i])
+        loss = model.loss(x, y)["loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    last = sum(losses[-10:]) / 10
+    assert losses[0] > 5.0  # ~ln(256): uniform over bytes at initialization
+    assert last < 0.5 * losses[0], (losses[0], last)
+
+
+def test_presets_json_is_what_python_m_archs_prints():
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "archs", "--json"], capture_output=True,
+                         text=True, check=True).stdout
+    table = Path(archs.__file__).with_name("presets.json").read_text()
+    assert json.loads(out) == json.loads(table), "re-run: python -m archs --json > archs/presets.json"
+
+
+def test_train_list_models_prints_the_presets():
+    from click.testing import CliRunner
+
+    from training.cli import train
+
+    r = CliRunner().invoke(train, ["--list-models"])
+    assert r.exit_code == 0 and "neox-1.2b" in r.output and "1,414,455,296" in r.output
