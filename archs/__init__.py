@@ -5,18 +5,19 @@
     archs.build("gpt-neox", n_layers=4) -> the family's default config with overrides
 
 Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
-`num_params()` and `flops_per_token(seq)`. Families still to come (issue 4): moe, resonance.
+`num_params()` and `flops_per_token(seq)`. Still to come (issue 4): moe.
 """
 
 from dataclasses import replace
 
 import torch
 
-from archs import gpt_neox
+from archs import gpt_neox, resonance
 
 # family -> (config class, model class, presets)
 FAMILIES = {
     "gpt-neox": (gpt_neox.GPTNeoXConfig, gpt_neox.GPTNeoX, gpt_neox.PRESETS),
+    "resonance": (resonance.ResonanceConfig, resonance.Resonance, resonance.PRESETS),
 }
 PRESETS = {name: family for family, (_, _, presets) in FAMILIES.items() for name in presets}
 LIST_SEQ = 2048  # the sequence length list_models reports FLOPs/token at

@@ -8,12 +8,18 @@ import torch
 import archs
 from archs.layers import attention, chunked_cross_entropy, positions, segment_ids
 
-FAMILY_TINY = ["neox-tiny"]
+FAMILY_TINY = ["neox-tiny", "resonance-tiny"]
 
 
 def neox_params(V, d, L, f):
     """Written from the GPT-NeoX layout, independently of the model code."""
     per_layer = (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d) + 4 * d
+    return L * per_layer + 2 * V * d + 2 * d
+
+
+def resonance_params(V, d, L, n, f, k=3):
+    per_layer = (2 * d) + (d * 2 * d + 2 * d) + (k * d + d) + (4 * d * n + d) + (d * d + d) \
+        + (2 * d) + (d * f + f) + (f * d + d)
     return L * per_layer + 2 * V * d + 2 * d
 
 
@@ -82,6 +88,41 @@ def test_neox_parameter_counts_match_the_formula_on_the_meta_device(name):
     c = model.cfg
     assert next(model.parameters()).is_meta
     assert model.num_params() == neox_params(c.vocab_size, c.d_model, c.n_layers, c.d_ff)
+
+
+@pytest.mark.parametrize("name", list(archs.resonance.PRESETS))
+def test_resonance_parameter_counts_match_the_formula_on_the_meta_device(name):
+    model = archs.build(name, device="meta")
+    c = model.cfg
+    assert model.num_params() == resonance_params(c.vocab_size, c.d_model, c.n_layers,
+                                                  c.num_frequencies, c.ff)
+
+
+def test_resonance_kernel_spectrum_is_the_fft_of_the_damped_sinusoids():
+    from archs.resonance import kernel_spectrum
+
+    torch.manual_seed(0)
+    d, n, L = 4, 6, 33
+    log_alpha, omega = torch.randn(d, n) - 2, torch.rand(d, n) * 3
+    amp, phase = torch.randn(d, n), torch.rand(d, n) * 6
+    t = torch.arange(L, dtype=torch.float64)
+    kernel = (amp[..., None].double() * torch.exp(-log_alpha.double().exp()[..., None] * t)
+              * torch.cos(omega[..., None].double() * t + phase[..., None].double())).sum(1)
+    expected = torch.fft.rfft(kernel, n=2 * L)
+    got = kernel_spectrum(log_alpha, omega, amp, phase, L)
+    assert torch.allclose(got.to(torch.complex128), expected, atol=1e-4)
+
+
+def test_resonance_long_convolution_is_linear_not_circular():
+    from archs.resonance import fft_causal_conv, kernel_spectrum
+
+    torch.manual_seed(0)
+    d, n, L = 2, 4, 16
+    params = (torch.randn(d, n) - 1, torch.rand(d, n), torch.randn(d, n), torch.rand(d, n))
+    spec = kernel_spectrum(*params, L)
+    x = torch.zeros(1, d, L)
+    x[..., -1] = 1.0  # an impulse at the last step must not wrap around to the start
+    assert fft_causal_conv(x, spec, L)[..., :-1].abs().max() < 1e-5
 
 
 def test_neox_1_2b_is_1_414_billion_parameters():
