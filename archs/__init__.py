@@ -1,22 +1,23 @@
 """longpack's model zoo: each architecture in one file, registered here by name with presets.
 
-    archs.list_models()                 -> [{name, family, params, flops_per_token}, ...]
+    archs.list_models()                 -> [{name, family, params, active_params, ...}, ...]
     archs.build("neox-tiny")            -> nn.Module; model(input_ids, doc_starts=None) -> logits
     archs.build("gpt-neox", n_layers=4) -> the family's default config with overrides
 
 Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
-`num_params()` and `flops_per_token(seq)`. Still to come (issue 4): moe.
+`num_params()` and `flops_per_token(seq)` (MoE also `active_params()`).
 """
 
 from dataclasses import replace
 
 import torch
 
-from archs import gpt_neox, resonance
+from archs import gpt_neox, moe, resonance
 
 # family -> (config class, model class, presets)
 FAMILIES = {
     "gpt-neox": (gpt_neox.GPTNeoXConfig, gpt_neox.GPTNeoX, gpt_neox.PRESETS),
+    "moe": (moe.MoEConfig, moe.MoE, moe.PRESETS),
     "resonance": (resonance.ResonanceConfig, resonance.Resonance, resonance.PRESETS),
 }
 PRESETS = {name: family for family, (_, _, presets) in FAMILIES.items() for name in presets}
@@ -46,6 +47,8 @@ def list_models(seq: int = LIST_SEQ) -> list[dict]:
     out = []
     for name, family in PRESETS.items():
         model = build(name, device="meta")
-        out.append({"name": name, "family": family, "params": model.num_params(),
+        params = model.num_params()
+        active = model.active_params() if hasattr(model, "active_params") else params
+        out.append({"name": name, "family": family, "params": params, "active_params": active,
                     "flops_per_token": model.flops_per_token(seq), "seq": seq})
     return out

@@ -13,7 +13,7 @@ models = list_models()
 if "--json" in sys.argv[1:]:
     print(json.dumps(models, indent=2))
 else:
-    print(f"{'name':<14}{'family':<12}{'parameters':>16}{'GFLOPs/token @2048':>22}")
+    print(f"{'name':<18}{'family':<11}{'parameters':>15}{'active':>15}{'GFLOPs/token @2048':>21}")
     for m in models:
-        print(f"{m['name']:<14}{m['family']:<12}{m['params']:>16,}"
-              f"{m['flops_per_token'] / 1e9:>22.2f}")
+        print(f"{m['name']:<18}{m['family']:<11}{m['params']:>15,}{m['active_params']:>15,}"
+              f"{m['flops_per_token'] / 1e9:>21.2f}")

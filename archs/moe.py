@@ -1,0 +1,236 @@
+"""MoE: a decoder with grouped-query attention and top-k routed SwiGLU experts.
+
+Routing (per token): softmax over `n_experts` router logits, the top `top_k` experts, their
+probabilities renormalised as mixing weights. Experts run batched: each sequence's (token,
+choice) pairs are ranked in token order and placed in a [experts, capacity] buffer, one bmm per
+weight matrix for all experts at once, no Python loop over tokens. Capacity per sequence is
+ceil(capacity_factor * top_k * T / n_experts); a choice past it is dropped (its token keeps the
+residual) and counted. Ranking in token order within each sequence keeps the model causal: a
+token's slots depend only on earlier tokens of its own sequence.
+
+Auxiliary losses: load balancing (Switch Transformer: n_experts * sum_e f_e * P_e, with f_e the
+share of choices routed to e and P_e its mean router probability; 1.0 at uniform routing, its
+minimum) and the router z-loss (ST-MoE: mean logsumexp(logits)^2).
+
+Multi-token prediction (`n_pred_tokens` > 1): head j predicts token t + 1 + j from position t
+through its own projection and the shared unembedding; its target is ignored (-100) wherever
+token t + 1 + j is in another document than token t, so no target crosses a document boundary.
+
+Not here yet (issue 4 goes on): Mixture-of-Depths routing.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from archs.layers import Rotary, attention, chunked_cross_entropy, positions, segment_ids
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    vocab_size: int = 50257
+    d_model: int = 1024
+    n_layers: int = 16
+    n_heads: int = 16
+    n_kv_heads: int = 4  # grouped-query attention: n_heads / n_kv_heads queries share a k/v head
+    n_experts: int = 8
+    top_k: int = 2
+    d_expert: int = 2816  # SwiGLU hidden width of one expert
+    capacity_factor: float = 1.25
+    aux_loss_coef: float = 0.01
+    z_loss_coef: float = 1e-3
+    n_pred_tokens: int = 1  # 1 = next token only; k > 1 adds k - 1 multi-token heads
+    mtp_loss_coef: float = 0.3
+    rotary_base: float = 10000.0
+    max_seq: int = 4096
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    checkpointing: bool = False
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError(f"top_k must be in 1..n_experts ({self.n_experts})")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(d)), eps
+
+    def forward(self, x):
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.nh, self.nkv = cfg.n_heads, cfg.n_kv_heads
+        self.hd = cfg.d_model // cfg.n_heads
+        self.q = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.kv = nn.Linear(cfg.d_model, 2 * self.nkv * self.hd, bias=False)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.rotary = Rotary(self.hd, cfg.rotary_base)
+
+    def forward(self, x, pos, doc_starts):
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.nh, self.hd).transpose(1, 2)  # (B, nh, T, hd)
+        k, v = self.kv(x).view(B, T, 2, self.nkv, self.hd).permute(2, 0, 3, 1, 4)  # (B, nkv, T, hd)
+        q, k = self.rotary(q, pos), self.rotary(k, pos)
+        return self.out(attention(q, k, v, doc_starts).transpose(1, 2).reshape(B, T, C))
+
+
+class Experts(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        E, d, f = cfg.n_experts, cfg.d_model, cfg.d_expert
+        self.cfg = cfg
+        self.router = nn.Linear(d, E, bias=False)
+        self.w_gate = nn.Parameter(torch.empty(E, d, f))
+        self.w_up = nn.Parameter(torch.empty(E, d, f))
+        self.w_down = nn.Parameter(torch.empty(E, f, d))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        cfg = self.cfg
+        B, T, d = x.shape
+        E, k = cfg.n_experts, cfg.top_k
+        logits = self.router(x).float()  # (B, T, E)
+        probs = logits.softmax(-1)
+        top_p, top_e = probs.topk(k, dim=-1)  # (B, T, k)
+        mix = (top_p / top_p.sum(-1, keepdim=True)).to(x.dtype)
+        capacity = math.ceil(cfg.capacity_factor * k * T / E)
+        choice_e = top_e.reshape(B, T * k)  # token-major: token t's choices after all of t-1's
+        rank = (F.one_hot(choice_e, E).cumsum(1) - 1).gather(2, choice_e[..., None])[..., 0]
+        keep = rank < capacity  # (B, T*k)
+        b_idx = torch.arange(B, device=x.device)[:, None].expand(B, T * k)
+        t_idx = torch.arange(T, device=x.device).repeat_interleave(k)[None].expand(B, T * k)
+        buf = x.new_zeros(B, E, capacity, d)
+        buf[b_idx[keep], choice_e[keep], rank[keep]] = x[b_idx[keep], t_idx[keep]]
+        h = buf.transpose(0, 1).reshape(E, B * capacity, d)  # every expert in one bmm
+        h = torch.bmm(F.silu(torch.bmm(h, self.w_gate)) * torch.bmm(h, self.w_up), self.w_down)
+        h = h.view(E, B, capacity, d).transpose(0, 1)  # (B, E, C, d)
+        y = x.new_zeros(B, T, d)
+        weighted = h[b_idx[keep], choice_e[keep], rank[keep]] * mix.reshape(B, T * k)[keep, None]
+        y.index_put_((b_idx[keep], t_idx[keep]), weighted, accumulate=True)
+        share = F.one_hot(top_e, E).float().mean((0, 1, 2))  # f_e
+        stats = {"balance": E * (share * probs.mean((0, 1))).sum(),
+                 "z": torch.logsumexp(logits, -1).pow(2).mean(),
+                 "dropped": (~keep).float().mean()}
+        return y, stats
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.experts = Experts(cfg)
+
+    def forward(self, x, pos, doc_starts):
+        x = x + self.attn(self.norm1(x), pos, doc_starts)
+        y, stats = self.experts(self.norm2(x))
+        return x + y, stats
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.mtp = nn.ModuleList(nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+                                 for _ in range(cfg.n_pred_tokens - 1))
+        std, deep = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=std)
+        for block in self.blocks:  # scaled residual init on each branch's last projection
+            nn.init.normal_(block.attn.out.weight, std=deep)
+            nn.init.normal_(block.experts.w_gate, std=std)
+            nn.init.normal_(block.experts.w_up, std=std)
+            nn.init.normal_(block.experts.w_down, std=deep)
+
+    def hidden(self, input_ids, doc_starts=None):
+        B, T = input_ids.shape
+        pos = positions(doc_starts, B, T, input_ids.device)
+        x = self.embed(input_ids)
+        stats = []
+        for block in self.blocks:
+            if self.cfg.checkpointing and self.training:
+                x, s = torch.utils.checkpoint.checkpoint(block, x, pos, doc_starts,
+                                                         use_reentrant=False)
+            else:
+                x, s = block(x, pos, doc_starts)
+            stats.append(s)
+        return self.norm_f(x), stats
+
+    def forward(self, input_ids, doc_starts=None):
+        return self.head(self.hidden(input_ids, doc_starts)[0])
+
+    def loss(self, input_ids, targets, doc_starts=None) -> dict:
+        cfg = self.cfg
+        h, stats = self.hidden(input_ids, doc_starts)
+        ce = chunked_cross_entropy(h, self.head.weight, targets)
+        balance = torch.stack([s["balance"] for s in stats]).mean()
+        z = torch.stack([s["z"] for s in stats]).mean()
+        aux = cfg.aux_loss_coef * balance + cfg.z_loss_coef * z
+        out = {"ce": ce, "aux": aux, "balance": balance, "z_loss": z,
+               "dropped": torch.stack([s["dropped"] for s in stats]).mean()}
+        mtp = [chunked_cross_entropy(proj(h), self.head.weight,
+                                     mtp_targets(input_ids, doc_starts, j + 1))
+               for j, proj in enumerate(self.mtp)]
+        if mtp:
+            out["mtp"] = torch.stack(mtp).mean()
+            aux = aux + cfg.mtp_loss_coef * out["mtp"]
+        out["loss"] = ce + aux
+        return out
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def active_params(self) -> int:
+        """Parameters one token uses: all but the experts it is not routed to."""
+        c = self.cfg
+        expert = 3 * c.d_model * c.d_expert
+        return self.num_params() - c.n_layers * (c.n_experts - c.top_k) * expert
+
+    def flops_per_token(self, seq: int) -> float:
+        """6 x active parameters + 12 * layers * d * seq for attention (nominal)."""
+        return 6 * self.active_params() + 12 * self.cfg.n_layers * self.cfg.d_model * seq
+
+
+def mtp_targets(input_ids: torch.Tensor, doc_starts: torch.Tensor | None, j: int) -> torch.Tensor:
+    """Targets of the head that predicts token t + 1 + j at position t: -100 past the row's end
+    and wherever token t + 1 + j belongs to another document than token t."""
+    B, T = input_ids.shape
+    out = torch.full_like(input_ids, -100)
+    if T <= j + 1:
+        return out
+    out[:, : T - 1 - j] = input_ids[:, 1 + j:]
+    if doc_starts is not None:
+        seg = segment_ids(doc_starts, T)
+        crosses = seg[:, : T - 1 - j] != seg[:, 1 + j:]
+        out[:, : T - 1 - j][crosses] = -100
+    return out
+
+
+# Sized to the stated totals (500M / 1B / 1.5B / 5B); `python -m archs` prints total and active.
+PRESETS = {
+    "moe-tiny": dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                     n_experts=4, top_k=2, d_expert=128, max_seq=256),
+    "moe-500m": dict(d_model=1024, n_layers=12, n_heads=16, n_kv_heads=4, n_experts=8,
+                     top_k=2, d_expert=1216),
+    "moe-1b": dict(d_model=1536, n_layers=16, n_heads=16, n_kv_heads=4, n_experts=8, top_k=2,
+                   d_expert=1280),
+    "moe-1.5b": dict(d_model=1536, n_layers=20, n_heads=16, n_kv_heads=4, n_experts=8,
+                     top_k=2, d_expert=1664),
+    "moe-5b": dict(d_model=2048, n_layers=24, n_heads=16, n_kv_heads=4, n_experts=16,
+                   top_k=2, d_expert=1920),
+}
