@@ -16,7 +16,14 @@ Multi-token prediction (`n_pred_tokens` > 1): head j predicts token t + 1 + j fr
 through its own projection and the shared unembedding; its target is ignored (-100) wherever
 token t + 1 + j is in another document than token t, so no target crosses a document boundary.
 
-Not here yet (issue 4 goes on): Mixture-of-Depths routing.
+Mixture-of-Depths (`mod_capacity` = c, on every second block): a router scores each token and
+only a fraction c of the tokens of each sequence goes through the block (attention among those
+tokens only, then the experts); the rest skip it on the residual. The block's output is scaled
+by sigmoid(score) so the router learns. Training picks the top c*T scores of the sequence, which
+is not causal (a token's fate depends on later tokens). Generation stays causal through a small
+learned predictor that sees only the token's own hidden state: it is trained (BCE, on detached
+inputs, part of `aux`) to tell whether the token would be in the top c*T, and in eval mode
+(`model.eval()`) it alone decides which tokens a block processes.
 """
 
 import math
@@ -44,6 +51,8 @@ class MoEConfig:
     z_loss_coef: float = 1e-3
     n_pred_tokens: int = 1  # 1 = next token only; k > 1 adds k - 1 multi-token heads
     mtp_loss_coef: float = 0.3
+    mod_capacity: float | None = None  # Mixture-of-Depths on every second block: share of tokens
+    mod_loss_coef: float = 0.1  # weight of the MoD predictor's BCE loss
     rotary_base: float = 10000.0
     max_seq: int = 4096
     norm_eps: float = 1e-5
@@ -55,6 +64,8 @@ class MoEConfig:
             raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k must be in 1..n_experts ({self.n_experts})")
+        if self.mod_capacity is not None and not 0 < self.mod_capacity <= 1:
+            raise ValueError("mod_capacity must be in (0, 1]")
 
 
 class RMSNorm(nn.Module):
@@ -137,12 +148,57 @@ class Block(nn.Module):
         return x + y, stats
 
 
+class DepthRouted(nn.Module):
+    """A Block that only a share of the tokens goes through (Mixture-of-Depths, see above)."""
+
+    def __init__(self, cfg: MoEConfig):
+        super().__init__()
+        self.capacity = cfg.mod_capacity
+        self.block = Block(cfg)
+        self.router = nn.Linear(cfg.d_model, 1, bias=False)
+        self.predictor = nn.Linear(cfg.d_model, 1)  # causal stand-in for the top-k at inference
+
+    def forward(self, x, pos, doc_starts):
+        B, T, _ = x.shape
+        score = self.router(x)[..., 0]  # (B, T)
+        guess = self.predictor(x.detach())[..., 0]
+        stats = {}
+        if self.training:
+            k = max(1, int(self.capacity * T))
+            chosen = torch.zeros_like(score, dtype=torch.bool)
+            chosen.scatter_(1, score.topk(k, dim=1).indices, True)  # sees the whole sequence
+            stats["mod_predictor"] = F.binary_cross_entropy_with_logits(guess, chosen.float())
+        else:
+            chosen = guess > 0  # each token decides from its own state: causal
+        seg = segment_ids(doc_starts, T) if doc_starts is not None else None
+        out = x.clone()
+        for b in range(B):
+            idx = chosen[b].nonzero()[:, 0]  # (k_b,) in time order
+            if len(idx) == 0:
+                continue
+            starts = None
+            if seg is not None:  # documents of the chosen tokens, renumbered from 0
+                s = seg[b, idx]
+                starts = torch.cat([s.new_zeros(1), (s[1:] != s[:-1]).nonzero()[:, 0] + 1])[None]
+            y, st = self.block(x[b:b + 1, idx], pos[b:b + 1, idx], starts)
+            gate = torch.sigmoid(score[b, idx])[None, :, None]
+            out[b, idx] = (x[b:b + 1, idx] + gate * (y - x[b:b + 1, idx]))[0]
+            for key, v in st.items():
+                stats[key] = stats.get(key, 0) + v / B
+        stats.setdefault("balance", x.new_ones(()))
+        stats.setdefault("z", x.new_zeros(()))
+        stats.setdefault("dropped", x.new_zeros(()))
+        return out, stats
+
+
 class MoE(nn.Module):
     def __init__(self, cfg: MoEConfig):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(
+            DepthRouted(cfg) if cfg.mod_capacity is not None and i % 2 else Block(cfg)
+            for i in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.mtp = nn.ModuleList(nn.Linear(cfg.d_model, cfg.d_model, bias=False)
@@ -152,6 +208,7 @@ class MoE(nn.Module):
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=std)
         for block in self.blocks:  # scaled residual init on each branch's last projection
+            block = block.block if isinstance(block, DepthRouted) else block
             nn.init.normal_(block.attn.out.weight, std=deep)
             nn.init.normal_(block.experts.w_gate, std=std)
             nn.init.normal_(block.experts.w_up, std=std)
@@ -181,15 +238,19 @@ class MoE(nn.Module):
         balance = torch.stack([s["balance"] for s in stats]).mean()
         z = torch.stack([s["z"] for s in stats]).mean()
         aux = cfg.aux_loss_coef * balance + cfg.z_loss_coef * z
-        out = {"ce": ce, "aux": aux, "balance": balance, "z_loss": z,
+        out = {"ce": ce, "balance": balance, "z_loss": z,
                "dropped": torch.stack([s["dropped"] for s in stats]).mean()}
+        mod = [s["mod_predictor"] for s in stats if "mod_predictor" in s]
+        if mod:
+            out["mod_predictor"] = torch.stack(mod).mean()
+            aux = aux + cfg.mod_loss_coef * out["mod_predictor"]
         mtp = [chunked_cross_entropy(proj(h), self.head.weight,
                                      mtp_targets(input_ids, doc_starts, j + 1))
                for j, proj in enumerate(self.mtp)]
         if mtp:
             out["mtp"] = torch.stack(mtp).mean()
             aux = aux + cfg.mtp_loss_coef * out["mtp"]
-        out["loss"] = ce + aux
+        out["aux"], out["loss"] = aux, ce + aux
         return out
 
     def num_params(self) -> int:

@@ -226,6 +226,72 @@ def test_moe_with_multi_token_heads_trains():
     assert all(p.grad is not None for p in model.mtp.parameters())
 
 
+def test_mixture_of_depths_is_causal_at_inference():
+    torch.manual_seed(0)
+    model = archs.build("moe-tiny", mod_capacity=0.5, n_layers=4).eval()
+    x = torch.randint(0, 512, (2, 40))
+    y = x.clone()
+    y[:, 25:] = torch.randint(0, 512, (2, 15))
+    starts = torch.tensor([[0, 12, -1], [0, -1, -1]])
+    with torch.no_grad():
+        a, b = model(x, starts), model(y, starts)
+    assert torch.allclose(a[:, :25], b[:, :25], atol=1e-5)
+
+
+def test_mixture_of_depths_trains_its_share_and_its_predictor():
+    from archs.moe import DepthRouted
+
+    torch.manual_seed(0)
+    model = archs.build("moe-tiny", mod_capacity=0.25, n_layers=2, vocab_size=256)
+    routed = model.blocks[1]
+    assert isinstance(routed, DepthRouted)
+    x = torch.randn(3, 32, 64)
+    pos = torch.arange(32).expand(3, 32)
+    out, stats = routed(x, pos, None)
+    changed = (out != x).any(-1)
+    assert changed.sum(1).tolist() == [8, 8, 8]  # exactly a quarter of each sequence
+    data = real_text_bytes()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    bce = []
+    for _ in range(120):
+        i = torch.randint(0, len(data) - 65, (8,))
+        xb = torch.stack([data[j:j + 64] for j in i])
+        yb = torch.stack([data[j + 1:j + 65] for j in i])
+        out = model.loss(xb, yb)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        bce.append(out["mod_predictor"].item())
+    assert sum(bce[-10:]) / 10 < 0.8 * sum(bce[:10]) / 10  # it learns what the top-k picks
+
+
+def test_flex_attention_path_matches_the_cpu_path():
+    """The CUDA path (FlexAttention) runs forward on CPU too: check its document mask here."""
+    import warnings
+
+    from archs.layers import _flex_document_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 128, 16) for _ in range(3))
+    starts = torch.tensor([[0, 50, 90, -1], [0, 127, -1, -1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flex = _flex_document_attention(q, k, v, starts, False)
+    assert torch.allclose(flex, attention(q, k, v, starts), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILY_TINY)
+def test_bf16_autocast_forward_and_backward(name):
+    torch.manual_seed(0)
+    model = archs.build(name)
+    x = torch.randint(0, 512, (2, 32))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model.loss(x, torch.roll(x, -1, 1), torch.tensor([[0, 9, -1], [0, -1, -1]]))
+    out["loss"].backward()
+    assert torch.isfinite(out["loss"]) and all(
+        p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def test_neox_1_2b_is_1_414_billion_parameters():
     assert archs.build("neox-1.2b", device="meta").num_params() == 1_414_455_296
 
@@ -285,3 +351,17 @@ def test_train_list_models_prints_the_presets():
 
     r = CliRunner().invoke(train, ["--list-models"])
     assert r.exit_code == 0 and "neox-1.2b" in r.output and "1,414,455,296" in r.output
+
+
+@pytest.mark.parametrize("name", FAMILY_TINY)
+def test_models_run_under_torch_compile(name):
+    import warnings
+
+    torch.manual_seed(0)
+    model = archs.build(name).eval()
+    x = torch.randint(0, 512, (2, 32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = torch.compile(model, backend="aot_eager")  # graph capture, no C++ build
+        with torch.no_grad():
+            assert torch.allclose(compiled(x), model(x), atol=1e-5)
