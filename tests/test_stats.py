@@ -116,7 +116,9 @@ def test_recommended_presets_come_from_the_zoo():
     from pipeline.stats_report import recommendations
 
     tiny = 165_632  # neox-tiny's parameters (archs/presets.json)
-    assert [p["name"] for p in recommendations(20 * tiny, None, None)["presets"]] == ["neox-tiny"]
+    presets = recommendations(20 * tiny, None, None)["presets"]
+    assert "neox-tiny" in [p["name"] for p in presets]
+    assert all(0.5 * tiny <= p["params"] <= 2 * tiny for p in presets)
     assert recommendations(20 * 10**15, None, None)["presets"] == []
 
 
