@@ -365,3 +365,15 @@ def test_models_run_under_torch_compile(name):
         compiled = torch.compile(model, backend="aot_eager")  # graph capture, no C++ build
         with torch.no_grad():
             assert torch.allclose(compiled(x), model(x), atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILY_TINY)
+def test_activation_checkpointing_changes_nothing_but_memory(name):
+    x = torch.randint(0, 512, (2, 24))
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = archs.build(name, checkpointing=checkpointing, **NO_DROP.get(name, {}))
+        model.loss(x, torch.roll(x, -1, 1))["loss"].backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
