@@ -44,7 +44,6 @@ import io
 import json
 import os
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -55,6 +54,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from bench_common import CpuWatch, describe_checkout, pack_executable, verdict  # noqa: E402
 
 SHARED = Path("/work/shared")
 FINEWEB_SAMPLE = SHARED / "data" / "fineweb-edu-sample"
@@ -183,36 +183,6 @@ def gpt2_encoding():
         special_tokens={"<|endoftext|>": 50256})
 
 
-class CpuWatch:
-    """CPU the whole machine spent while a measurement ran, minus what we (and our children) spent:
-    the load other processes put on the shared cores, in cores, to judge a figure's noise."""
-
-    def __init__(self):
-        self.t0, self.busy0, self.ours0 = time.perf_counter(), machine_busy(), our_cpu()
-
-    def read(self) -> tuple[float, float]:
-        """(CPU seconds we and our children used, cores' worth of CPU others used)."""
-        wall = time.perf_counter() - self.t0
-        ours = our_cpu() - self.ours0
-        others = (machine_busy() - self.busy0) - ours
-        return ours, max(others, 0.0) / wall
-
-
-def machine_busy() -> float:
-    """Busy CPU seconds of all cores since boot (/proc/stat, idle and iowait excluded)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def our_cpu() -> float:
-    """CPU seconds of this process and of its waited-for children."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def time_ceiling(encode, corpus: Path) -> dict:
     """Time encode(texts) over all texts of the corpus, loaded beforehand (not timed)."""
     texts = load_texts(corpus)
@@ -288,12 +258,6 @@ class TreeRssSampler(threading.Thread):
         self.join()
 
 
-def pack_executable() -> str:
-    """The `pack` script beside this interpreter (the project venv), else the one on PATH."""
-    here = Path(sys.executable).parent / "pack"
-    return str(here) if here.exists() else (shutil.which("pack") or "pack")
-
-
 def run_build(corpus: Path, tokenizer: Path, out: Path, workers: int, env: dict,
               extra: tuple = ()) -> dict:
     cmd = [pack_executable(), "build", "--dataset", "fineweb-edu", "--input", str(corpus),
@@ -331,10 +295,6 @@ def run_build(corpus: Path, tokenizer: Path, out: Path, workers: int, env: dict,
 
 
 # ---------------------------------------------------------------------------------------- report
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
 
 def measure(corpus: Path, encode, variants: list[tuple], workers: int, env: dict, repeat: int,
             work: Path) -> tuple[list, dict]:
@@ -421,19 +381,6 @@ def print_targets(rows: list[tuple]):
     width = max(len(r[0]) for r in rows)
     for name, value, v in rows:
         print(f"  {name:<{width}}  {value:>12}  {v}")
-
-
-def describe_checkout() -> str:
-    """The commit and whether pipeline/ has local changes: the code that was measured."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "pipeline"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "not a git checkout"
-    return f"{head}{' + local changes in pipeline/' if dirty else ''}"
 
 
 def parse_args() -> argparse.Namespace:

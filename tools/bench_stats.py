@@ -49,7 +49,6 @@ import json
 import math
 import os
 import pstats
-import resource
 import shutil
 import subprocess
 import sys
@@ -63,6 +62,8 @@ import zstandard
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench_common import CpuWatch, describe_checkout, pack_executable, verdict  # noqa: E402
+
 from pipeline.stats_report import collect  # noqa: E402  (the checkout's code, not an install)
 
 SHARED = Path("/work/shared")
@@ -84,36 +85,6 @@ TARGET_RSS_GROWTH = 1.1  # peak RSS at --mb over peak RSS at --mb / 4
 
 # ------------------------------------------------------------------------------------ machine
 
-class CpuWatch:
-    """CPU the whole machine spent while a measurement ran, minus what we (and our children) spent:
-    the load other processes put on the shared cores, in cores, to judge a figure's noise."""
-
-    def __init__(self):
-        self.t0, self.busy0, self.ours0 = time.perf_counter(), machine_busy(), our_cpu()
-
-    def read(self) -> tuple[float, float]:
-        """(CPU seconds we and our children used, cores' worth of CPU others used)."""
-        wall = time.perf_counter() - self.t0
-        ours = our_cpu() - self.ours0
-        others = (machine_busy() - self.busy0) - ours
-        return ours, max(others, 0.0) / wall
-
-
-def machine_busy() -> float:
-    """Busy CPU seconds of all cores since boot (/proc/stat, idle and iowait excluded)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:9]]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def our_cpu() -> float:
-    """CPU seconds of this process and of its waited-for children."""
-    me = resource.getrusage(resource.RUSAGE_SELF)
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-
-
 def can_drop_caches() -> bool:
     try:
         drop_caches()
@@ -125,24 +96,6 @@ def can_drop_caches() -> bool:
 def drop_caches():
     os.sync()
     DROP_CACHES.write_text("3\n")
-
-
-def describe_checkout() -> str:
-    """The commit and whether pipeline/ has local changes: the code that was measured."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "pipeline"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "not a git checkout"
-    return f"{head}{' + local changes in pipeline/' if dirty else ''}"
-
-
-def pack_executable() -> str:
-    """The `pack` script beside this interpreter (the project venv), else the one on PATH."""
-    here = Path(sys.executable).parent / "pack"
-    return str(here) if here.exists() else (shutil.which("pack") or "pack")
 
 
 # ----------------------------------------------------------------------------------- datasets
@@ -423,10 +376,6 @@ def table(fmt: str, state: str, ds: dict, runs: dict) -> tuple[dict, list[tuple]
         targets.append((f"  (in process, not judged: decompress s / collect() s "
                         f"{dec['seconds'] / c['seconds']:.3f})", "", ""))
     return b, targets
-
-
-def verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
 
 
 def rss_report(fmt: str, runs: dict, big: dict, small: dict) -> list[tuple]:

@@ -1,0 +1,64 @@
+"""Helpers the benchmarks in tools/ share: the CPU other processes take meanwhile, the
+checkout measured, the `pack` executable, PASS/FAIL."""
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class CpuWatch:
+    """CPU the whole machine spent while a measurement ran, minus what we (and our children) spent:
+    the load other processes put on the shared cores, in cores, to judge a figure's noise."""
+
+    def __init__(self):
+        self.t0, self.busy0, self.ours0 = time.perf_counter(), machine_busy(), our_cpu()
+
+    def read(self) -> tuple[float, float]:
+        """(CPU seconds we and our children used, cores' worth of CPU others used)."""
+        wall = time.perf_counter() - self.t0
+        ours = our_cpu() - self.ours0
+        others = (machine_busy() - self.busy0) - ours
+        return ours, max(others, 0.0) / wall
+
+
+def machine_busy() -> float:
+    """Busy CPU seconds of all cores since boot (/proc/stat, idle and iowait excluded)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def our_cpu() -> float:
+    """CPU seconds of this process and of its waited-for children."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def describe_checkout() -> str:
+    """The commit and whether pipeline/ has local changes: the code that was measured."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "pipeline"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "not a git checkout"
+    return f"{head}{' + local changes in pipeline/' if dirty else ''}"
+
+
+def pack_executable() -> str:
+    """The `pack` script beside this interpreter (the project venv), else the one on PATH."""
+    here = Path(sys.executable).parent / "pack"
+    return str(here) if here.exists() else (shutil.which("pack") or "pack")
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
