@@ -10,11 +10,10 @@ V 50257) that is 50.36 M per layer and 1.414 B in all (1.209 B without the embed
 import math
 from dataclasses import dataclass
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import Rotary, attention, chunked_cross_entropy, positions
+from archs.layers import Rotary, StackedLM, attention
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class Block(nn.Module):
         return x + self.attn(self.ln1(x), pos, doc_starts) + mlp
 
 
-class GPTNeoX(nn.Module):
+class GPTNeoX(StackedLM):
     def __init__(self, cfg: GPTNeoXConfig):
         super().__init__()
         self.cfg = cfg
@@ -89,30 +88,6 @@ class GPTNeoX(nn.Module):
             nn.init.normal_(m.weight, std=self.cfg.init_std)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
-
-    def hidden(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
-        B, T = input_ids.shape
-        pos = positions(doc_starts, B, T, input_ids.device)
-        x = self.embed(input_ids)  # (B, T, d)
-        for block in self.blocks:
-            if self.cfg.checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, pos, doc_starts,
-                                                      use_reentrant=False)
-            else:
-                x = block(x, pos, doc_starts)
-        return self.ln_f(x)
-
-    def forward(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
-        """Logits (B, T, vocab). For training use `loss`, which never holds them all."""
-        return self.head(self.hidden(input_ids, doc_starts))
-
-    def loss(self, input_ids, targets, doc_starts=None) -> dict:
-        """{'loss': mean next-token loss (targets -100 are ignored), 'aux': 0}."""
-        ce = chunked_cross_entropy(self.hidden(input_ids, doc_starts), self.head.weight, targets)
-        return {"loss": ce, "ce": ce, "aux": ce.new_zeros(())}
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq: int) -> float:
         """Nominal training FLOPs per token: 6N for the weights (forward + backward) plus

@@ -5,6 +5,7 @@ first 0, padded at the end with -1 (what the loader builds from a row's `doc_sta
 """
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 
@@ -104,3 +105,32 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
 
 def _chunk_loss(h, weight, t):
     return F.cross_entropy((h @ weight.t()).float(), t, ignore_index=-100, reduction="sum")
+
+
+class StackedLM(nn.Module):
+    """embed -> blocks(x, pos, doc_starts) -> ln_f -> head, the part gpt_neox and resonance
+    share: a subclass sets cfg, embed, blocks, ln_f and head."""
+
+    def hidden(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
+        B, T = input_ids.shape
+        pos = positions(doc_starts, B, T, input_ids.device)
+        x = self.embed(input_ids)  # (B, T, d)
+        for block in self.blocks:
+            if self.cfg.checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, pos, doc_starts,
+                                                      use_reentrant=False)
+            else:
+                x = block(x, pos, doc_starts)
+        return self.ln_f(x)
+
+    def forward(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
+        """Logits (B, T, vocab). For training use `loss`, which never holds them all."""
+        return self.head(self.hidden(input_ids, doc_starts))
+
+    def loss(self, input_ids, targets, doc_starts=None) -> dict:
+        """{'loss': mean next-token loss (targets -100 are ignored), 'ce', 'aux': 0}."""
+        ce = chunked_cross_entropy(self.hidden(input_ids, doc_starts), self.head.weight, targets)
+        return {"loss": ce, "ce": ce, "aux": ce.new_zeros(())}
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

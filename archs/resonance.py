@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import chunked_cross_entropy, positions
+from archs.layers import StackedLM
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ class Block(nn.Module):
         return x + self.fc_out(F.gelu(self.fc_in(self.ln2(x))))
 
 
-class Resonance(nn.Module):
+class Resonance(StackedLM):
     def __init__(self, cfg: ResonanceConfig):
         super().__init__()
         self.cfg = cfg
@@ -169,28 +169,6 @@ class Resonance(nn.Module):
         for block in self.blocks:  # scaled residual init, as in gpt_neox.py
             for proj in (block.out, block.fc_out):
                 nn.init.normal_(proj.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
-
-    def hidden(self, input_ids, doc_starts=None):
-        B, T = input_ids.shape
-        pos = positions(doc_starts, B, T, input_ids.device)
-        x = self.embed(input_ids)
-        for block in self.blocks:
-            if self.cfg.checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, pos, doc_starts,
-                                                      use_reentrant=False)
-            else:
-                x = block(x, pos, doc_starts)
-        return self.ln_f(x)
-
-    def forward(self, input_ids, doc_starts=None):
-        return self.head(self.hidden(input_ids, doc_starts))
-
-    def loss(self, input_ids, targets, doc_starts=None) -> dict:
-        ce = chunked_cross_entropy(self.hidden(input_ids, doc_starts), self.head.weight, targets)
-        return {"loss": ce, "ce": ce, "aux": ce.new_zeros(())}
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq: int) -> float:
         """Nominal training FLOPs per token: 6N for the weights, plus per layer the FFT
