@@ -1,17 +1,61 @@
-"""`train`: the trainer's command line. Training itself has not landed yet (issue 5)."""
+"""`train`: the trainer's command line. Each flag is declared once, here, from TrainConfig."""
+
+from dataclasses import MISSING, fields
 
 import click
 
+from training.config import TrainConfig
 
-@click.command()
+
+def _config_options(func):
+    """One click option per TrainConfig field, its help taken from the field's docstring."""
+    import ast
+    import inspect
+
+    import training.config as module
+
+    docs, tree = {}, ast.parse(inspect.getsource(module))
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    for f in reversed(fields(TrainConfig)):
+        flag = "--" + f.name.replace("_", "-")
+        kind = f.type if f.type in (int, float, bool) else str
+        if kind is bool:
+            func = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=f.default,
+                                show_default=True, help=docs.get(f.name))(func)
+        else:
+            func = click.option(flag, f.name, type=kind,  # required ones checked in TrainConfig
+                                default=None if f.default is MISSING else f.default,
+                                show_default=f.default is not MISSING,
+                                help=docs.get(f.name))(func)
+    return func
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--list-models", is_flag=True, help="Print the model zoo's presets and exit.")
+@click.option("--resume", default="auto", show_default=True,
+              help="auto (newest complete checkpoint in --out), never, or a checkpoint dir.")
+@_config_options
 @click.version_option(package_name="longpack")
-def train(list_models):
-    """Train a model from archs/ on shards written by `pack build` (training: not yet)."""
+def train(list_models, resume, **settings):
+    """Train a model from archs/ on shards written by `pack build` (issue 5, in progress)."""
     if list_models:
         import runpy
 
         runpy.run_module("archs", run_name="__main__")
         return
-    raise click.ClickException("training is not implemented yet (it arrives with the trainer "
-                               "issue); `train --list-models` shows the model zoo")
+    from training.loop import TrainingError
+    from training.loop import train as run_training
+
+    if settings["shards"] is None:
+        raise click.UsageError("--shards is required: the --out of a pack build")
+    try:
+        cfg = TrainConfig(**settings)
+        history = run_training(cfg, resume=resume, log=click.echo)
+    except (ValueError, TrainingError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    if history:
+        click.echo(f"done: step {history[-1]['step'] + 1}, loss {history[-1]['loss']:.4f}; "
+                   f"checkpoints in {cfg.out}")

@@ -1,0 +1,115 @@
+"""The trainer so far, on CPU with a tiny model: exact resume, refusals, fallbacks, schedules."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conftest import make_texts, write_jsonl
+from pipeline.build import build
+from pipeline.config import BuildConfig
+from training import checkpoint
+from training.cli import train as train_cli
+from training.config import TrainConfig
+from training.loop import TrainingError, train
+from training.schedule import lr_at
+
+
+@pytest.fixture
+def shards(tmp_path, byte_tokenizer):
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])
+    out = tmp_path / "mds"
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
+                      tokenizer=byte_tokenizer, seq=65, val_fraction=0.05,
+                      shard_bytes=65 * 2 * 8), show_progress=False)
+    return out
+
+
+def config(shards, out, **kw):
+    base = dict(shards=str(shards), model="neox-tiny", out=str(out), batch_size=4,
+                max_steps=8, warmup=2, lr=3e-3, save_every=3, log_every=100)
+    return TrainConfig(**{**base, **kw})
+
+
+def weights(run):
+    state, _ = checkpoint.load_latest(run)
+    return state["model"]
+
+
+def test_resume_is_exact(tmp_path, shards):
+    straight = train(config(shards, tmp_path / "a"), log=lambda m: None)
+    train(config(shards, tmp_path / "b"), log=lambda m: None, stop_at=5)  # interrupted
+    resumed = train(config(shards, tmp_path / "b"), log=lambda m: None)  # resumes at step 5
+    assert [h["loss"] for h in straight] == [h["loss"] for h in resumed]
+    assert [h["batch"] for h in straight] == [h["batch"] for h in resumed]
+    a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_loss_falls(tmp_path, shards):
+    history = train(config(shards, tmp_path / "r", max_steps=40, save_every=40),
+                    log=lambda m: None)
+    assert sum(h["loss"] for h in history[-5:]) / 5 < 0.8 * history[0]["loss"]
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, shards):
+    run = tmp_path / "r"
+    train(config(shards, run, max_steps=6), log=lambda m: None)  # checkpoints at 3 and 6
+    (run / "step-00000006" / "state.pt").write_bytes(b"truncated")
+    with pytest.warns(UserWarning, match="skipping checkpoint .*step-00000006"):
+        state, path = checkpoint.load_latest(run)
+    assert path.name == "step-00000003" and state["step"] == 3
+
+
+def test_other_shards_are_refused(tmp_path, shards, byte_tokenizer):
+    train(config(shards, tmp_path / "r", max_steps=3), log=lambda m: None)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["fingerprint"]["settings"]["seed"] = 99  # as if built with another seed
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TrainingError, match="trained on other shards"):
+        train(config(shards, tmp_path / "r", max_steps=6), log=lambda m: None)
+
+
+def test_a_changed_order_is_caught_by_the_batch_hashes(tmp_path, shards):
+    train(config(shards, tmp_path / "r", max_steps=3), log=lambda m: None)
+    with pytest.raises(TrainingError, match="resume check failed"):
+        train(config(shards, tmp_path / "r", max_steps=6, seed=5), log=lambda m: None)
+
+
+def test_schedule_shapes(tmp_path):
+    cfg = TrainConfig(shards="x", max_steps=100, warmup=10, lr=1.0, min_lr=0.1)
+    lrs = [lr_at(s, cfg) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] > 0.1 - 1e-9
+    wsd = TrainConfig(shards="x", max_steps=100, warmup=10, lr=1.0, min_lr=0.1, schedule="wsd")
+    w = [lr_at(s, wsd) for s in range(101)]
+    assert w[50] == 1.0 and w[100] == pytest.approx(0.1) and w[90] < 1.0
+    const = TrainConfig(shards="x", max_steps=100, warmup=10, lr=1.0, schedule="constant")
+    assert lr_at(99, const) == 1.0
+
+
+def test_muon_makes_its_update_orthogonal():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(32, 16))
+    opt = torch.optim.Muon([w], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False,
+                           adjust_lr_fn="original")
+    before = w.detach().clone()
+    w.grad = torch.randn(32, 16)
+    opt.step()
+    sv = torch.linalg.svdvals(before - w.detach()) / (32 / 16) ** 0.5  # Muon's shape scaling
+    grad_sv = torch.linalg.svdvals(w.grad)
+    # Newton-Schulz (5 quintic steps) brings every singular value near 1 (0.7-1.2 by design)
+    assert sv.min() > 0.6 and sv.max() < 1.25
+    assert grad_sv.max() / grad_sv.min() > 3 > sv.max() / sv.min()
+
+
+def test_train_cli_runs_and_resumes(tmp_path, shards):
+    args = ["--shards", str(shards), "--out", str(tmp_path / "r"), "--batch-size", "2",
+            "--max-steps", "4", "--warmup", "1", "--save-every", "2", "--optimizer", "muon"]
+    r = CliRunner().invoke(train_cli, args)
+    assert r.exit_code == 0, r.output
+    assert "done: step 4" in r.output
+    r = CliRunner().invoke(train_cli, [*args[:-4], "--max-steps", "6", "--warmup", "1",
+                                       "--save-every", "2", "--optimizer", "muon"])
+    assert r.exit_code == 0 and "resumed from" in r.output and "done: step 6" in r.output

@@ -1,0 +1,64 @@
+"""The trainer's settings: one frozen dataclass, a docstring per field, validated once."""
+
+from dataclasses import asdict, dataclass
+
+SCHEDULES = ("cosine", "wsd", "constant")
+OPTIMIZERS = ("adamw", "muon")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    shards: str
+    """Output directory of `pack build` (OUT, with train/ and val/)."""
+    model: str = "neox-tiny"
+    """archs/ preset or family name."""
+    out: str = "runs/default"
+    """Run directory: checkpoints, metrics.jsonl."""
+    batch_size: int = 8
+    """Rows per device per micro-step."""
+    grad_accum: int = 1
+    """Micro-steps per optimizer step."""
+    max_steps: int = 100
+    """Optimizer steps to train."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    min_lr: float = 3e-5
+    """Learning rate at the end of the decay."""
+    warmup: int = 10
+    """Linear warmup steps."""
+    schedule: str = "cosine"
+    """cosine: warmup, cosine to min_lr; wsd: warmup, stable, last 20% linear to min_lr;
+    constant: warmup, then lr."""
+    optimizer: str = "adamw"
+    """adamw, or muon (torch.optim.Muon on 2-D hidden weights, AdamW on the rest)."""
+    weight_decay: float = 0.1
+    """AdamW decoupled weight decay (not on norms, biases, embeddings)."""
+    clip: float = 1.0
+    """Gradient-norm clipping (0 = off)."""
+    seed: int = 0
+    """Seed of the row order and of the model's initialization."""
+    doc_mask: bool = True
+    """Keep attention (or convolution) inside documents."""
+    save_every: int = 50
+    """Steps between checkpoints (and one at the end)."""
+    keep_last: int = 3
+    """Checkpoints kept."""
+    log_every: int = 10
+    """Steps between console lines (metrics.jsonl gets every step)."""
+
+    def __post_init__(self):
+        positive = ("batch_size", "grad_accum", "max_steps", "save_every", "keep_last", "log_every")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ValueError("--min-lr must be between 0 and --lr")
+        if self.warmup < 0 or self.warmup > self.max_steps:
+            raise ValueError("--warmup must be between 0 and --max-steps")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

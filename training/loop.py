@@ -1,0 +1,112 @@
+"""The training loop, top to bottom: config -> data -> model -> optimizer -> resume -> steps.
+
+Each step's rows come from the global order (sampler.py), so the run is a pure function of the
+config and the shards: N steps straight and K steps + resume + N - K steps give the same losses
+and weights (CPU, fp32). A checkpoint keeps model, optimizers, step, RNG state and the recent
+batch hashes; a resumed run recomputes those hashes from its own order and refuses to go on if
+they differ, and refuses shards whose fingerprint is not the checkpoint's.
+"""
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+import archs
+from training import checkpoint
+from training.batch import make_batch
+from training.config import TrainConfig
+from training.data import RowSource, dataset_fingerprint
+from training.optim import make_optimizers, set_lr
+from training.sampler import GlobalOrder, batch_hash
+from training.schedule import lr_at
+
+RECENT_HASHES = 16
+
+
+class TrainingError(Exception):
+    pass
+
+
+def train(cfg: TrainConfig, resume: str = "auto", log=print,
+          stop_at: int | None = None) -> list[dict]:
+    """Train to cfg.max_steps, or stop early after step `stop_at` with a checkpoint (what a
+    SIGTERM handler will do; tests use it to interrupt a run)."""
+    # -- data -------------------------------------------------------------------------------
+    shards = Path(cfg.shards)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    fingerprint = dataset_fingerprint(shards)
+    source = RowSource(shards / "train")
+    order = GlobalOrder(len(source), cfg.batch_size * cfg.grad_accum, cfg.seed, fingerprint)
+    # -- model and optimizer --------------------------------------------------------------
+    torch.manual_seed(cfg.seed)
+    model = archs.build(cfg.model, vocab_size=manifest["tokenizer"]["vocab_size"])
+    optimizers = make_optimizers(model, cfg)
+    run = Path(cfg.out)
+    run.mkdir(parents=True, exist_ok=True)
+    step, history = 0, []
+    # -- resume -----------------------------------------------------------------------------
+    found = checkpoint.load_latest(run) if resume == "auto" else None
+    if resume not in ("auto", "never"):
+        found = (torch.load(Path(resume) / "state.pt", weights_only=False), Path(resume))
+    if found:
+        state, path = found
+        if state["fingerprint"] != fingerprint:
+            raise TrainingError(f"{path} was trained on other shards (fingerprint "
+                                f"{state['fingerprint']}, these are {fingerprint}); pass "
+                                "--resume never or the original --shards")
+        for step_no, h in state["recent_hashes"]:
+            if batch_hash(order.step_rows(step_no)) != h:
+                raise TrainingError(f"resume check failed: step {step_no} would read other rows "
+                                    "than the checkpointed run did (seed or batch size changed?)")
+        model.load_state_dict(state["model"])
+        for opt, s in zip(optimizers, state["optimizers"]):
+            opt.load_state_dict(s)
+        torch.set_rng_state(state["torch_rng"])
+        step, history = state["step"], state["history"]
+        log(f"resumed from {path} at step {step}")
+    # -- steps ------------------------------------------------------------------------------
+    B = cfg.batch_size
+    while step < cfg.max_steps:
+        t0 = time.perf_counter()
+        lr = lr_at(step, cfg)
+        set_lr(optimizers, lr)
+        rows = order.step_rows(step)
+        total = 0.0
+        for micro in range(cfg.grad_accum):
+            batch = make_batch([source.get(int(r)) for r in rows[micro * B:(micro + 1) * B]])
+            out = model.loss(batch["input_ids"], batch["targets"],
+                             batch["doc_starts"] if cfg.doc_mask else None)
+            (out["loss"] / cfg.grad_accum).backward()
+            total += out["loss"].item() / cfg.grad_accum
+        if not math.isfinite(total):
+            raise TrainingError(f"loss is {total} at step {step}; the last good checkpoint is "
+                                f"in {run} (resume from it with a lower --lr)")
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip or float("inf"))
+        for opt in optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        record = {"step": step, "loss": total, "lr": lr, "grad_norm": float(norm),
+                  "tokens": (step + 1) * len(rows) * (batch["input_ids"].shape[1]),
+                  "batch": batch_hash(rows), "seconds": time.perf_counter() - t0}
+        history.append(record)
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if step % cfg.log_every == 0:
+            log(f"step {step:>6} loss {total:.4f} lr {lr:.2e} grad {float(norm):.2f}")
+        step += 1
+        stopping = stop_at is not None and step >= stop_at
+        if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
+            checkpoint.save(run, step, {
+                "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+                "step": step, "history": history, "torch_rng": torch.get_rng_state(),
+                "fingerprint": fingerprint, "config": cfg.to_dict(),
+                "recent_hashes": [(h["step"], h["batch"]) for h in history[-RECENT_HASHES:]]},
+                cfg.keep_last)
+        if stopping:
+            log(f"stopped at step {step}: re-run the same command to resume")
+            break
+    return history
+
