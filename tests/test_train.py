@@ -113,3 +113,34 @@ def test_train_cli_runs_and_resumes(tmp_path, shards):
     r = CliRunner().invoke(train_cli, [*args[:-4], "--max-steps", "6", "--warmup", "1",
                                        "--save-every", "2", "--optimizer", "muon"])
     assert r.exit_code == 0 and "resumed from" in r.output and "done: step 6" in r.output
+
+
+def test_sigterm_finishes_the_step_saves_and_the_resumed_run_matches(tmp_path, shards):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    args = ["--shards", str(shards), "--batch-size", "4", "--max-steps", "60", "--warmup", "2",
+            "--lr", "3e-3", "--save-every", "1000", "--log-every", "1000"]
+    train_exe = str(Path(sys.executable).parent / "train")
+    straight = subprocess.run([train_exe, *args, "--out", str(tmp_path / "a")], check=True,
+                              capture_output=True, text=True, timeout=300)
+    assert "done: step 60" in straight.stdout
+    proc = subprocess.Popen([train_exe, *args, "--out", str(tmp_path / "b")],
+                            stdout=subprocess.PIPE, text=True)
+    metrics = tmp_path / "b" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "stopped at step" in out and "re-run" in out
+    stopped_at = checkpoint.load_latest(tmp_path / "b")[0]["step"]
+    assert 0 < stopped_at < 60
+    subprocess.run([train_exe, *args, "--out", str(tmp_path / "b")], check=True,
+                   capture_output=True, timeout=300)
+    a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -9,6 +9,8 @@ they differ, and refuses shards whose fingerprint is not the checkpoint's.
 
 import json
 import math
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -68,6 +70,22 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         step, history = state["step"], state["history"]
         log(f"resumed from {path} at step {step}")
     # -- steps ------------------------------------------------------------------------------
+    # SIGINT/SIGTERM: finish the step in hand, save, and return (the CLI exits 0).
+    signals = {"stop": False}
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # handlers live in the main thread
+        previous = {sig: signal.signal(sig, lambda *_: signals.__setitem__("stop", True))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _steps(cfg, model, optimizers, order, source, run, fingerprint, step, history,
+                      log, stop_at, signals)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _steps(cfg, model, optimizers, order, source, run, fingerprint, step, history, log, stop_at,
+           signals):
     B = cfg.batch_size
     while step < cfg.max_steps:
         t0 = time.perf_counter()
@@ -97,7 +115,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         if step % cfg.log_every == 0:
             log(f"step {step:>6} loss {total:.4f} lr {lr:.2e} grad {float(norm):.2f}")
         step += 1
-        stopping = stop_at is not None and step >= stop_at
+        stopping = signals["stop"] or stop_at is not None and step >= stop_at
         if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
             checkpoint.save(run, step, {
                 "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
