@@ -47,10 +47,15 @@ def test_resume_is_exact(tmp_path, shards):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_loss_falls(tmp_path, shards):
-    history = train(config(shards, tmp_path / "r", max_steps=40, save_every=40),
+def test_loss_falls_and_val_loss_follows(tmp_path, shards):
+    history = train(config(shards, tmp_path / "r", max_steps=40, save_every=40, eval_every=20),
                     log=lambda m: None)
     assert sum(h["loss"] for h in history[-5:]) / 5 < 0.8 * history[0]["loss"]
+    evals = [h for h in history if "val_loss" in h]
+    assert [h["step"] for h in evals] == [19, 39]
+    assert evals[-1]["val_loss"] < history[0]["loss"]
+    assert evals[-1]["val_ppl"] == pytest.approx(torch.tensor(evals[-1]["val_loss"]).exp().item(),
+                                                 rel=1e-5)
 
 
 def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, shards):

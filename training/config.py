@@ -43,11 +43,16 @@ class TrainConfig:
     """Steps between checkpoints (and one at the end)."""
     keep_last: int = 3
     """Checkpoints kept."""
+    eval_every: int = 50
+    """Steps between evaluations on the build's val split (and one at the end)."""
+    eval_batches: int = 4
+    """Batches of --batch-size val rows per evaluation (the first rows of val, in order)."""
     log_every: int = 10
     """Steps between console lines (metrics.jsonl gets every step)."""
 
     def __post_init__(self):
-        positive = ("batch_size", "grad_accum", "max_steps", "save_every", "keep_last", "log_every")
+        positive = ("batch_size", "grad_accum", "max_steps", "save_every", "keep_last", "log_every",
+                    "eval_every", "eval_batches")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")

@@ -41,6 +41,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
     manifest = json.loads((shards / "manifest.json").read_text())
     fingerprint = dataset_fingerprint(shards)
     source = RowSource(shards / "train")
+    val = RowSource(shards / "val")
     order = GlobalOrder(len(source), cfg.batch_size * cfg.grad_accum, cfg.seed, fingerprint)
     # -- model and optimizer --------------------------------------------------------------
     torch.manual_seed(cfg.seed)
@@ -77,15 +78,33 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         previous = {sig: signal.signal(sig, lambda *_: signals.__setitem__("stop", True))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _steps(cfg, model, optimizers, order, source, run, fingerprint, step, history,
-                      log, stop_at, signals)
+        return _steps(cfg, model, optimizers, order, source, val, run, fingerprint, step,
+                      history, log, stop_at, signals)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _steps(cfg, model, optimizers, order, source, run, fingerprint, step, history, log, stop_at,
-           signals):
+def evaluate(model, val: RowSource, cfg: TrainConfig) -> dict | None:
+    """Mean loss and perplexity over the first eval_batches * batch_size rows of val."""
+    n = min(len(val), cfg.eval_batches * cfg.batch_size)
+    if n == 0:
+        return None
+    was_training = model.training
+    model.eval()
+    losses = []
+    with torch.no_grad():
+        for i in range(0, n, cfg.batch_size):
+            batch = make_batch([val.get(r) for r in range(i, min(i + cfg.batch_size, n))])
+            losses.append(model.loss(batch["input_ids"], batch["targets"],
+                                     batch["doc_starts"] if cfg.doc_mask else None)["ce"].item())
+    model.train(was_training)
+    loss = sum(losses) / len(losses)
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+
+
+def _steps(cfg, model, optimizers, order, source, val, run, fingerprint, step, history, log,
+           stop_at, signals):
     B = cfg.batch_size
     while step < cfg.max_steps:
         t0 = time.perf_counter()
@@ -109,11 +128,14 @@ def _steps(cfg, model, optimizers, order, source, run, fingerprint, step, histor
         record = {"step": step, "loss": total, "lr": lr, "grad_norm": float(norm),
                   "tokens": (step + 1) * len(rows) * (batch["input_ids"].shape[1]),
                   "batch": batch_hash(rows), "seconds": time.perf_counter() - t0}
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps:
+            record.update(evaluate(model, val, cfg) or {})
         history.append(record)
         with open(run / "metrics.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
-        if step % cfg.log_every == 0:
-            log(f"step {step:>6} loss {total:.4f} lr {lr:.2e} grad {float(norm):.2f}")
+        if step % cfg.log_every == 0 or "val_loss" in record:
+            extra = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
+            log(f"step {step:>6} loss {total:.4f} lr {lr:.2e} grad {float(norm):.2f}{extra}")
         step += 1
         stopping = signals["stop"] or stop_at is not None and step >= stop_at
         if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
