@@ -149,3 +149,17 @@ def test_sigterm_finishes_the_step_saves_and_the_resumed_run_matches(tmp_path, s
                    capture_output=True, timeout=300)
     a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_total_tokens_sets_the_number_of_steps(tmp_path, shards):
+    history = train(config(shards, tmp_path / "r", total_tokens=4 * 64 * 5 + 1, save_every=100),
+                    log=lambda m: None)
+    assert len(history) == 6  # 4 rows x 64 predictions per step: 1281 tokens need 6 steps
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains(tmp_path, shards, precision):
+    history = train(config(shards, tmp_path / precision, precision=precision, max_steps=8,
+                           save_every=100), log=lambda m: None)
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
+    assert sum(h["loss"] for h in history[-3:]) / 3 < history[0]["loss"]

@@ -3,6 +3,7 @@
 from dataclasses import asdict, dataclass
 
 SCHEDULES = ("cosine", "wsd", "constant")
+PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "muon")
 
 
@@ -19,7 +20,9 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro-steps per optimizer step."""
     max_steps: int = 100
-    """Optimizer steps to train."""
+    """Optimizer steps to train (ignored when --total-tokens is given)."""
+    total_tokens: int | None = None
+    """Train for this many tokens: steps = ceil(total_tokens / tokens per step)."""
     lr: float = 3e-4
     """Peak learning rate."""
     min_lr: float = 3e-5
@@ -33,6 +36,8 @@ class TrainConfig:
     """adamw, or muon (torch.optim.Muon on 2-D hidden weights, AdamW on the rest)."""
     weight_decay: float = 0.1
     """AdamW decoupled weight decay (not on norms, biases, embeddings)."""
+    precision: str = "fp32"
+    """fp32; bf16 (autocast); fp16 (autocast + gradient scaler). TF32 is on for fp32 on GPUs."""
     clip: float = 1.0
     """Gradient-norm clipping (0 = off)."""
     seed: int = 0
@@ -56,14 +61,18 @@ class TrainConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}")
+        if self.total_tokens is not None and self.total_tokens < 1:
+            raise ValueError("--total-tokens must be positive")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError("--min-lr must be between 0 and --lr")
-        if self.warmup < 0 or self.warmup > self.max_steps:
-            raise ValueError("--warmup must be between 0 and --max-steps")
+        if self.warmup < 0:
+            raise ValueError("--warmup must not be negative")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -7,6 +7,8 @@ batch hashes; a resumed run recomputes those hashes from its own order and refus
 they differ, and refuses shards whose fingerprint is not the checkpoint's.
 """
 
+import contextlib
+import dataclasses
 import json
 import math
 import signal
@@ -39,14 +41,20 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
     # -- data -------------------------------------------------------------------------------
     shards = Path(cfg.shards)
     manifest = json.loads((shards / "manifest.json").read_text())
+    cfg = resolve_steps(cfg, manifest)
     fingerprint = dataset_fingerprint(shards)
     source = RowSource(shards / "train")
     val = RowSource(shards / "val")
     order = GlobalOrder(len(source), cfg.batch_size * cfg.grad_accum, cfg.seed, fingerprint)
-    # -- model and optimizer --------------------------------------------------------------
+    # -- device and model -----------------------------------------------------------------
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     torch.manual_seed(cfg.seed)
-    model = archs.build(cfg.model, vocab_size=manifest["tokenizer"]["vocab_size"])
+    model = archs.build(cfg.model, vocab_size=manifest["tokenizer"]["vocab_size"]).to(device)
     optimizers = make_optimizers(model, cfg)
+    # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
     run = Path(cfg.out)
     run.mkdir(parents=True, exist_ok=True)
     step, history = 0, []
@@ -68,6 +76,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         for opt, s in zip(optimizers, state["optimizers"]):
             opt.load_state_dict(s)
         torch.set_rng_state(state["torch_rng"])
+        scaler.load_state_dict(state["scaler"])
         step, history = state["step"], state["history"]
         log(f"resumed from {path} at step {step}")
     # -- steps ------------------------------------------------------------------------------
@@ -78,11 +87,36 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         previous = {sig: signal.signal(sig, lambda *_: signals.__setitem__("stop", True))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _steps(cfg, model, optimizers, order, source, val, run, fingerprint, step,
-                      history, log, stop_at, signals)
+        return _steps(cfg, model, optimizers, scaler, order, source, val, run, fingerprint,
+                      step, history, log, stop_at, signals)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def resolve_steps(cfg: TrainConfig, manifest: dict) -> TrainConfig:
+    """--total-tokens -> max_steps (tokens per step = global batch x (seq - 1) predictions)."""
+    if cfg.total_tokens is not None:
+        per_step = cfg.batch_size * cfg.grad_accum * (manifest["seq"] - 1)
+        cfg = dataclasses.replace(cfg, max_steps=math.ceil(cfg.total_tokens / per_step),
+                                  total_tokens=None)
+    if cfg.warmup > cfg.max_steps:
+        raise TrainingError(f"--warmup {cfg.warmup} is longer than the run ({cfg.max_steps} "
+                            "steps)")
+    return cfg
+
+
+def autocast(cfg: TrainConfig, device: torch.device):
+    if cfg.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if cfg.precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    pin = device.type == "cuda"
+    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=pin)
+            for k, v in batch.items()}
 
 
 def evaluate(model, val: RowSource, cfg: TrainConfig) -> dict | None:
@@ -95,17 +129,22 @@ def evaluate(model, val: RowSource, cfg: TrainConfig) -> dict | None:
     losses = []
     with torch.no_grad():
         for i in range(0, n, cfg.batch_size):
-            batch = make_batch([val.get(r) for r in range(i, min(i + cfg.batch_size, n))])
-            losses.append(model.loss(batch["input_ids"], batch["targets"],
-                                     batch["doc_starts"] if cfg.doc_mask else None)["ce"].item())
+            device = next(model.parameters()).device
+            batch = to_device(make_batch([val.get(r)
+                                          for r in range(i, min(i + cfg.batch_size, n))]), device)
+            with autocast(cfg, device):
+                out = model.loss(batch["input_ids"], batch["targets"],
+                                 batch["doc_starts"] if cfg.doc_mask else None)
+            losses.append(out["ce"].item())
     model.train(was_training)
     loss = sum(losses) / len(losses)
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
 
 
-def _steps(cfg, model, optimizers, order, source, val, run, fingerprint, step, history, log,
-           stop_at, signals):
+def _steps(cfg, model, optimizers, scaler, order, source, val, run, fingerprint, step, history,
+           log, stop_at, signals):
     B = cfg.batch_size
+    device = next(model.parameters()).device
     while step < cfg.max_steps:
         t0 = time.perf_counter()
         lr = lr_at(step, cfg)
@@ -113,18 +152,23 @@ def _steps(cfg, model, optimizers, order, source, val, run, fingerprint, step, h
         rows = order.step_rows(step)
         total = 0.0
         for micro in range(cfg.grad_accum):
-            batch = make_batch([source.get(int(r)) for r in rows[micro * B:(micro + 1) * B]])
-            out = model.loss(batch["input_ids"], batch["targets"],
-                             batch["doc_starts"] if cfg.doc_mask else None)
-            (out["loss"] / cfg.grad_accum).backward()
+            batch = to_device(make_batch([source.get(int(r))
+                                          for r in rows[micro * B:(micro + 1) * B]]), device)
+            with autocast(cfg, device):
+                out = model.loss(batch["input_ids"], batch["targets"],
+                                 batch["doc_starts"] if cfg.doc_mask else None)
+            scaler.scale(out["loss"] / cfg.grad_accum).backward()
             total += out["loss"].item() / cfg.grad_accum
         if not math.isfinite(total):
             raise TrainingError(f"loss is {total} at step {step}; the last good checkpoint is "
                                 f"in {run} (resume from it with a lower --lr)")
+        for opt in optimizers:
+            scaler.unscale_(opt)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip or float("inf"))
         for opt in optimizers:
-            opt.step()
+            scaler.step(opt)
             opt.zero_grad(set_to_none=True)
+        scaler.update()
         record = {"step": step, "loss": total, "lr": lr, "grad_norm": float(norm),
                   "tokens": (step + 1) * len(rows) * (batch["input_ids"].shape[1]),
                   "batch": batch_hash(rows), "seconds": time.perf_counter() - t0}
@@ -142,6 +186,7 @@ def _steps(cfg, model, optimizers, order, source, val, run, fingerprint, step, h
             checkpoint.save(run, step, {
                 "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
                 "step": step, "history": history, "torch_rng": torch.get_rng_state(),
+                "scaler": scaler.state_dict(),
                 "fingerprint": fingerprint, "config": cfg.to_dict(),
                 "recent_hashes": [(h["step"], h["batch"]) for h in history[-RECENT_HASHES:]]},
                 cfg.keep_last)
