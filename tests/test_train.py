@@ -6,6 +6,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+import archs
 from conftest import make_texts, write_jsonl
 from pipeline.build import build
 from pipeline.config import BuildConfig
@@ -163,3 +164,14 @@ def test_mixed_precision_trains(tmp_path, shards, precision):
                            save_every=100), log=lambda m: None)
     assert all(torch.isfinite(torch.tensor(h["loss"])) for h in history)
     assert sum(h["loss"] for h in history[-3:]) / 3 < history[0]["loss"]
+
+
+def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path, shards):
+    r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(tmp_path / "r"),
+                                       "--batch-size", "4", "--total-tokens", "100000",
+                                       "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "nothing is trained" in r.output and "256 tokens/step x 391 steps" in r.output
+    params = archs.build("neox-tiny", vocab_size=50257, device="meta").num_params()
+    assert "ETA" in r.output and f"{params:,} parameters" in r.output
+    assert not (tmp_path / "r").exists()

@@ -1,6 +1,7 @@
 """`train`: the trainer's command line. Each flag is declared once, here, from TrainConfig."""
 
 from dataclasses import MISSING, fields
+from typing import get_args
 
 import click
 
@@ -21,7 +22,8 @@ def _config_options(func):
             docs[node.target.id] = " ".join(nxt.value.value.split())
     for f in reversed(fields(TrainConfig)):
         flag = "--" + f.name.replace("_", "-")
-        kind = f.type if f.type in (int, float, bool) else str
+        kinds = [t for t in (f.type, *get_args(f.type)) if t in (int, float, bool)]
+        kind = kinds[0] if kinds else str  # `int | None` -> int
         if kind is bool:
             func = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=f.default,
                                 show_default=True, help=docs.get(f.name))(func)
@@ -35,11 +37,13 @@ def _config_options(func):
 
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--list-models", is_flag=True, help="Print the model zoo's presets and exit.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (steps, epochs, FLOPs, memory, "
+              "ETA from probe steps on this device) and exit.")
 @click.option("--resume", default="auto", show_default=True,
               help="auto (newest complete checkpoint in --out), never, or a checkpoint dir.")
 @_config_options
 @click.version_option(package_name="longpack")
-def train(list_models, resume, **settings):
+def train(list_models, dry_run, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (issue 5, in progress)."""
     if list_models:
         import runpy
@@ -53,6 +57,11 @@ def train(list_models, resume, **settings):
         raise click.UsageError("--shards is required: the --out of a pack build")
     try:
         cfg = TrainConfig(**settings)
+        if dry_run:
+            from training.plan import plan, render
+
+            click.echo(render(plan(cfg)))
+            return
         history = run_training(cfg, resume=resume, log=click.echo)
     except (ValueError, TrainingError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
