@@ -175,3 +175,15 @@ def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path, shards):
     params = archs.build("neox-tiny", vocab_size=50257, device="meta").num_params()
     assert "ETA" in r.output and f"{params:,} parameters" in r.output
     assert not (tmp_path / "r").exists()
+
+
+def test_config_file_with_command_line_overrides(tmp_path, shards):
+    (tmp_path / "run.toml").write_text(
+        f'shards = "{shards}"\nbatch_size = 2\nmax_steps = 3\nwarmup = 1\nlr = 0.001\n')
+    r = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "run.toml"), "--max-steps", "2",
+                                       "--out", str(tmp_path / "r"), "--dry-run"])
+    assert r.exit_code == 0, r.output
+    assert "batch_size=2" in r.output and "max_steps=2" in r.output and "lr=0.001" in r.output
+    (tmp_path / "bad.toml").write_text("nonsense = 1\n")
+    r = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "bad.toml")])
+    assert r.exit_code == 2 and "unknown settings nonsense" in r.output

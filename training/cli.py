@@ -37,13 +37,17 @@ def _config_options(func):
 
 @click.command(context_settings={"ignore_unknown_options": False})
 @click.option("--list-models", is_flag=True, help="Print the model zoo's presets and exit.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="TOML or YAML file of settings (keys as the flags, with _); flags given on "
+                   "the command line override it.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (steps, epochs, FLOPs, memory, "
               "ETA from probe steps on this device) and exit.")
 @click.option("--resume", default="auto", show_default=True,
               help="auto (newest complete checkpoint in --out), never, or a checkpoint dir.")
 @_config_options
 @click.version_option(package_name="longpack")
-def train(list_models, dry_run, resume, **settings):
+@click.pass_context
+def train(ctx, list_models, config_file, dry_run, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (issue 5, in progress)."""
     if list_models:
         import runpy
@@ -53,6 +57,14 @@ def train(list_models, dry_run, resume, **settings):
     from training.loop import TrainingError
     from training.loop import train as run_training
 
+    if config_file:
+        from_file = load_settings(config_file)
+        unknown = set(from_file) - set(settings)
+        if unknown:
+            raise click.UsageError(f"{config_file}: unknown settings {', '.join(sorted(unknown))}")
+        given = {k for k in settings
+                 if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
+        settings.update({k: v for k, v in from_file.items() if k not in given})
     if settings["shards"] is None:
         raise click.UsageError("--shards is required: the --out of a pack build")
     try:
@@ -68,3 +80,25 @@ def train(list_models, dry_run, resume, **settings):
     if history:
         click.echo(f"done: step {history[-1]['step'] + 1}, loss {history[-1]['loss']:.4f}; "
                    f"checkpoints in {cfg.out}")
+
+
+def load_settings(path: str) -> dict:
+    text = open(path, "rb").read()
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError:
+            raise click.UsageError("a YAML --config needs PyYAML: pip install pyyaml") from None
+        data = yaml.safe_load(text) or {}
+    else:
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise click.UsageError("a TOML --config needs Python 3.11 or later; use YAML") from None
+        try:
+            data = tomllib.loads(text.decode())
+        except tomllib.TOMLDecodeError as e:
+            raise click.UsageError(f"{path}: not valid TOML ({e})") from None
+    if not isinstance(data, dict):
+        raise click.UsageError(f"{path}: expected a table of settings")
+    return {k.replace("-", "_"): v for k, v in data.items()}
