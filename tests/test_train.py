@@ -187,3 +187,17 @@ def test_config_file_with_command_line_overrides(tmp_path, shards):
     (tmp_path / "bad.toml").write_text("nonsense = 1\n")
     r = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "bad.toml")])
     assert r.exit_code == 2 and "unknown settings nonsense" in r.output
+
+
+def test_metrics_jsonl_has_every_step_and_missing_loggers_say_what_to_install(tmp_path, shards):
+    train(config(shards, tmp_path / "r", max_steps=4), log=lambda m: None)
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2, 3]
+    assert all(x["tokens_per_second"] > 0 and len(x["batch"]) == 12 for x in lines)
+    pytest.importorskip("torch")
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="pip install tensorboard"):
+            train(config(shards, tmp_path / "t", max_steps=1, log=("tensorboard",)),
+                  log=lambda m: None)

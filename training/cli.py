@@ -24,7 +24,10 @@ def _config_options(func):
         flag = "--" + f.name.replace("_", "-")
         kinds = [t for t in (f.type, *get_args(f.type)) if t in (int, float, bool)]
         kind = kinds[0] if kinds else str  # `int | None` -> int
-        if kind is bool:
+        if f.name == "log":  # a tuple: repeat the flag
+            func = click.option(flag, f.name, multiple=True, default=f.default,
+                                show_default=True, help=docs.get(f.name))(func)
+        elif kind is bool:
             func = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=f.default,
                                 show_default=True, help=docs.get(f.name))(func)
         else:
@@ -67,6 +70,7 @@ def train(ctx, list_models, config_file, dry_run, resume, **settings):
         settings.update({k: v for k, v in from_file.items() if k not in given})
     if settings["shards"] is None:
         raise click.UsageError("--shards is required: the --out of a pack build")
+    settings["log"] = tuple(settings["log"])
     try:
         cfg = TrainConfig(**settings)
         if dry_run:

@@ -52,6 +52,8 @@ class TrainConfig:
     """Steps between evaluations on the build's val split (and one at the end)."""
     eval_batches: int = 4
     """Batches of --batch-size val rows per evaluation (the first rows of val, in order)."""
+    log: tuple[str, ...] = ("console", "jsonl")
+    """Where metrics go: console, jsonl (always written), tensorboard, wandb."""
     log_every: int = 10
     """Steps between console lines (metrics.jsonl gets every step)."""
 

@@ -23,6 +23,7 @@ from training import checkpoint
 from training.batch import make_batch
 from training.config import TrainConfig
 from training.data import RowSource, dataset_fingerprint
+from training.metrics import MetricsLog, peak_flops
 from training.optim import make_optimizers, set_lr
 from training.sampler import GlobalOrder, batch_hash
 from training.schedule import lr_at
@@ -57,6 +58,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
     run = Path(cfg.out)
     run.mkdir(parents=True, exist_ok=True)
+    metrics = MetricsLog(run, cfg.log, cfg.to_dict())
     step, history = 0, []
     # -- resume -----------------------------------------------------------------------------
     found = checkpoint.load_latest(run) if resume == "auto" else None
@@ -88,7 +90,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                     for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _steps(cfg, model, optimizers, scaler, order, source, val, run, fingerprint,
-                      step, history, log, stop_at, signals)
+                      step, history, log, stop_at, signals, metrics)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -142,9 +144,10 @@ def evaluate(model, val: RowSource, cfg: TrainConfig) -> dict | None:
 
 
 def _steps(cfg, model, optimizers, scaler, order, source, val, run, fingerprint, step, history,
-           log, stop_at, signals):
+           log, stop_at, signals, metrics):
     B = cfg.batch_size
     device = next(model.parameters()).device
+    peak = peak_flops(device)
     while step < cfg.max_steps:
         t0 = time.perf_counter()
         lr = lr_at(step, cfg)
@@ -169,17 +172,25 @@ def _steps(cfg, model, optimizers, scaler, order, source, val, run, fingerprint,
             scaler.step(opt)
             opt.zero_grad(set_to_none=True)
         scaler.update()
+        seconds = time.perf_counter() - t0
+        step_tokens = len(rows) * batch["input_ids"].shape[1]
         record = {"step": step, "loss": total, "lr": lr, "grad_norm": float(norm),
-                  "tokens": (step + 1) * len(rows) * (batch["input_ids"].shape[1]),
-                  "batch": batch_hash(rows), "seconds": time.perf_counter() - t0}
+                  "tokens": (step + 1) * step_tokens, "batch": batch_hash(rows),
+                  "seconds": seconds, "tokens_per_second": step_tokens / seconds}
+        if peak:
+            flops = model.flops_per_token(batch["input_ids"].shape[1]) * step_tokens
+            record["mfu"] = flops / seconds / peak
+        if device.type == "cuda":
+            record["memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps:
             record.update(evaluate(model, val, cfg) or {})
         history.append(record)
-        with open(run / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if step % cfg.log_every == 0 or "val_loss" in record:
+        metrics.write(record)
+        if "console" in cfg.log and (step % cfg.log_every == 0 or "val_loss" in record):
             extra = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
-            log(f"step {step:>6} loss {total:.4f} lr {lr:.2e} grad {float(norm):.2f}{extra}")
+            extra += f" mfu {100 * record['mfu']:.1f}%" if "mfu" in record else ""
+            log(f"step {step:>6} loss {total:.4f} lr {lr:.2e} grad {float(norm):.2f} "
+                f"{record['tokens_per_second']:,.0f} tok/s{extra}")
         step += 1
         stopping = signals["stop"] or stop_at is not None and step >= stop_at
         if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:

@@ -1,0 +1,52 @@
+"""Where each step's record goes: metrics.jsonl always; TensorBoard and W&B when asked for
+(optional extras: a clear error when the package is missing, never a silent no-op)."""
+
+import json
+from pathlib import Path
+
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
+# Dense bf16 peak FLOP/s by device name, for MFU (vendor datasheets).
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+
+
+class MetricsLog:
+    def __init__(self, run: Path, kinds: tuple[str, ...], config: dict):
+        unknown = set(kinds) - set(LOGGERS)
+        if unknown:
+            raise ValueError(f"--log: unknown {', '.join(sorted(unknown))}; choose from "
+                             f"{', '.join(LOGGERS)}")
+        self.path = run / "metrics.jsonl"
+        self.tb = self.wandb = None
+        if "tensorboard" in kinds:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ValueError("--log tensorboard needs the tensorboard package: "
+                                 "pip install tensorboard") from None
+            self.tb = SummaryWriter(str(run / "tensorboard"))
+        if "wandb" in kinds:
+            try:
+                import wandb
+            except ImportError:
+                raise ValueError("--log wandb needs the wandb package: pip install wandb") from None
+            self.wandb = wandb.init(project="longpack", dir=str(run), config=config,
+                                    resume="allow")
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+        if self.tb is not None:
+            for k, v in numbers.items():
+                self.tb.add_scalar(k, v, record["step"])
+        if self.wandb is not None:
+            self.wandb.log(numbers, step=record["step"])
+
+
+def peak_flops(device) -> float | None:
+    import torch
+
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
