@@ -4,6 +4,7 @@ A reader therefore sees either the old file, no file, or the complete new file: 
 half-written one, whatever kills the process (Ctrl+C, kill -9, a full disk).
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -34,3 +35,12 @@ def write_bytes(path: Path, data: bytes | memoryview, fsync: bool = False) -> No
 def write_json(path: Path, obj, fsync: bool = False) -> None:
     text = json.dumps(obj, indent=2, sort_keys=True) + "\n"
     write_bytes(path, text.encode("utf-8"), fsync=fsync)
+
+
+def sha256_file(path: Path) -> str:
+    """sha256 of a file, read in 4 MiB pieces (memory stays flat for any size)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()

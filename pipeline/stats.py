@@ -14,13 +14,13 @@ is scanned first so that the train scan can check that no document is in both (b
 docs/STATS.md documents the JSON keys.
 """
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import sha256_file
 from pipeline.config import WORK_DIR
 from pipeline.errors import LongpackError
 from pipeline.shards import SplitReader
@@ -284,18 +284,10 @@ def file_checks(split: str, reader: SplitReader, verify: bool) -> list[Problem]:
                                               f"{info['bytes']:,})"))
             elif verify:
                 want = info["sha256"] if "sha256" in info else info["hashes"].get("sha256")
-                if want and _sha256(path) != want:
+                if want and sha256_file(path) != want:
                     problems.append(Problem(name, "checksum mismatch (sha256): the file changed "
                                                   "after it was written"))
     return problems
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def open_output(path: Path) -> tuple[dict | None, dict[str, Path]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import sha256_file
 from pipeline.errors import TokenizerError
 
 ENDOFTEXT = "<|endoftext|>"
@@ -120,14 +121,6 @@ def load_tokenizer(spec: str, bos: bool = False) -> Tokenizer:
     return tok
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _ranks_sha256(ranks: dict[bytes, int]) -> str:
     """sha256 of the canonical .tiktoken serialization ("base64 rank" lines in rank order),
     which equals the sha256 of the official ranks file."""
@@ -160,7 +153,7 @@ def _load_tiktoken_file(path: Path) -> Tokenizer:
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
 
-    sha = _file_sha256(path)
+    sha = sha256_file(path)
     by_hash = [n for n, (h, _, _) in TIKTOKEN_ENCODINGS.items() if h == sha]
     if path.stem in TIKTOKEN_ENCODINGS and (not by_hash or path.stem in by_hash):
         name = path.stem
@@ -202,5 +195,5 @@ def _load_huggingface(path: Path) -> Tokenizer:
             f"(looked for {', '.join(HF_EOS_NAMES)})")
     bos = next((n for n in HF_BOS_NAMES if n in specials and n != eos), None)
     return Tokenizer(name=path.stem, kind="huggingface", source=str(path),
-                     sha256=_file_sha256(path), vocab_size=max(vocab.values()) + 1,
+                     sha256=sha256_file(path), vocab_size=max(vocab.values()) + 1,
                      eos_id=vocab[eos], bos_id=vocab[bos] if bos else None, _impl=impl)

@@ -5,22 +5,13 @@ A checkpoint is written into `.step-N.tmp/`, with a `COMPLETE` file holding the 
 whose COMPLETE matches its state.pt, warning about (and skipping) any that do not.
 """
 
-import hashlib
 import shutil
 import warnings
 from pathlib import Path
 
 import torch
 
-from pipeline.atomic import write_bytes
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+from pipeline.atomic import sha256_file, write_bytes
 
 
 def save(run: Path, step: int, state: dict, keep_last: int) -> Path:
@@ -30,7 +21,7 @@ def save(run: Path, step: int, state: dict, keep_last: int) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     torch.save(state, tmp / "state.pt")
-    (tmp / "COMPLETE").write_text(_sha256(tmp / "state.pt") + "\n")
+    (tmp / "COMPLETE").write_text(sha256_file(tmp / "state.pt") + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     write_bytes(run / "latest", (final.name + "\n").encode())
@@ -42,7 +33,7 @@ def save(run: Path, step: int, state: dict, keep_last: int) -> Path:
 def load_latest(run: Path) -> tuple[dict, Path] | None:
     for path in sorted(run.glob("step-*"), reverse=True):
         try:
-            if (path / "COMPLETE").read_text().strip() != _sha256(path / "state.pt"):
+            if (path / "COMPLETE").read_text().strip() != sha256_file(path / "state.pt"):
                 raise ValueError("state.pt does not match its checksum")
             return torch.load(path / "state.pt", weights_only=False), path
         except Exception as e:  # truncated, missing or unreadable: fall back to the one before
