@@ -70,12 +70,7 @@ class Block(nn.Module):
 
 class GPTNeoX(StackedLM):
     def __init__(self, cfg: GPTNeoXConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        super().__init__(cfg, Block)
         self.apply(self._init)
         # Scaled residual init (GPT-2): each residual branch's last projection gets
         # std / sqrt(2 * n_layers), so the residual stream's variance does not grow with depth.

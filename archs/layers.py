@@ -109,7 +109,15 @@ def _chunk_loss(h, weight, t):
 
 class StackedLM(nn.Module):
     """embed -> blocks(x, pos, doc_starts) -> ln_f -> head, the part gpt_neox and resonance
-    share: a subclass sets cfg, embed, blocks, ln_f and head."""
+    share: a subclass passes its config and block class, then initializes the weights."""
+
+    def __init__(self, cfg, block):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(block(cfg) for _ in range(cfg.n_layers))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     def hidden(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
         B, T = input_ids.shape

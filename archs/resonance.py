@@ -158,12 +158,7 @@ class Block(nn.Module):
 
 class Resonance(StackedLM):
     def __init__(self, cfg: ResonanceConfig):
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        super().__init__(cfg, Block)
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=cfg.init_std)

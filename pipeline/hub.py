@@ -71,8 +71,5 @@ class HubFiles:
             self._fetch(i + 1)
         return local
 
-    def downloaded(self) -> list[int]:
-        return sorted(self._futures)
-
     def close(self):
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,10 +1,10 @@
 """Document identity and the train/validation split.
 
 A document's hash is XXH3-64 (seed 0) of its UTF-8 text; 0 is reserved to mark padding, so a
-document hashing to 0 is given 1. XXH3 is a stable, specified hash that runs at memory speed
-(BLAKE2b cost 2% of the whole build's CPU; XXH3 about 0.1%). The split is a pure function of
-(hash, seed, val_fraction): the same on every re-run and for any worker count, and identical
-texts always land in the same split, so no document is in both.
+document hashing to 0 is given 1. XXH3 is a stable, specified hash: BLAKE2b took ~2% of the
+build's CPU samples in a py-spy profile, XXH3 measured ~15x cheaper per byte. The split is a
+pure function of (hash, seed, val_fraction): the same on every re-run and for any worker
+count, and identical texts always land in the same split, so no document is in both.
 """
 
 import xxhash

@@ -11,7 +11,7 @@ attention never crosses the boundary.
 import numpy as np
 import torch
 
-PAD_HASH = 0  # pipeline.split.PAD_HASH; repeated so the trainer does not import the data stage
+from pipeline.split import PAD_HASH
 
 
 def make_batch(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> dict:

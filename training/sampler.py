@@ -57,9 +57,6 @@ class GlobalOrder:
         per = self.global_batch // world
         return self.step_rows(step)[rank * per:(rank + 1) * per]
 
-    def epoch_of(self, step: int) -> float:
-        return step * self.global_batch / self.num_rows
-
 
 def batch_hash(rows: np.ndarray) -> str:
     """A short, stable id of a step's global rows (12 hex digits of sha256)."""
