@@ -121,7 +121,7 @@ def test_train_cli_runs_and_resumes(tmp_path, shards):
     assert r.exit_code == 0 and "resumed from" in r.output and "done: step 6" in r.output
 
 
-def test_sigterm_finishes_the_step_saves_and_the_resumed_run_matches(tmp_path, shards):
+def test_a_signal_finishes_the_step_saves_and_the_resumed_run_matches(tmp_path, shards):
     import os
     import signal
     import subprocess
@@ -135,13 +135,15 @@ def test_sigterm_finishes_the_step_saves_and_the_resumed_run_matches(tmp_path, s
     straight = subprocess.run([train_exe, *args, "--out", str(tmp_path / "a")], check=True,
                               capture_output=True, text=True, timeout=300)
     assert "done: step 60" in straight.stdout
+    # Its own process group, signalled whole as a terminal's Ctrl+C or a scheduler would: the
+    # loader's worker processes get the signal too.
     proc = subprocess.Popen([train_exe, *args, "--out", str(tmp_path / "b")],
-                            stdout=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     metrics = tmp_path / "b" / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and not (metrics.exists() and metrics.stat().st_size):
         time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0 and "stopped at step" in out and "re-run" in out
     stopped_at = checkpoint.load_latest(tmp_path / "b")[0]["step"]

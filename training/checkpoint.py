@@ -30,12 +30,21 @@ def save(run: Path, step: int, state: dict, keep_last: int) -> Path:
     return final
 
 
+def load(path: Path) -> tuple[dict, Path]:
+    """The checkpoint in `path`, after checking state.pt against COMPLETE (on the CPU: each
+    process moves what it needs to its own device)."""
+    complete = path / "COMPLETE"
+    if not complete.is_file():
+        raise ValueError(f"{path} is not a complete checkpoint (no COMPLETE file)")
+    if complete.read_text().strip() != sha256_file(path / "state.pt"):
+        raise ValueError(f"{path}/state.pt does not match its checksum")
+    return torch.load(path / "state.pt", map_location="cpu", weights_only=False), path
+
+
 def load_latest(run: Path) -> tuple[dict, Path] | None:
     for path in sorted(run.glob("step-*"), reverse=True):
         try:
-            if (path / "COMPLETE").read_text().strip() != sha256_file(path / "state.pt"):
-                raise ValueError("state.pt does not match its checksum")
-            return torch.load(path / "state.pt", weights_only=False), path
+            return load(path)
         except Exception as e:  # truncated, missing or unreadable: fall back to the one before
             warnings.warn(f"skipping checkpoint {path}: {e}", stacklevel=2)
     return None

@@ -10,13 +10,17 @@ OPTIMIZERS = ("adamw", "muon")
 @dataclass(frozen=True)
 class TrainConfig:
     shards: str
-    """Output directory of `pack build` (OUT, with train/ and val/)."""
+    """Output directory of `pack build` (OUT, with train/ and val/), or its URL (s3://, gs://,
+    ...) for MDS builds, streamed through mosaicml-streaming into --cache."""
+    seq: int | None = None
+    """Tokens per training sample: the build's --seq (default), or a divisor of it (each row is
+    cut into windows)."""
     model: str = "neox-tiny"
     """archs/ preset or family name."""
     out: str = "runs/default"
     """Run directory: checkpoints, metrics.jsonl."""
     batch_size: int = 8
-    """Rows per device per micro-step."""
+    """Samples per device per micro-step (the global batch is this x grad_accum x processes)."""
     grad_accum: int = 1
     """Micro-steps per optimizer step."""
     max_steps: int = 100
@@ -44,6 +48,15 @@ class TrainConfig:
     """Seed of the row order and of the model's initialization."""
     doc_mask: bool = True
     """Keep attention (or convolution) inside documents."""
+    compile: bool = False
+    """torch.compile the model (and its loss)."""
+    workers: int = 2
+    """Background processes that read and assemble batches (0 = in the training process)."""
+    cache: str | None = None
+    """Local directory for MDS shards, decompressed (and downloaded when --shards is a URL);
+    default: shard-cache/ inside --out."""
+    cache_limit: str = "100gb"
+    """Most disk the shard cache may use (e.g. 20gb); the coldest shards are evicted beyond it."""
     save_every: int = 50
     """Steps between checkpoints (and one at the end)."""
     keep_last: int = 3
@@ -73,6 +86,10 @@ class TrainConfig:
             raise ValueError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.min_lr <= self.lr:
             raise ValueError("--min-lr must be between 0 and --lr")
+        if self.workers < 0:
+            raise ValueError("--workers must not be negative")
+        if self.seq is not None and self.seq < 2:
+            raise ValueError("--seq must be at least 2")
         if self.warmup < 0:
             raise ValueError("--warmup must not be negative")
 

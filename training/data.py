@@ -1,51 +1,181 @@
-"""Rows of a built split by global index, for the sampler's order.
+"""Where the trainer's rows come from: a build of `pack build` (OUT), local or remote.
 
-memmap shards are opened memory-mapped (a row is a slice); an MDS shard is decoded whole when a
-row of it is first asked for and the last few are kept (SHARD_CACHE), which suits this in-process
-path for tests and small runs. Reading MDS through mosaicml-streaming's loader (remote, bounded
-cache, worker processes) is still to come (issue 5).
+    build = open_build("OUT" or "s3://bucket/OUT", cache=Path("run/shard-cache"), ...)
+    tokens, starts, hashes = build.train.get(i)    # global row i
+
+- memmap shards (local): memory-mapped `.npy` files; a row is a slice (pipeline/shards.py).
+- MDS shards, local or at a URL mosaicml-streaming can read (s3://, gs://, ...): a
+  `streaming.StreamingDataset` in random-access mode. A shard is fetched (a local build is
+  copied) and decompressed into the cache when one of its rows is first asked for, and the
+  coldest shards are evicted beyond `cache_limit`. The build directory is never written to.
+  The cache lives under the build's fingerprint, so a cache left by other shards is never read.
+- `seq` shorter than the build's rows: each row is cut into row_seq / seq windows; sample
+  i is window i % k of row i // k. A document running into a window starts it (offset 0).
+
+Rows come as (tokens [seq], starts, hashes): segment starts (first 0) and document hashes
+(0 = padding), what training/batch.py turns into a model's batch.
 """
 
 import hashlib
 import json
+import shutil
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.shards import SplitReader
 
-SHARD_CACHE = 4
+
+class DataError(Exception):
+    pass
 
 
-def dataset_fingerprint(out: Path) -> str:
+def is_remote(location: str) -> bool:
+    return "://" in location
+
+
+def dataset_fingerprint(manifest: dict) -> str:
     """16 hex digits of the build's manifest fingerprint: what a checkpoint is tied to."""
-    manifest = json.loads((Path(out) / "manifest.json").read_text())
     text = json.dumps(manifest["fingerprint"], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class RowSource:
+def read_manifest(location: str, cache: Path) -> dict:
+    """OUT/manifest.json, fetched into the cache first when OUT is remote."""
+    if is_remote(location):
+        from streaming.base.storage import CloudDownloader
+
+        local = cache / "manifest.json"
+        local.unlink(missing_ok=True)  # always the remote's current one
+        try:
+            CloudDownloader.direct_download(location.rstrip("/") + "/manifest.json", str(local))
+        except Exception as e:  # the cloud clients raise many kinds
+            raise DataError(f"cannot fetch {location}/manifest.json ({type(e).__name__}: {e}); "
+                            "check the URL and credentials, or copy the build locally") from None
+        path = local
+    else:
+        path = Path(location) / "manifest.json"
+        if not path.is_file():
+            raise DataError(f"{path} not found: --shards must be the --out of a finished pack "
+                            "build")
+    return json.loads(path.read_text())
+
+
+class MemmapRows:
+    """Rows of local memmap shards; the OPEN_SHARDS most recently used stay mapped (a file
+    descriptor each), so a build of any number of shards stays under the open-file limit."""
+
+    OPEN_SHARDS = 64
+
     def __init__(self, split_dir: Path):
-        self.reader = SplitReader(Path(split_dir))
-        counts = [self.reader.rows_in_shard(i) for i in range(len(self.reader.shard_files()))]
-        self.bounds = np.concatenate([[0], np.cumsum(counts)])
-        self._cache: OrderedDict = OrderedDict()
+        self.reader = SplitReader(split_dir)
+        counts = [self.reader.rows_in_shard(k) for k in range(len(self.reader.shard_files()))]
+        self.bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._open: OrderedDict = OrderedDict()
 
     def __len__(self) -> int:
         return int(self.bounds[-1])
 
     def _shard(self, k: int):
-        if k not in self._cache:
-            self._cache[k] = self.reader.read_shard(k)
-            while len(self._cache) > SHARD_CACHE:
-                self._cache.popitem(last=False)
-        self._cache.move_to_end(k)
-        return self._cache[k]
+        if k not in self._open:
+            shard = self.reader.read_shard(k)
+            # Segments of row r: rows first[r] .. first[r + 1] of docs.npy (sorted by row).
+            first = np.searchsorted(shard.segments[:, 0], np.arange(len(shard.tokens) + 1))
+            self._open[k] = (shard, first)
+            while len(self._open) > self.OPEN_SHARDS:
+                self._open.popitem(last=False)
+        self._open.move_to_end(k)
+        return self._open[k]
 
     def get(self, i: int):
-        """(tokens [seq], starts, hashes) of global row i."""
         k = int(np.searchsorted(self.bounds, i, side="right") - 1)
-        shard, r = self._shard(k), i - int(self.bounds[k])
-        seg = shard.segments[shard.segments[:, 0] == r]
+        (shard, first), r = self._shard(k), i - int(self.bounds[k])
+        seg = shard.segments[first[r]:first[r + 1]]
         return np.asarray(shard.tokens[r]), seg[:, 1].astype(np.int64), seg[:, 2]
+
+
+class StreamingRows:
+    def __init__(self, remote: str, local: Path, cache_limit: str):
+        from pipeline.streaming_compat import import_streaming
+
+        streaming = import_streaming()
+        try:
+            self.dataset = streaming.StreamingDataset(
+                remote=remote, local=str(local), shuffle=False, batch_size=1,
+                cache_limit=cache_limit, keep_zip=False)
+        except (ValueError, FileNotFoundError) as e:
+            raise DataError(f"mosaicml-streaming cannot open {remote} (cache {local}): {e}") \
+                from None
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def get(self, i: int):
+        sample = self.dataset.get_item(int(i))
+        return (sample["tokens"], sample["doc_starts"].astype(np.int64),
+                sample["doc_hashes"])
+
+
+class Windows:
+    """Samples of `seq` tokens cut from rows of `row_seq` (a multiple of seq)."""
+
+    def __init__(self, rows, row_seq: int, seq: int):
+        self.rows, self.k, self.seq = rows, row_seq // seq, seq
+
+    def __len__(self) -> int:
+        return len(self.rows) * self.k
+
+    def get(self, i: int):
+        tokens, starts, hashes = self.rows.get(i // self.k)
+        a = (i % self.k) * self.seq
+        first = int(np.searchsorted(starts, a, side="right")) - 1  # the segment running into a
+        last = int(np.searchsorted(starts, a + self.seq, side="left"))
+        return (tokens[a:a + self.seq], np.maximum(starts[first:last] - a, 0),
+                hashes[first:last])
+
+
+@dataclass
+class Build:
+    manifest: dict
+    fingerprint: str
+    seq: int
+    train: object
+    val: object | None  # None when the build made no val rows
+
+
+def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = None) -> Build:
+    cache.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(location, cache)
+    fingerprint = dataset_fingerprint(manifest)
+    row_seq = manifest["seq"]
+    seq = seq or row_seq
+    if seq < 2 or row_seq % seq:
+        raise DataError(f"--seq {seq}: the build's rows are {row_seq} tokens; use a divisor of "
+                        f"it (at least 2), or rebuild with pack build --seq {seq}")
+    splits = {}
+    for split in ("train", "val"):
+        path = manifest["splits"][split]["path"]
+        if manifest["splits"][split]["rows"] == 0:
+            if split == "train":
+                raise DataError(f"{location}: the train split has no rows")
+            splits[split] = None  # no evaluation
+            continue
+        if manifest["format"] == "mds":
+            remote = location.rstrip("/") + "/" + path if is_remote(location) \
+                else str(Path(location, path).resolve())
+            local = cache / fingerprint / split
+            if not is_remote(location):  # a stale copy of a rewritten local build: start over
+                index = local / "index.json"
+                if index.exists() and index.read_bytes() != (Path(remote) / "index.json") \
+                        .read_bytes():
+                    shutil.rmtree(local)
+            rows = StreamingRows(remote, local, cache_limit)
+        elif is_remote(location):
+            raise DataError(f"{location}: memmap builds are read from local disk; copy it "
+                            "locally or build with --format mds to stream it")
+        else:
+            rows = MemmapRows(Path(location) / path)
+        splits[split] = Windows(rows, row_seq, seq) if seq != row_seq else rows
+    return Build(manifest, fingerprint, seq, splits["train"], splits["val"])

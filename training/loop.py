@@ -1,28 +1,37 @@
-"""The training loop, top to bottom: config -> data -> model -> optimizer -> resume -> steps.
+"""The training loop, top to bottom: processes -> data -> model -> optimizer -> resume -> steps.
 
 Each step's rows come from the global order (sampler.py), so the run is a pure function of the
 config and the shards: N steps straight and K steps + resume + N - K steps give the same losses
-and weights (CPU, fp32). A checkpoint keeps model, optimizers, step, RNG state and the recent
-batch hashes; a resumed run recomputes those hashes from its own order and refuses to go on if
-they differ, and refuses shards whose fingerprint is not the checkpoint's.
+and weights (CPU, fp32), and a resume with another number of processes or per-device batch
+(the same global batch) continues the same order. A checkpoint keeps model, optimizers, grad
+scaler, step, RNG states and the recent batch hashes; a resumed run recomputes those hashes
+from its own order and refuses to go on if they differ, and refuses other shards or --seq.
+
+The models in archs/ draw no random numbers while training (no dropout, no router noise), so
+nothing a rank computes depends on which rank it is or how many there are.
+
+Under torchrun every process runs this same code on its slice of each step (DDP averages the
+gradients); rank 0 logs and saves.
 """
 
 import contextlib
 import dataclasses
-import json
 import math
+import random
 import signal
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import archs
-from training import checkpoint
+from training import checkpoint, distributed
 from training.batch import make_batch
 from training.config import TrainConfig
-from training.data import RowSource, dataset_fingerprint
+from training.data import Build, open_build
+from training.loader import StepBatches, batches, to_device
 from training.metrics import MetricsLog, peak_flops
 from training.optim import make_optimizers, set_lr
 from training.sampler import GlobalOrder, batch_hash
@@ -35,52 +44,70 @@ class TrainingError(Exception):
     pass
 
 
+class LossOf(torch.nn.Module):
+    """model.loss as a module's forward, so that DDP and torch.compile wrap the loss too."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, targets, doc_starts=None) -> dict:
+        return self.model.loss(input_ids, targets, doc_starts)
+
+
 def train(cfg: TrainConfig, resume: str = "auto", log=print,
           stop_at: int | None = None) -> list[dict]:
     """Train to cfg.max_steps, or stop early after step `stop_at` with a checkpoint (what a
-    SIGTERM handler will do; tests use it to interrupt a run)."""
+    SIGTERM handler does; tests use it to interrupt a run). Returns the metrics history."""
+    procs = distributed.start()
+    try:
+        return _train(cfg, resume, log if procs.main else (lambda _: None), stop_at, procs)
+    finally:
+        distributed.stop(procs)
+
+
+def _train(cfg, resume, log, stop_at, procs):
     # -- data -------------------------------------------------------------------------------
-    shards = Path(cfg.shards)
-    manifest = json.loads((shards / "manifest.json").read_text())
-    cfg = resolve_steps(cfg, manifest)
-    fingerprint = dataset_fingerprint(shards)
-    source = RowSource(shards / "train")
-    val = RowSource(shards / "val")
-    order = GlobalOrder(len(source), cfg.batch_size * cfg.grad_accum, cfg.seed, fingerprint)
+    run = Path(cfg.out)
+    build = open_build(cfg.shards, Path(cfg.cache or run / "shard-cache"), cfg.cache_limit,
+                       cfg.seq)
+    cfg = resolve_steps(cfg, build.seq, procs.world)
+    order = GlobalOrder(len(build.train), cfg.batch_size * cfg.grad_accum * procs.world,
+                        cfg.seed, build.fingerprint)
     # -- device and model -----------------------------------------------------------------
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = procs.device
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    torch.manual_seed(cfg.seed)
-    model = archs.build(cfg.model, vocab_size=manifest["tokenizer"]["vocab_size"]).to(device)
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    model = archs.build(cfg.model, vocab_size=build.manifest["tokenizer"]["vocab_size"]).to(device)
     optimizers = make_optimizers(model, cfg)
     # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
-    run = Path(cfg.out)
-    run.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(run, cfg.log, cfg.to_dict())
+    metrics = MetricsLog(run, cfg.log, cfg.to_dict()) if procs.main else None
     step, history = 0, []
     # -- resume -----------------------------------------------------------------------------
     found = checkpoint.load_latest(run) if resume == "auto" else None
     if resume not in ("auto", "never"):
-        found = (torch.load(Path(resume) / "state.pt", weights_only=False), Path(resume))
+        found = checkpoint.load(Path(resume))
     if found:
         state, path = found
-        if state["fingerprint"] != fingerprint:
-            raise TrainingError(f"{path} was trained on other shards (fingerprint "
-                                f"{state['fingerprint']}, these are {fingerprint}); pass "
-                                "--resume never or the original --shards")
-        for step_no, h in state["recent_hashes"]:
-            if batch_hash(order.step_rows(step_no)) != h:
-                raise TrainingError(f"resume check failed: step {step_no} would read other rows "
-                                    "than the checkpointed run did (seed or batch size changed?)")
+        check_resume(state, path, build, order)
         model.load_state_dict(state["model"])
         for opt, s in zip(optimizers, state["optimizers"]):
             opt.load_state_dict(s)
-        torch.set_rng_state(state["torch_rng"])
         scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
         step, history = state["step"], state["history"]
+        if metrics:
+            metrics.truncate(step)  # lines of steps after the checkpoint are written again
         log(f"resumed from {path} at step {step}")
+    net = LossOf(model)
+    ddp = None
+    if procs.world > 1:
+        ddp = net = torch.nn.parallel.DistributedDataParallel(
+            net, device_ids=[device] if device.type == "cuda" else None)
+    if cfg.compile:
+        net = torch.compile(net)
     # -- steps ------------------------------------------------------------------------------
     # SIGINT/SIGTERM: finish the step in hand, save, and return (the CLI exits 0).
     signals = {"stop": False}
@@ -88,24 +115,117 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
     if threading.current_thread() is threading.main_thread():  # handlers live in the main thread
         previous = {sig: signal.signal(sig, lambda *_: signals.__setitem__("stop", True))
                     for sig in (signal.SIGINT, signal.SIGTERM)}
+    data = StepBatches(order, build.train, procs.rank, procs.world, cfg.batch_size,
+                       cfg.grad_accum)
+    stream = iter(batches(data, step, cfg.max_steps, cfg.workers, pin=device.type == "cuda"))
+    peak = peak_flops(device)
+    step_tokens = order.global_batch * (build.seq - 1)
     try:
-        return _steps(cfg, model, optimizers, scaler, order, source, val, run, fingerprint,
-                      step, history, log, stop_at, signals, metrics)
+        while step < cfg.max_steps:
+            t0 = time.perf_counter()
+            lr = lr_at(step, cfg)
+            set_lr(optimizers, lr)
+            total = 0.0
+            for micro in range(cfg.grad_accum):
+                batch = to_device(next(stream), device)
+                # DDP averages gradients on the last micro-step only.
+                sync = ddp is None or micro == cfg.grad_accum - 1
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    with autocast(cfg, device):
+                        out = net(batch["input_ids"], batch["targets"],
+                                  batch["doc_starts"] if cfg.doc_mask else None)
+                    scaler.scale(out["loss"] / cfg.grad_accum).backward()
+                total += out["loss"].item() / cfg.grad_accum
+            total = distributed.mean(total, procs)
+            if not math.isfinite(total):
+                raise TrainingError(f"loss is {total} at step {step}; the last good checkpoint "
+                                    f"is in {run} (resume from it with a lower --lr)")
+            for opt in optimizers:
+                scaler.unscale_(opt)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip or float("inf"))
+            for opt in optimizers:
+                scaler.step(opt)
+                opt.zero_grad(set_to_none=True)
+            scaler.update()
+            seconds = time.perf_counter() - t0
+            record = {"step": step, "loss": total, "lr": lr, "grad_norm": float(norm),
+                      "tokens": (step + 1) * step_tokens, "batch": batch_hash(order.step_rows(step)),
+                      "seconds": seconds, "tokens_per_second": step_tokens / seconds}
+            if peak:
+                flops = model.flops_per_token(build.seq - 1) * step_tokens
+                record["mfu"] = flops / seconds / (peak * procs.world)
+            if device.type == "cuda":
+                record["memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+            if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps:
+                record.update(evaluate(model, build, cfg, procs) or {})
+            history.append(record)
+            if metrics:
+                metrics.write(record)
+            if "console" in cfg.log and (step % cfg.log_every == 0 or "val_loss" in record):
+                log(console_line(record))
+            step += 1
+            stopping = distributed.anyone(signals["stop"], procs) or (
+                stop_at is not None and step >= stop_at)
+            if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
+                if procs.main:
+                    checkpoint.save(run, step, {
+                        "model": model.state_dict(),
+                        "optimizers": [o.state_dict() for o in optimizers],
+                        "scaler": scaler.state_dict(), "rng": rng_state(),
+                        "step": step, "history": history, "fingerprint": build.fingerprint,
+                        "seq": build.seq, "config": cfg.to_dict(),
+                        "recent_hashes": [(h["step"], h["batch"])
+                                          for h in history[-RECENT_HASHES:]]},
+                        cfg.keep_last)
+                distributed.barrier(procs)
+            if stopping:
+                log(f"stopped at step {step}: re-run the same command to resume")
+                break
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    return history
 
 
-def resolve_steps(cfg: TrainConfig, manifest: dict) -> TrainConfig:
+def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1) -> TrainConfig:
     """--total-tokens -> max_steps (tokens per step = global batch x (seq - 1) predictions)."""
     if cfg.total_tokens is not None:
-        per_step = cfg.batch_size * cfg.grad_accum * (manifest["seq"] - 1)
+        per_step = cfg.batch_size * cfg.grad_accum * world * (seq - 1)
         cfg = dataclasses.replace(cfg, max_steps=math.ceil(cfg.total_tokens / per_step),
                                   total_tokens=None)
     if cfg.warmup > cfg.max_steps:
         raise TrainingError(f"--warmup {cfg.warmup} is longer than the run ({cfg.max_steps} "
                             "steps)")
     return cfg
+
+
+def check_resume(state: dict, path: Path, build: Build, order: GlobalOrder) -> None:
+    """Refuse a checkpoint of other shards, another --seq, or another order of rows."""
+    if state["fingerprint"] != build.fingerprint:
+        raise TrainingError(f"{path} was trained on other shards (fingerprint "
+                            f"{state['fingerprint']}, these are {build.fingerprint}); pass "
+                            "--resume never or the original --shards")
+    if state["seq"] != build.seq:
+        raise TrainingError(f"{path} was trained with --seq {state['seq']}, this run has "
+                            f"{build.seq}; pass --seq {state['seq']} or --resume never")
+    for step_no, h in state["recent_hashes"]:
+        if batch_hash(order.step_rows(step_no)) != h:
+            raise TrainingError(f"resume check failed: step {step_no} would read other rows "
+                                "than the checkpointed run did (seed or global batch changed?)")
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def autocast(cfg: TrainConfig, device: torch.device):
@@ -115,94 +235,32 @@ def autocast(cfg: TrainConfig, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
-    pin = device.type == "cuda"
-    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=pin)
-            for k, v in batch.items()}
-
-
-def evaluate(model, val: RowSource, cfg: TrainConfig) -> dict | None:
-    """Mean loss and perplexity over the first eval_batches * batch_size rows of val."""
-    n = min(len(val), cfg.eval_batches * cfg.batch_size)
-    if n == 0:
+def evaluate(model, build: Build, cfg: TrainConfig, procs) -> dict | None:
+    """Mean loss and perplexity over the first eval_batches * batch_size samples of val; the
+    batches are shared out over the processes."""
+    if build.val is None:
         return None
+    n = min(len(build.val), cfg.eval_batches * cfg.batch_size)
+    starts = range(0, n, cfg.batch_size)
     was_training = model.training
     model.eval()
-    losses = []
+    loss_sum = 0.0
     with torch.no_grad():
-        for i in range(0, n, cfg.batch_size):
-            device = next(model.parameters()).device
-            batch = to_device(make_batch([val.get(r)
-                                          for r in range(i, min(i + cfg.batch_size, n))]), device)
-            with autocast(cfg, device):
+        for i in starts[procs.rank::procs.world]:
+            rows = [build.val.get(r) for r in range(i, min(i + cfg.batch_size, n))]
+            batch = to_device(make_batch(rows), procs.device)
+            with autocast(cfg, procs.device):
                 out = model.loss(batch["input_ids"], batch["targets"],
                                  batch["doc_starts"] if cfg.doc_mask else None)
-            losses.append(out["ce"].item())
+            loss_sum += out["ce"].item()
     model.train(was_training)
-    loss = sum(losses) / len(losses)
+    loss = distributed.mean(loss_sum, procs) * procs.world / len(starts)
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
 
 
-def _steps(cfg, model, optimizers, scaler, order, source, val, run, fingerprint, step, history,
-           log, stop_at, signals, metrics):
-    B = cfg.batch_size
-    device = next(model.parameters()).device
-    peak = peak_flops(device)
-    while step < cfg.max_steps:
-        t0 = time.perf_counter()
-        lr = lr_at(step, cfg)
-        set_lr(optimizers, lr)
-        rows = order.step_rows(step)
-        total = 0.0
-        for micro in range(cfg.grad_accum):
-            batch = to_device(make_batch([source.get(int(r))
-                                          for r in rows[micro * B:(micro + 1) * B]]), device)
-            with autocast(cfg, device):
-                out = model.loss(batch["input_ids"], batch["targets"],
-                                 batch["doc_starts"] if cfg.doc_mask else None)
-            scaler.scale(out["loss"] / cfg.grad_accum).backward()
-            total += out["loss"].item() / cfg.grad_accum
-        if not math.isfinite(total):
-            raise TrainingError(f"loss is {total} at step {step}; the last good checkpoint is "
-                                f"in {run} (resume from it with a lower --lr)")
-        for opt in optimizers:
-            scaler.unscale_(opt)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip or float("inf"))
-        for opt in optimizers:
-            scaler.step(opt)
-            opt.zero_grad(set_to_none=True)
-        scaler.update()
-        seconds = time.perf_counter() - t0
-        step_tokens = len(rows) * batch["input_ids"].shape[1]
-        record = {"step": step, "loss": total, "lr": lr, "grad_norm": float(norm),
-                  "tokens": (step + 1) * step_tokens, "batch": batch_hash(rows),
-                  "seconds": seconds, "tokens_per_second": step_tokens / seconds}
-        if peak:
-            flops = model.flops_per_token(batch["input_ids"].shape[1]) * step_tokens
-            record["mfu"] = flops / seconds / peak
-        if device.type == "cuda":
-            record["memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps:
-            record.update(evaluate(model, val, cfg) or {})
-        history.append(record)
-        metrics.write(record)
-        if "console" in cfg.log and (step % cfg.log_every == 0 or "val_loss" in record):
-            extra = f" val {record['val_loss']:.4f}" if "val_loss" in record else ""
-            extra += f" mfu {100 * record['mfu']:.1f}%" if "mfu" in record else ""
-            log(f"step {step:>6} loss {total:.4f} lr {lr:.2e} grad {float(norm):.2f} "
-                f"{record['tokens_per_second']:,.0f} tok/s{extra}")
-        step += 1
-        stopping = signals["stop"] or stop_at is not None and step >= stop_at
-        if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
-            checkpoint.save(run, step, {
-                "model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-                "step": step, "history": history, "torch_rng": torch.get_rng_state(),
-                "scaler": scaler.state_dict(),
-                "fingerprint": fingerprint, "config": cfg.to_dict(),
-                "recent_hashes": [(h["step"], h["batch"]) for h in history[-RECENT_HASHES:]]},
-                cfg.keep_last)
-        if stopping:
-            log(f"stopped at step {step}: re-run the same command to resume")
-            break
-    return history
-
+def console_line(r: dict) -> str:
+    extra = f" val {r['val_loss']:.4f}" if "val_loss" in r else ""
+    extra += f" mfu {100 * r['mfu']:.1f}%" if "mfu" in r else ""
+    extra += f" mem {r['memory_gib']:.1f} GiB" if "memory_gib" in r else ""
+    return (f"step {r['step']:>6} loss {r['loss']:.4f} lr {r['lr']:.2e} grad {r['grad_norm']:.2f} "
+            f"{r['tokens_per_second']:,.0f} tok/s{extra}")

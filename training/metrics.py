@@ -4,6 +4,8 @@
 import json
 from pathlib import Path
 
+from pipeline.atomic import write_bytes
+
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 # Dense bf16 peak FLOP/s by device name, for MFU (vendor datasheets).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -32,6 +34,13 @@ class MetricsLog:
             self.wandb = wandb.init(project="longpack", dir=str(run), config=config,
                                     resume="allow")
 
+    def truncate(self, step: int) -> None:
+        """Keep the lines of steps before `step`: a resumed run writes the later ones again."""
+        if self.path.exists():
+            lines = self.path.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if _step(line) < step]
+            write_bytes(self.path, "".join(kept).encode())
+
     def write(self, record: dict) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
@@ -41,6 +50,13 @@ class MetricsLog:
                 self.tb.add_scalar(k, v, record["step"])
         if self.wandb is not None:
             self.wandb.log(numbers, step=record["step"])
+
+
+def _step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError):  # a line cut short by a crash
+        return float("inf")
 
 
 def peak_flops(device) -> float | None:

@@ -7,7 +7,7 @@ gradient; activations are not counted) and an
 ETA from timing a few probe steps on this device (the first is a warm-up and not counted).
 """
 
-import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,8 +16,9 @@ import torch
 import archs
 from training.batch import make_batch
 from training.config import TrainConfig
-from training.data import RowSource
-from training.loop import autocast, resolve_steps, to_device
+from training.data import open_build
+from training.loader import to_device
+from training.loop import autocast, resolve_steps
 from training.optim import make_optimizers
 
 PROBE_STEPS = 3
@@ -25,12 +26,19 @@ CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy
 
 
 def plan(cfg: TrainConfig) -> dict:
-    manifest = json.loads((Path(cfg.shards) / "manifest.json").read_text())
-    cfg = resolve_steps(cfg, manifest)
-    source = RowSource(Path(cfg.shards) / "train")
+    # The probe reads a few rows; without --cache they go to a temporary one, so a dry run
+    # leaves nothing behind.
+    with tempfile.TemporaryDirectory(prefix="longpack-plan-") as tmp:
+        return _plan(cfg, Path(cfg.cache or tmp))
+
+
+def _plan(cfg: TrainConfig, cache: Path) -> dict:
+    build = open_build(cfg.shards, cache, cfg.cache_limit, cfg.seq)
+    cfg = resolve_steps(cfg, build.seq)
+    source = build.train
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = archs.build(cfg.model, vocab_size=manifest["tokenizer"]["vocab_size"]).to(device)
-    seq = manifest["seq"] - 1
+    model = archs.build(cfg.model, vocab_size=build.manifest["tokenizer"]["vocab_size"]).to(device)
+    seq = build.seq - 1
     rows_per_step = cfg.batch_size * cfg.grad_accum
     tokens_per_step = rows_per_step * seq
     params = model.num_params()

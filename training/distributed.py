@@ -1,0 +1,63 @@
+"""The processes of a `torchrun` launch: rank, world size, device. One process otherwise.
+
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; the process group uses NCCL on GPUs and gloo on
+CPU. Only rank 0 logs and writes checkpoints; every rank reads them.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Processes:
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def start() -> Processes:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return Processes(rank, world, device)
+
+
+def stop(procs: Processes) -> None:
+    if procs.world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def mean(value: float, procs: Processes) -> float:
+    """The mean of a number over all processes."""
+    if procs.world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=procs.device)
+    dist.all_reduce(t)
+    return float(t) / procs.world
+
+
+def anyone(flag: bool, procs: Processes) -> bool:
+    """True on every process if it is true on one (a signal seen by some ranks only)."""
+    if procs.world == 1:
+        return flag
+    t = torch.tensor([int(flag)], device=procs.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t)
+
+
+def barrier(procs: Processes) -> None:
+    if procs.world > 1:
+        dist.barrier()
