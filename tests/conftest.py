@@ -79,3 +79,17 @@ def split_documents(out: Path, split: str, eos_id: int) -> list[np.ndarray]:
     cuts = np.flatnonzero(stream == eos_id) + 1
     assert len(cuts) == 0 or cuts[-1] == len(stream), "stream must end with EOS"
     return np.split(stream, cuts)[:-1]
+
+
+@pytest.fixture
+def shards(tmp_path, byte_tokenizer) -> Path:
+    """A small MDS build for the trainer: 65-token rows, several shards, a val split."""
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])
+    out = tmp_path / "mds"
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
+                      tokenizer=byte_tokenizer, seq=65, val_fraction=0.05,
+                      shard_bytes=65 * 2 * 8), show_progress=False)
+    return out

@@ -7,24 +7,11 @@ import torch
 from click.testing import CliRunner
 
 import archs
-from conftest import make_texts, write_jsonl
-from pipeline.build import build
-from pipeline.config import BuildConfig
 from training import checkpoint
 from training.cli import train as train_cli
 from training.config import TrainConfig
 from training.loop import TrainingError, train
 from training.schedule import lr_at
-
-
-@pytest.fixture
-def shards(tmp_path, byte_tokenizer):
-    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])
-    out = tmp_path / "mds"
-    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
-                      tokenizer=byte_tokenizer, seq=65, val_fraction=0.05,
-                      shard_bytes=65 * 2 * 8), show_progress=False)
-    return out
 
 
 def config(shards, out, **kw):

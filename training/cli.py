@@ -1,5 +1,6 @@
 """`train`: the trainer's command line. Each flag is declared once, here, from TrainConfig."""
 
+import os
 from dataclasses import MISSING, fields
 from typing import get_args
 
@@ -81,7 +82,7 @@ def train(ctx, list_models, config_file, dry_run, resume, **settings):
         history = run_training(cfg, resume=resume, log=click.echo)
     except (ValueError, TrainingError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
-    if history:
+    if history and os.environ.get("RANK", "0") == "0":  # torchrun: the first process speaks
         click.echo(f"done: step {history[-1]['step'] + 1}, loss {history[-1]['loss']:.4f}; "
                    f"checkpoints in {cfg.out}")
 

@@ -110,7 +110,8 @@ class StreamingRows:
                 from None
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        # All rows of the split; len(StreamingDataset) is one rank's share of an epoch.
+        return self.dataset.num_samples
 
     def get(self, i: int):
         sample = self.dataset.get_item(int(i))
