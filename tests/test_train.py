@@ -190,3 +190,36 @@ def test_metrics_jsonl_has_every_step_and_missing_loggers_say_what_to_install(tm
         with pytest.raises(ValueError, match="pip install tensorboard"):
             train(config(shards, tmp_path / "t", max_steps=2, log=("tensorboard",)),
                   log=lambda m: None)
+
+
+def test_loader_workers_do_not_change_the_run(tmp_path, shards):
+    inline = train(config(shards, tmp_path / "a", max_steps=4, workers=0), log=lambda m: None)
+    workers = train(config(shards, tmp_path / "b", max_steps=4, workers=2), log=lambda m: None)
+    assert [h["loss"] for h in inline] == [h["loss"] for h in workers]
+    a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_seq_trains_on_windows_and_a_resume_with_another_seq_is_refused(tmp_path, shards):
+    history = train(config(shards, tmp_path / "r", seq=13, max_steps=3), log=lambda m: None)
+    assert history[-1]["tokens"] == 3 * 4 * 12  # steps x samples x (seq - 1) predictions
+    with pytest.raises(TrainingError, match="trained with --seq 13, this run has 65"):
+        train(config(shards, tmp_path / "r", max_steps=6), log=lambda m: None)
+
+
+def test_metrics_after_a_crash_and_resume_have_each_step_once(tmp_path, shards):
+    run = tmp_path / "r"
+    train(config(shards, run, max_steps=5, workers=0), log=lambda m: None)  # saves at 3 and 5
+    import shutil
+
+    shutil.rmtree(run / "step-00000005")  # as if it crashed after step 5's metrics line
+    train(config(shards, run, max_steps=8, workers=0), log=lambda m: None)  # resumes at 3
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(8))
+
+
+def test_compile_trains_like_eager(tmp_path, shards):
+    eager = train(config(shards, tmp_path / "a", max_steps=2, workers=0), log=lambda m: None)
+    compiled = train(config(shards, tmp_path / "b", max_steps=2, workers=0, compile=True),
+                     log=lambda m: None)
+    assert [h["loss"] for h in compiled] == pytest.approx([h["loss"] for h in eager], rel=1e-4)

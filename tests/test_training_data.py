@@ -1,5 +1,7 @@
 """The trainer's data side so far: the global row order and batches built from real shards."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -9,7 +11,9 @@ from conftest import make_texts, write_jsonl
 from pipeline.build import build
 from pipeline.config import BuildConfig
 from pipeline.shards import open_split
+from pipeline.streaming_compat import import_streaming
 from training.batch import make_batch
+from training.data import DataError, MemmapRows, StreamingRows, open_build
 from training.sampler import GlobalOrder, batch_hash
 
 
@@ -65,3 +69,81 @@ def test_batches_from_a_real_build_feed_a_model(tmp_path, byte_tokenizer):
     model = archs.build("neox-tiny", vocab_size=50257)
     loss = model.loss(x, y, starts)["loss"]
     assert torch.isfinite(loss)
+
+
+def _build(tmp_path, tokenizer, fmt, seq=64, val=0.1):
+    if not (tmp_path / "d.jsonl").exists():
+        write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(120)])
+    out = tmp_path / fmt
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
+                      tokenizer=tokenizer, seq=seq, val_fraction=val, format=fmt,
+                      shard_bytes=seq * 2 * 8), show_progress=False)
+    return out
+
+
+def _same_rows(a, b):
+    assert len(a) == len(b) > 0
+    for i in range(len(a)):
+        for x, y in zip(a.get(i), b.get(i)):
+            assert np.array_equal(np.asarray(x), np.asarray(y)), i
+
+
+def test_mds_through_streaming_and_memmap_give_the_rows_the_build_wrote(tmp_path, byte_tokenizer):
+    mds, memmap = (_build(tmp_path, byte_tokenizer, f) for f in ("mds", "memmap"))
+    a = open_build(str(mds), tmp_path / "cache", "1gb")
+    b = open_build(str(memmap), tmp_path / "unused", "1gb")
+    assert isinstance(a.train, StreamingRows) and isinstance(b.train, MemmapRows)
+    _same_rows(a.train, b.train)
+    _same_rows(a.val, b.val)
+    written = list(open_split(mds / "train").rows())  # pipeline's own reader
+    assert all(np.array_equal(written[i][0], a.train.get(i)[0]) for i in range(len(written)))
+    assert not list(mds.rglob("*.mds"))  # the build dir is not written to: only .mds.zstd
+
+
+def test_seq_windows_cut_rows_and_keep_document_starts(tmp_path, byte_tokenizer):
+    out = _build(tmp_path, byte_tokenizer, "memmap")
+    rows = open_build(str(out), tmp_path / "c", "1gb").train
+    windows = open_build(str(out), tmp_path / "c", "1gb", seq=16).train
+    assert len(windows) == 4 * len(rows)
+    for i in range(len(rows)):
+        tokens, starts, hashes = rows.get(i)
+        cover = np.searchsorted(starts, np.arange(64), side="right") - 1  # segment of each token
+        for j in range(4):
+            w_tokens, w_starts, w_hashes = windows.get(4 * i + j)
+            assert np.array_equal(w_tokens, tokens[16 * j:16 * j + 16])
+            w_cover = np.searchsorted(w_starts, np.arange(16), side="right") - 1
+            assert w_starts[0] == 0
+            assert np.array_equal(w_hashes[w_cover], hashes[cover[16 * j:16 * j + 16]])
+    with pytest.raises(DataError, match="--seq 24: .* 64 tokens; use a divisor"):
+        open_build(str(out), tmp_path / "c", "1gb", seq=24)
+
+
+def test_a_remote_build_streams_into_a_bounded_cache(tmp_path, byte_tokenizer, monkeypatch):
+    import_streaming()
+    from streaming.base.storage.download import DOWNLOADER_MAPPINGS, LocalDownloader
+
+    class TestStore(LocalDownloader):
+        """A stand-in for a cloud store: testfs:///path is the local /path."""
+
+        def _validate_remote_path(self, remote):
+            pass
+
+        def _download_file_impl(self, remote, local, timeout):
+            super()._download_file_impl(remote.removeprefix("testfs://"), local, timeout)
+
+    mds = _build(tmp_path, byte_tokenizer, "mds", val=0.0)
+    monkeypatch.setitem(DOWNLOADER_MAPPINGS, "testfs", TestStore)
+    index = mds / "train/index.json"
+    shards = json.loads(index.read_text())["shards"]
+    # streaming counts the index and, while decompressing, both forms of a shard
+    limit = index.stat().st_size + 3 * max(e["raw_data"]["bytes"] + e["zip_data"]["bytes"]
+                                           for e in shards)
+    remote = open_build(f"testfs://{mds}", tmp_path / "cache", str(limit))
+    local = open_build(str(mds), tmp_path / "cache2", "1gb")
+    assert remote.val is None
+    _same_rows(remote.train, local.train)
+    cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in cached if p.name != "manifest.json") <= limit
+    assert 0 < len([p for p in cached if p.name.endswith(".mds")]) < len(shards) / 4  # evicted
+    with pytest.raises(DataError, match="cannot fetch testfs:///nowhere/manifest.json"):
+        open_build("testfs:///nowhere", tmp_path / "cache3", "1gb")
