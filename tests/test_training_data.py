@@ -1,6 +1,7 @@
 """The trainer's data side so far: the global row order and batches built from real shards."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from pipeline.shards import open_split
 from pipeline.streaming_compat import import_streaming
 from training.batch import make_batch
 from training.data import DataError, MemmapRows, StreamingRows, open_build
+from training.loader import LoaderError, StepBatches, batches
 from training.sampler import GlobalOrder, batch_hash
 
 
@@ -147,3 +149,47 @@ def test_a_remote_build_streams_into_a_bounded_cache(tmp_path, byte_tokenizer, m
     assert 0 < len([p for p in cached if p.name.endswith(".mds")]) < len(shards) / 4  # evicted
     with pytest.raises(DataError, match="cannot fetch testfs:///nowhere/manifest.json"):
         open_build("testfs:///nowhere", tmp_path / "cache3", "1gb")
+
+
+def _shm_segments():
+    return {p.name for p in Path("/dev/shm").iterdir()} if Path("/dev/shm").is_dir() else set()
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "mds"])
+def test_worker_processes_deliver_what_the_trainer_would_build_in_order(tmp_path, byte_tokenizer,
+                                                                        fmt):
+    b = open_build(str(_build(tmp_path, byte_tokenizer, fmt)), tmp_path / "cache", "1gb")
+    order = GlobalOrder(len(b.train), global_batch=6, seed=0, fingerprint=b.fingerprint)
+    data = StepBatches(order, b.train, rank=1, world=2, batch_size=1, grad_accum=3)
+    before = _shm_segments()
+    expected = [data[k] for k in range(5 * 3, 40 * 3)]  # steps 5..39, in this process
+    got = [{k: np.array(v) for k, v in batch.items()} for batch in batches(data, 5, 40, 2)]
+    assert len(got) == len(expected)
+    for a, e in zip(got, expected):
+        assert all(np.array_equal(a[k], e[k]) for k in e)
+    stream = batches(data, 0, 40, 3)
+    next(stream)
+    stream.close()  # a trainer that stops early: workers and shared memory go away
+    assert _shm_segments() == before
+
+
+class _BadRows:
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self):
+        return len(self.rows)
+
+    def get(self, i):
+        if i == 7:
+            raise ValueError("row 7 is unreadable")
+        return self.rows.get(i)
+
+
+def test_a_failing_worker_names_the_batch_and_the_cause(tmp_path, byte_tokenizer):
+    b = open_build(str(_build(tmp_path, byte_tokenizer, "memmap")), tmp_path / "c", "1gb")
+    order = GlobalOrder(len(b.train), global_batch=len(b.train), seed=0, fingerprint="f")
+    data = StepBatches(order, _BadRows(b.train), rank=0, world=1, batch_size=4,
+                       grad_accum=len(b.train) // 4)
+    with pytest.raises(LoaderError, match="(?s)failed on micro-batch .*row 7 is unreadable"):
+        list(batches(data, 0, 1, 2))

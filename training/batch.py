@@ -6,6 +6,12 @@ docs/FORMAT.md) are -100, ignored by the loss. doc_starts is the row's segment s
 seq - 1, padded with -1 to the batch's widest row: the archs/ convention (first start 0).
 The token after an EOS stays a target: it is predicted from the ending document alone, since
 attention never crosses the boundary.
+
+Two halves, because a loader worker sends its batch to the trainer through a pipe: `collate`
+(in the worker) keeps the tokens in the build's dtype and says where padding starts, a few
+small numpy arrays that pickle fast (torch tensors would each take a shared-memory segment,
+which costs more than the whole batch at these sizes); `model_inputs` (in the trainer) widens
+them to the int64 tensors the model takes.
 """
 
 import numpy as np
@@ -13,20 +19,55 @@ import torch
 
 from pipeline.split import PAD_HASH
 
+CPU = torch.device("cpu")
 
-def make_batch(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> dict:
-    """rows: (tokens [seq], starts, hashes or None) as pipeline.shards.SplitReader gives them."""
-    tokens = torch.from_numpy(np.stack([np.asarray(t, dtype=np.int64) for t, _, _ in rows]))
-    input_ids, targets = tokens[:, :-1].clone(), tokens[:, 1:].clone()
-    T = input_ids.shape[1]
+
+def collate(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+            out: np.ndarray | None = None) -> dict:
+    """rows: (tokens [seq], starts, hashes or None) as training/data.py gives them; the tokens
+    are stacked into `out` when given (a loader worker's shared-memory slot)."""
+    tokens = np.stack([t for t, _, _ in rows], out=out)
+    T = tokens.shape[1] - 1
+    pad_from = np.full(len(rows), T, dtype=np.int64)  # first target index that is padding
     starts = []
     for b, (_, s, h) in enumerate(rows):
-        s = np.asarray(s, dtype=np.int64)
         if h is not None and len(h) and h[-1] == PAD_HASH:
-            targets[b, max(int(s[-1]) - 1, 0):] = -100  # predicting padding teaches nothing
+            pad_from[b] = max(int(s[-1]) - 1, 0)  # predicting padding teaches nothing
         starts.append(s[s < T])
-    width = max(len(s) for s in starts)
-    doc_starts = torch.full((len(rows), width), -1, dtype=torch.long)
+    doc_starts = np.full((len(rows), max(len(s) for s in starts)), -1, dtype=np.int64)
     for b, s in enumerate(starts):
-        doc_starts[b, : len(s)] = torch.from_numpy(s)
+        doc_starts[b, :len(s)] = s
+    return {"tokens": tokens, "pad_from": pad_from, "doc_starts": doc_starts}
+
+
+def model_inputs(batch: dict, device: torch.device = CPU) -> dict:
+    """collate's arrays -> int64 tensors on `device`. The tokens travel in their stored width and
+    are widened there (on a GPU: a quarter of the bytes over the bus for uint16 tokens)."""
+    tokens = batch["tokens"]
+    if tokens.dtype.kind == "u" and tokens.dtype.itemsize > 1:
+        # torch's unsigned 16/32-bit types have few kernels: move the same bytes as signed
+        # integers, then undo the sign extension after widening.
+        tokens = tokens.view(tokens.dtype.str.replace("u", "i"))
+        mask = (1 << 8 * tokens.dtype.itemsize) - 1
+    else:
+        mask = None
+    moved = [_to(torch.from_numpy(a), device)
+             for a in (tokens, batch["pad_from"], batch["doc_starts"])]
+    tokens, pad_from, doc_starts = moved
+    tokens = tokens.long()
+    if mask is not None:
+        tokens &= mask
+    input_ids, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].clone()
+    padding = torch.arange(targets.shape[1], device=device) >= pad_from[:, None]
+    targets.masked_fill_(padding, -100)
     return {"input_ids": input_ids, "targets": targets, "doc_starts": doc_starts}
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)  # pinned: the copy does not block
+
+
+def make_batch(rows: list, device: torch.device = CPU) -> dict:
+    return model_inputs(collate(rows), device)

@@ -16,9 +16,12 @@ Rows come as (tokens [seq], starts, hashes): segment starts (first 0) and docume
 (0 = padding), what training/batch.py turns into a model's batch.
 """
 
+import bisect
 import hashlib
+import itertools
 import json
 import shutil
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,28 +75,33 @@ class MemmapRows:
     def __init__(self, split_dir: Path):
         self.reader = SplitReader(split_dir)
         counts = [self.reader.rows_in_shard(k) for k in range(len(self.reader.shard_files()))]
-        self.bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.bounds = [0, *itertools.accumulate(counts)]
         self._open: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()  # the loader's threads share the open shards
 
     def __len__(self) -> int:
-        return int(self.bounds[-1])
+        return self.bounds[-1]
 
     def _shard(self, k: int):
-        if k not in self._open:
+        with self._lock:
+            if k in self._open:
+                self._open.move_to_end(k)
+                return self._open[k]
             shard = self.reader.read_shard(k)
+            # Plain ndarray views of the maps: np.memmap's own indexing costs microseconds a row.
+            tokens, segments = np.asarray(shard.tokens), np.asarray(shard.segments)
             # Segments of row r: rows first[r] .. first[r + 1] of docs.npy (sorted by row).
-            first = np.searchsorted(shard.segments[:, 0], np.arange(len(shard.tokens) + 1))
-            self._open[k] = (shard, first)
+            first = np.searchsorted(segments[:, 0], np.arange(len(tokens) + 1))
+            self._open[k] = (tokens, segments, first)
             while len(self._open) > self.OPEN_SHARDS:
                 self._open.popitem(last=False)
-        self._open.move_to_end(k)
-        return self._open[k]
+            return tokens, segments, first
 
     def get(self, i: int):
-        k = int(np.searchsorted(self.bounds, i, side="right") - 1)
-        (shard, first), r = self._shard(k), i - int(self.bounds[k])
-        seg = shard.segments[first[r]:first[r + 1]]
-        return np.asarray(shard.tokens[r]), seg[:, 1].astype(np.int64), seg[:, 2]
+        k = bisect.bisect_right(self.bounds, i) - 1
+        (tokens, segments, first), r = self._shard(k), i - self.bounds[k]
+        seg = segments[first[r]:first[r + 1]]
+        return tokens[r], seg[:, 1].astype(np.int64), seg[:, 2]
 
 
 class StreamingRows:

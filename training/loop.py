@@ -28,10 +28,10 @@ import torch
 
 import archs
 from training import checkpoint, distributed
-from training.batch import make_batch
+from training.batch import make_batch, model_inputs
 from training.config import TrainConfig
 from training.data import Build, open_build
-from training.loader import StepBatches, batches, to_device
+from training.loader import StepBatches, batches
 from training.metrics import MetricsLog, peak_flops
 from training.optim import make_optimizers, set_lr
 from training.sampler import GlobalOrder, batch_hash
@@ -117,7 +117,7 @@ def _train(cfg, resume, log, stop_at, procs):
                     for sig in (signal.SIGINT, signal.SIGTERM)}
     data = StepBatches(order, build.train, procs.rank, procs.world, cfg.batch_size,
                        cfg.grad_accum)
-    stream = iter(batches(data, step, cfg.max_steps, cfg.workers, pin=device.type == "cuda"))
+    stream = iter(batches(data, step, cfg.max_steps, cfg.workers))
     peak = peak_flops(device)
     step_tokens = order.global_batch * (build.seq - 1)
     try:
@@ -127,7 +127,7 @@ def _train(cfg, resume, log, stop_at, procs):
             set_lr(optimizers, lr)
             total = 0.0
             for micro in range(cfg.grad_accum):
-                batch = to_device(next(stream), device)
+                batch = model_inputs(next(stream), device)
                 # DDP averages gradients on the last micro-step only.
                 sync = ddp is None or micro == cfg.grad_accum - 1
                 with contextlib.nullcontext() if sync else ddp.no_sync():
@@ -248,7 +248,7 @@ def evaluate(model, build: Build, cfg: TrainConfig, procs) -> dict | None:
     with torch.no_grad():
         for i in starts[procs.rank::procs.world]:
             rows = [build.val.get(r) for r in range(i, min(i + cfg.batch_size, n))]
-            batch = to_device(make_batch(rows), procs.device)
+            batch = make_batch(rows, procs.device)
             with autocast(cfg, procs.device):
                 out = model.loss(batch["input_ids"], batch["targets"],
                                  batch["doc_starts"] if cfg.doc_mask else None)

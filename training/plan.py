@@ -17,7 +17,6 @@ import archs
 from training.batch import make_batch
 from training.config import TrainConfig
 from training.data import open_build
-from training.loader import to_device
 from training.loop import autocast, resolve_steps
 from training.optim import make_optimizers
 
@@ -44,8 +43,7 @@ def _plan(cfg: TrainConfig, cache: Path) -> dict:
     params = model.num_params()
     active = model.active_params() if hasattr(model, "active_params") else params
     optimizers = make_optimizers(model, cfg)
-    batch = to_device(make_batch([source.get(i % len(source))
-                                  for i in range(cfg.batch_size)]), device)
+    batch = make_batch([source.get(i % len(source)) for i in range(cfg.batch_size)], device)
     times = []
     for _ in range(PROBE_STEPS + 1):
         if device.type == "cuda":
