@@ -152,3 +152,20 @@ def test_damaged_real_files_are_counted_and_the_rest_is_kept(tmp_path, shared):
     with pytest.raises(Exception, match=r"cc_en_head-0091\.jsonl\.gz, line \d+: truncated_file"):
         build(BuildConfig(out=str(tmp_path / "o2"), dataset="dolma", tokenizer=gpt2(shared),
                           inputs=(str(gz),), seq=4096, on_error="fail"), show_progress=False)
+
+
+def test_loss_falls_training_on_the_real_corpus(tmp_path, shared):
+    from training.config import TrainConfig
+    from training.loop import train
+
+    out = tmp_path / "mds"
+    build(BuildConfig(out=str(out), dataset="fineweb-edu",
+                      inputs=(str(shared / "data/fineweb-edu-sample"),),
+                      tokenizer=gpt2(shared), seq=129, val_fraction=0.05,
+                      max_tokens=300_000), show_progress=False)
+    history = train(TrainConfig(shards=str(out), model="neox-tiny", out=str(tmp_path / "run"),
+                                batch_size=8, max_steps=40, warmup=5, lr=3e-3, save_every=40,
+                                eval_every=40, eval_batches=2), log=lambda m: None)
+    first, last = history[0]["loss"], sum(h["loss"] for h in history[-5:]) / 5
+    assert first > 10 and last < 0.75 * first  # from ln(50257) ~ 10.8 towards English text
+    assert history[-1]["val_loss"] < 0.8 * first

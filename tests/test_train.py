@@ -223,3 +223,27 @@ def test_compile_trains_like_eager(tmp_path, shards):
     compiled = train(config(shards, tmp_path / "b", max_steps=2, workers=0, compile=True),
                      log=lambda m: None)
     assert [h["loss"] for h in compiled] == pytest.approx([h["loss"] for h in eager], rel=1e-4)
+
+
+def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(tmp_path, shards, monkeypatch):
+    import training.loop
+
+    real_build = archs.build
+
+    def build_failing_at_step_4(*args, **kw):
+        model = real_build(*args, **kw)
+        real_loss, calls = model.loss, []
+
+        def loss(*a, **k):
+            out = real_loss(*a, **k)
+            calls.append(1)
+            return {**out, "loss": out["loss"] * float("nan")} if len(calls) == 5 else out
+        model.loss = loss
+        return model
+
+    monkeypatch.setattr(training.loop.archs, "build", build_failing_at_step_4)
+    run = tmp_path / "r"
+    with pytest.raises(TrainingError, match=f"loss is nan at step 4; the last good checkpoint is "
+                                            f"in {run}"):
+        train(config(shards, run, save_every=2, workers=0), log=lambda m: None)
+    assert checkpoint.load_latest(run)[0]["step"] == 4  # steps 0-3, saved before the bad one

@@ -43,21 +43,46 @@ def our_cpu() -> float:
 
 
 def describe_checkout() -> str:
-    """The commit and whether pipeline/ has local changes: the code that was measured."""
+    """The commit and whether the code has local changes: what was measured."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                               capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "pipeline"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "pipeline", "training", "archs",
+                                "tools"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "not a git checkout"
-    return f"{head}{' + local changes in pipeline/' if dirty else ''}"
+    return f"{head}{' + local changes' if dirty else ''}"
 
 
 def pack_executable() -> str:
     """The `pack` script beside this interpreter (the project venv), else the one on PATH."""
     here = Path(sys.executable).parent / "pack"
     return str(here) if here.exists() else (shutil.which("pack") or "pack")
+
+
+SHARED = ROOT.parent / "shared"
+
+
+def build_shared_corpus(work: Path, seq: int, formats=("mds", "memmap")) -> dict[str, Path]:
+    """The shared FineWeb-Edu sample, gpt2.tiktoken, rows of `seq`, no val split, per format
+    (kept in `work` and reused when already built)."""
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    tokenizer = SHARED / "tokenizers/gpt2.tiktoken"
+    data = SHARED / "data/fineweb-edu-sample"
+    if not tokenizer.exists() or not data.is_dir():
+        sys.exit(f"needs the shared corpus and tokenizer at {SHARED}")
+    outs = {}
+    for fmt in formats:
+        out = work / f"{fmt}-{seq}"
+        if not (out / "manifest.json").exists():
+            build(BuildConfig(out=str(out), dataset="fineweb-edu", inputs=(str(data),),
+                              tokenizer=str(tokenizer), seq=seq, val_fraction=0.0, format=fmt),
+                  show_progress=False)
+        outs[fmt] = out
+    return outs
 
 
 def verdict(ok: bool) -> str:

@@ -38,28 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench_common import ROOT, CpuWatch, describe_checkout, verdict  # noqa: E402
-
-SHARED = ROOT.parent / "shared"
-
-
-def build_corpus(work: Path, seq: int) -> dict[str, Path]:
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
-
-    tokenizer = SHARED / "tokenizers/gpt2.tiktoken"
-    data = SHARED / "data/fineweb-edu-sample"
-    if not tokenizer.exists() or not data.is_dir():
-        sys.exit(f"needs the shared corpus and tokenizer at {SHARED}")
-    outs = {}
-    for fmt in ("mds", "memmap"):
-        out = work / fmt
-        if not (out / "manifest.json").exists():
-            build(BuildConfig(out=str(out), dataset="fineweb-edu", inputs=(str(data),),
-                              tokenizer=str(tokenizer), seq=seq, val_fraction=0.0, format=fmt),
-                  show_progress=False)
-        outs[fmt] = out
-    return outs
+from tools.bench_common import CpuWatch, build_shared_corpus, describe_checkout, verdict  # noqa: E402
 
 
 def timed(run) -> tuple[float, int, float]:
@@ -132,7 +111,7 @@ def main():
     from training.data import open_build
     from training.sampler import GlobalOrder
 
-    outs = build_corpus(work, args.seq)
+    outs = build_shared_corpus(work, args.seq)
     mds = open_build(str(outs["mds"]), work / "cache-loader", "100gb")
     memmap = open_build(str(outs["memmap"]), work / "unused", "100gb")
     n = len(memmap.train)

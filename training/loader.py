@@ -92,7 +92,7 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
             if slot < 0:
                 raise LoaderError(f"loader worker {w} failed on micro-batch {items[i]}:\n"
                                   f"{message[16:].decode()}")
-            small = np.frombuffer(message, np.int64, offset=16)
+            small = np.frombuffer(message, np.int64, offset=16).copy()  # writable, as torch wants
             view = np.ndarray(shape, dtype, buffer=memory[w].buf, offset=int(slot) * slot_bytes)
             previous = (w, int(slot))
             yield {"tokens": view, "pad_from": small[:shape[0]],

@@ -83,6 +83,7 @@ def _train(cfg, resume, log, stop_at, procs):
     optimizers = make_optimizers(model, cfg)
     # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+    run.mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(run, cfg.log, cfg.to_dict()) if procs.main else None
     step, history = 0, []
     # -- resume -----------------------------------------------------------------------------
@@ -125,9 +126,11 @@ def _train(cfg, resume, log, stop_at, procs):
             t0 = time.perf_counter()
             lr = lr_at(step, cfg)
             set_lr(optimizers, lr)
-            total = 0.0
+            total, waited = 0.0, 0.0
             for micro in range(cfg.grad_accum):
+                t_data = time.perf_counter()
                 batch = model_inputs(next(stream), device)
+                waited += time.perf_counter() - t_data
                 # DDP averages gradients on the last micro-step only.
                 sync = ddp is None or micro == cfg.grad_accum - 1
                 with contextlib.nullcontext() if sync else ddp.no_sync():
@@ -150,7 +153,8 @@ def _train(cfg, resume, log, stop_at, procs):
             seconds = time.perf_counter() - t0
             record = {"step": step, "loss": total, "lr": lr, "grad_norm": float(norm),
                       "tokens": (step + 1) * step_tokens, "batch": batch_hash(order.step_rows(step)),
-                      "seconds": seconds, "tokens_per_second": step_tokens / seconds}
+                      "seconds": seconds, "data_seconds": waited,
+                      "tokens_per_second": step_tokens / seconds}
             if peak:
                 flops = model.flops_per_token(build.seq - 1) * step_tokens
                 record["mfu"] = flops / seconds / (peak * procs.world)
