@@ -25,7 +25,7 @@ Targets: memmap loader >= 0.8 x raw; MDS loader >= 1.0 x plain StreamingDataset.
 table with PASS/FAIL and exits 0 whatever the figures are: a measuring tool, not a test.
 
     .venv/bin/python tools/bench_loader.py [--work DIR] [--seq 2048] [--batch 8] [--workers 2]
-                                           [--epochs 5] [--repeat 3]
+                                           [--epochs 20] [--repeat 3]
 """
 
 import argparse
@@ -102,7 +102,7 @@ def main():
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="bench_loader."))

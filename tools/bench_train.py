@@ -51,8 +51,9 @@ def run(cfg, synthetic: bool) -> list[dict]:
     real_batches = loop.batches
     if synthetic:
         def prebuilt(dataset, start, end, workers):
-            return iter([dataset[k] for k in range(start * dataset.grad_accum,
-                                                     end * dataset.grad_accum)])
+            ready = [dataset[k] for k in range(start * dataset.grad_accum,
+                                               end * dataset.grad_accum)]
+            yield from ready
         loop.batches = prebuilt
     try:
         return loop.train(cfg, resume="never", log=lambda _: None)

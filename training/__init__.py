@@ -1,6 +1,11 @@
-"""longpack's trainer over packed shards (issue 5, in progress).
+"""longpack's trainer over packed shards (docs/TRAIN.md).
 
-So far: sampler.py (the global row order: deterministic, elastic, O(1) positioning, batch
-hashes) and batch.py (rows -> input_ids, targets, doc_starts). Still to come: config, loader
-workers, the loop, optimizers, checkpoints, metrics (see the issue).
+    cli.py         `train`: flags generated from config.TrainConfig, --config, --dry-run
+    loop.py        the loop, top to bottom: processes, data, model, resume, steps, checkpoints
+    data.py        a build's rows: memmap, or MDS through mosaicml-streaming (local or remote)
+    sampler.py     the global order of rows: (seed, epoch, fingerprint) -> rows of step s
+    loader.py      micro-batches of this rank, built ahead by worker processes
+    batch.py       rows -> input_ids, targets, doc_starts on the device
+    distributed.py torchrun's processes (DDP), one process otherwise
+    optim.py, schedule.py, checkpoint.py, metrics.py, plan.py (--dry-run)
 """

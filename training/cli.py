@@ -52,7 +52,7 @@ def _config_options(func):
 @click.version_option(package_name="longpack")
 @click.pass_context
 def train(ctx, list_models, config_file, dry_run, resume, **settings):
-    """Train a model from archs/ on shards written by `pack build` (issue 5, in progress)."""
+    """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
     if list_models:
         import runpy
 

@@ -7,6 +7,7 @@ gradient; activations are not counted) and an
 ETA from timing a few probe steps on this device (the first is a warm-up and not counted).
 """
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,12 +34,13 @@ def plan(cfg: TrainConfig) -> dict:
 
 def _plan(cfg: TrainConfig, cache: Path) -> dict:
     build = open_build(cfg.shards, cache, cfg.cache_limit, cfg.seq)
-    cfg = resolve_steps(cfg, build.seq)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun: the global batch is larger
+    cfg = resolve_steps(cfg, build.seq, world)
     source = build.train
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = archs.build(cfg.model, vocab_size=build.manifest["tokenizer"]["vocab_size"]).to(device)
     seq = build.seq - 1
-    rows_per_step = cfg.batch_size * cfg.grad_accum
+    rows_per_step = cfg.batch_size * cfg.grad_accum * world
     tokens_per_step = rows_per_step * seq
     params = model.num_params()
     active = model.active_params() if hasattr(model, "active_params") else params
