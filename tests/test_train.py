@@ -216,6 +216,19 @@ def test_metrics_after_a_crash_and_resume_have_each_step_once(tmp_path, shards):
     train(config(shards, run, max_steps=8, workers=0), log=lambda m: None)  # resumes at 3
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(8))
+    train(config(shards, run, max_steps=4, workers=0), resume="never", log=lambda m: None)
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(4))  # a fresh start in the same --out starts the file again
+
+
+def test_bad_data_settings_are_one_line_errors_not_tracebacks(tmp_path, shards):
+    r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(tmp_path / "r"),
+                                       "--seq", "24"])
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "Error: --seq 24: the build's rows are 65 tokens; use a divisor" in r.output
+    r = CliRunner().invoke(train_cli, ["--shards", str(tmp_path / "nowhere"), "--out",
+                                       str(tmp_path / "r")])
+    assert r.exit_code == 1 and "manifest.json not found" in r.output
 
 
 def test_compile_trains_like_eager(tmp_path, shards):

@@ -89,7 +89,7 @@ def plain_streaming(out: Path, cache: Path, epochs: int, batch: int, workers: in
         return torch.from_numpy(np.stack([s["tokens"] for s in samples]))
 
     loader = DataLoader(dataset, batch_size=batch, num_workers=workers, collate_fn=collate,
-                        persistent_workers=False)
+                        persistent_workers=True)  # as ours: workers start once per run
 
     def run(n=epochs):
         return sum(len(b) for _ in range(n) for b in loader)

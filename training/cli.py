@@ -1,6 +1,5 @@
 """`train`: the trainer's command line. Each flag is declared once, here, from TrainConfig."""
 
-import os
 from dataclasses import MISSING, fields
 from typing import get_args
 
@@ -58,7 +57,8 @@ def train(ctx, list_models, config_file, dry_run, resume, **settings):
 
         runpy.run_module("archs", run_name="__main__")
         return
-    from training.loop import TrainingError
+    from pipeline.errors import LongpackError
+    from training import distributed
     from training.loop import train as run_training
 
     if config_file:
@@ -77,12 +77,14 @@ def train(ctx, list_models, config_file, dry_run, resume, **settings):
         if dry_run:
             from training.plan import plan, render
 
-            click.echo(render(plan(cfg)))
+            report = render(plan(cfg))
+            if distributed.launched().main:  # torchrun: the first process speaks
+                click.echo(report)
             return
         history = run_training(cfg, resume=resume, log=click.echo)
-    except (ValueError, TrainingError, FileNotFoundError) as e:
+    except (ValueError, LongpackError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
-    if history and os.environ.get("RANK", "0") == "0":  # torchrun: the first process speaks
+    if history and distributed.launched().main:
         click.echo(f"done: step {history[-1]['step'] + 1}, loss {history[-1]['loss']:.4f}; "
                    f"checkpoints in {cfg.out}")
 

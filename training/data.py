@@ -20,18 +20,18 @@ import bisect
 import hashlib
 import itertools
 import json
-import shutil
-import threading
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.errors import LongpackError
 from pipeline.shards import SplitReader
 
 
-class DataError(Exception):
+class DataError(LongpackError):
     pass
 
 
@@ -50,14 +50,17 @@ def read_manifest(location: str, cache: Path) -> dict:
     if is_remote(location):
         from streaming.base.storage import CloudDownloader
 
-        local = cache / "manifest.json"
-        local.unlink(missing_ok=True)  # always the remote's current one
+        # Always the remote's current one, under a name of this process's own (under torchrun
+        # every rank fetches it at once).
+        local = cache / f"manifest.{os.getpid()}.json"
         try:
             CloudDownloader.direct_download(location.rstrip("/") + "/manifest.json", str(local))
+            return json.loads(local.read_text())
         except Exception as e:  # the cloud clients raise many kinds
             raise DataError(f"cannot fetch {location}/manifest.json ({type(e).__name__}: {e}); "
                             "check the URL and credentials, or copy the build locally") from None
-        path = local
+        finally:
+            local.unlink(missing_ok=True)
     else:
         path = Path(location) / "manifest.json"
         if not path.is_file():
@@ -67,35 +70,33 @@ def read_manifest(location: str, cache: Path) -> dict:
 
 
 class MemmapRows:
-    """Rows of local memmap shards; the OPEN_SHARDS most recently used stay mapped (a file
-    descriptor each), so a build of any number of shards stays under the open-file limit."""
+    """Rows of local memmap shards; the OPEN_SHARDS most recently used stay mapped (two file
+    descriptors each), so a build of any number of shards stays under the open-file limit."""
 
-    OPEN_SHARDS = 64
+    OPEN_SHARDS = 256
 
     def __init__(self, split_dir: Path):
         self.reader = SplitReader(split_dir)
         counts = [self.reader.rows_in_shard(k) for k in range(len(self.reader.shard_files()))]
         self.bounds = [0, *itertools.accumulate(counts)]
         self._open: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()  # the loader's threads share the open shards
 
     def __len__(self) -> int:
         return self.bounds[-1]
 
     def _shard(self, k: int):
-        with self._lock:
-            if k in self._open:
-                self._open.move_to_end(k)
-                return self._open[k]
-            shard = self.reader.read_shard(k)
-            # Plain ndarray views of the maps: np.memmap's own indexing costs microseconds a row.
-            tokens, segments = np.asarray(shard.tokens), np.asarray(shard.segments)
-            # Segments of row r: rows first[r] .. first[r + 1] of docs.npy (sorted by row).
-            first = np.searchsorted(segments[:, 0], np.arange(len(tokens) + 1))
-            self._open[k] = (tokens, segments, first)
-            while len(self._open) > self.OPEN_SHARDS:
-                self._open.popitem(last=False)
-            return tokens, segments, first
+        if k in self._open:
+            self._open.move_to_end(k)
+            return self._open[k]
+        shard = self.reader.read_shard(k)
+        # Plain ndarray views of the maps: np.memmap's own indexing costs microseconds a row.
+        tokens, segments = np.asarray(shard.tokens), np.asarray(shard.segments)
+        # Segments of row r: rows first[r] .. first[r + 1] of docs.npy (sorted by row).
+        first = np.searchsorted(segments[:, 0], np.arange(len(tokens) + 1))
+        self._open[k] = (tokens, segments, first)
+        while len(self._open) > self.OPEN_SHARDS:
+            self._open.popitem(last=False)
+        return tokens, segments, first
 
     def get(self, i: int):
         k = bisect.bisect_right(self.bounds, i) - 1
@@ -174,13 +175,7 @@ def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = N
         if manifest["format"] == "mds":
             remote = location.rstrip("/") + "/" + path if is_remote(location) \
                 else str(Path(location, path).resolve())
-            local = cache / fingerprint / split
-            if not is_remote(location):  # a stale copy of a rewritten local build: start over
-                index = local / "index.json"
-                if index.exists() and index.read_bytes() != (Path(remote) / "index.json") \
-                        .read_bytes():
-                    shutil.rmtree(local)
-            rows = StreamingRows(remote, local, cache_limit)
+            rows = StreamingRows(remote, cache / fingerprint / split, cache_limit)
         elif is_remote(location):
             raise DataError(f"{location}: memmap builds are read from local disk; copy it "
                             "locally or build with --format mds to stream it")

@@ -22,14 +22,18 @@ class Processes:
         return self.rank == 0
 
 
-def start() -> Processes:
+def launched() -> Processes:
+    """This process's place in the launch, from torchrun's environment (nothing is started)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local)
+    device = torch.device("cuda", local) if torch.cuda.is_available() else torch.device("cpu")
+    return Processes(rank, world, device)
+
+
+def start() -> Processes:
+    rank, world, device = (procs := launched()).rank, procs.world, procs.device
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Processes(rank, world, device)

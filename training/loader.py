@@ -9,9 +9,9 @@ PREFETCH slots of shared memory, made once; the trainer takes them in turn, so t
 kept without sorting. Only a slot number and the small arrays (padding, document starts) go
 through a pipe: the tokens are written once, by the worker, and read in place. A slot is handed
 back when the trainer asks for the next batch, so a batch must be used (moved to the device or
-copied) before then. torch's DataLoader, which makes a new shared-memory segment per tensor, and
-threads, which share one interpreter lock, both delivered several times slower on the same
-shards (tools/bench_loader.py, docs/BENCHMARKS.md).
+copied) before then. On the same shards torch's DataLoader, which makes a new shared-memory
+segment per tensor, delivered 4-30x slower, and a thread pool, whose threads share one
+interpreter lock, 1.6x slower (tools/bench_loader.py, docs/BENCHMARKS.md).
 """
 
 import multiprocessing
@@ -22,13 +22,14 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
+from pipeline.errors import LongpackError
 from training.batch import collate
 from training.sampler import GlobalOrder
 
 PREFETCH = 4  # slots (batches in flight) per worker
 
 
-class LoaderError(Exception):
+class LoaderError(LongpackError):
     pass
 
 
@@ -69,8 +70,8 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
             memory.append(shm)
             ours, theirs = context.Pipe()
             proc = context.Process(target=_work, daemon=True, name=f"longpack-loader-{w}",
-                                   args=(dataset, items[w::workers], shm, shape, dtype, theirs,
-                                         [*pipes, ours]))
+                                   args=(dataset, items[w::workers], shm, shape, dtype,
+                                         slot_bytes, theirs, [*pipes, ours]))
             proc.start()
             theirs.close()
             pipes.append(ours)
@@ -78,16 +79,16 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
         previous = None
         for i in range(len(items)):
             w = i % workers
+            if previous is not None:
+                try:  # the trainer is done with the last batch: its slot goes back first
+                    pipes[previous[0]].send_bytes(previous[1].to_bytes(8, "little"))
+                except OSError:
+                    pass  # that worker has built all its batches and left
             try:
                 message = pipes[w].recv_bytes()
-            except EOFError:
+            except (EOFError, OSError):  # OSError: killed with slot numbers still unread
                 raise LoaderError(f"loader worker {w} died (exit code {procs[w].exitcode}) "
                                   "building a batch; see its output above") from None
-            if previous is not None:
-                try:  # the trainer is done with that slot
-                    pipes[previous[0]].send_bytes(previous[1].to_bytes(8, "little"))
-                except (BrokenPipeError, OSError):
-                    pass  # that worker has built all its batches and left
             slot, width = np.frombuffer(message, np.int64, 2)
             if slot < 0:
                 raise LoaderError(f"loader worker {w} failed on micro-batch {items[i]}:\n"
@@ -113,14 +114,15 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
                 pass
 
 
-def _work(dataset: StepBatches, items: range, shm, shape, dtype, pipe, others: list) -> None:
+def _work(dataset: StepBatches, items: range, shm, shape, dtype, slot_bytes: int, pipe,
+          others: list) -> None:
     for other in others:  # the trainer's pipe ends, copied by fork: one left open here would
         other.close()     # keep a worker from seeing EOF when the trainer closes its end
     # Ctrl+C and a scheduler's SIGTERM reach the whole process group: the trainer finishes its
     # step and saves, which needs the workers alive; they exit when the trainer closes the pipe.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    slots = [np.ndarray(shape, dtype, buffer=shm.buf, offset=i * shm.size // PREFETCH)
+    slots = [np.ndarray(shape, dtype, buffer=shm.buf, offset=i * slot_bytes)
              for i in range(PREFETCH)]
     free = list(range(PREFETCH))
     try:

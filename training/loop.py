@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import archs
+from pipeline.errors import LongpackError
 from training import checkpoint, distributed
 from training.batch import make_batch, model_inputs
 from training.config import TrainConfig
@@ -40,7 +41,7 @@ from training.schedule import lr_at
 RECENT_HASHES = 16
 
 
-class TrainingError(Exception):
+class TrainingError(LongpackError):
     pass
 
 
@@ -99,9 +100,9 @@ def _train(cfg, resume, log, stop_at, procs):
         scaler.load_state_dict(state["scaler"])
         set_rng_state(state["rng"])
         step, history = state["step"], state["history"]
-        if metrics:
-            metrics.truncate(step)  # lines of steps after the checkpoint are written again
         log(f"resumed from {path} at step {step}")
+    if metrics:
+        metrics.truncate(step)  # lines of steps from here on (a crash, --resume never) go again
     net = LossOf(model)
     ddp = None
     if procs.world > 1:
@@ -222,7 +223,8 @@ def check_resume(state: dict, path: Path, build: Build, order: GlobalOrder) -> N
 def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(),
             "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+            # this process's device only: the others belong to other ranks
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
 
 
 def set_rng_state(state: dict) -> None:
@@ -230,7 +232,7 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def autocast(cfg: TrainConfig, device: torch.device):

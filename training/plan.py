@@ -7,7 +7,6 @@ gradient; activations are not counted) and an
 ETA from timing a few probe steps on this device (the first is a warm-up and not counted).
 """
 
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import torch
 
 import archs
+from training import distributed
 from training.batch import make_batch
 from training.config import TrainConfig
 from training.data import open_build
@@ -34,10 +34,10 @@ def plan(cfg: TrainConfig) -> dict:
 
 def _plan(cfg: TrainConfig, cache: Path) -> dict:
     build = open_build(cfg.shards, cache, cfg.cache_limit, cfg.seq)
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun: the global batch is larger
+    procs = distributed.launched()  # under torchrun: this rank's device, a larger global batch
+    world, device = procs.world, procs.device
     cfg = resolve_steps(cfg, build.seq, world)
     source = build.train
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = archs.build(cfg.model, vocab_size=build.manifest["tokenizer"]["vocab_size"]).to(device)
     seq = build.seq - 1
     rows_per_step = cfg.batch_size * cfg.grad_accum * world
