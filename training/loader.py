@@ -10,8 +10,8 @@ kept without sorting. Only a slot number and the small arrays (padding, document
 through a pipe: the tokens are written once, by the worker, and read in place. A slot is handed
 back when the trainer asks for the next batch, so a batch must be used (moved to the device or
 copied) before then. On the same shards torch's DataLoader, which makes a new shared-memory
-segment per tensor, delivered 4-30x slower, and a thread pool, whose threads share one
-interpreter lock, 1.6x slower (tools/bench_loader.py, docs/BENCHMARKS.md).
+segment per tensor, delivered 4-33x slower, and a thread pool, whose threads share one
+interpreter lock, 1.7x slower (tools/bench_loader.py, docs/BENCHMARKS.md).
 """
 
 import multiprocessing
