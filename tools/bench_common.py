@@ -6,6 +6,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -62,6 +63,14 @@ def pack_executable() -> str:
 
 
 SHARED = ROOT.parent / "shared"
+
+
+def work_dir(given: Path | None, prefix: str) -> tuple[Path, bool]:
+    """The benchmark's work directory: `given`, or a new temporary one; and whether it was made
+    here (the benchmark may then delete it)."""
+    work = given or Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return work, given is None
 
 
 def build_shared_corpus(work: Path, seq: int, formats=("mds", "memmap")) -> dict[str, Path]:

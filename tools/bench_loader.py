@@ -30,7 +30,6 @@ table with PASS/FAIL and exits 0 whatever the figures are: a measuring tool, not
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench_common import CpuWatch, build_shared_corpus, describe_checkout, verdict  # noqa: E402
+from bench_common import CpuWatch, build_shared_corpus, describe_checkout, verdict, work_dir  # noqa: E402
 
 
 def timed(run) -> tuple[float, int, float]:
@@ -105,8 +104,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="bench_loader."))
-    work.mkdir(parents=True, exist_ok=True)
+    work, _ = work_dir(args.work, "bench_loader.")
 
     from training.data import open_build
     from training.sampler import GlobalOrder

@@ -47,16 +47,14 @@ import random
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from bench_common import CpuWatch, describe_checkout, pack_executable, verdict  # noqa: E402
+from bench_common import SHARED, CpuWatch, describe_checkout, pack_executable, verdict, work_dir  # noqa: E402
 
-SHARED = Path("/work/shared")
 FINEWEB_SAMPLE = SHARED / "data" / "fineweb-edu-sample"
 DOLMA_SAMPLE = SHARED / "data" / "dolma-sample"
 GPT2_TIKTOKEN = SHARED / "tokenizers" / "gpt2.tiktoken"
@@ -414,9 +412,7 @@ def main():
     # The build subprocesses get the environment we started with, not the RAYON_NUM_THREADS
     # the HF ceiling sets for this process: the build is measured as a user would run it.
     build_env = dict(os.environ)
-    made_work = args.work is None
-    work = Path(tempfile.mkdtemp(prefix="bench_pack.")) if made_work else args.work
-    work.mkdir(parents=True, exist_ok=True)
+    work, made_work = work_dir(args.work, "bench_pack.")
     print(f"bench_pack: work {work}, --tokens {args.tokens:.3g}, --workers {args.workers}, "
           f"--repeat {args.repeat}, hf {args.hf}, cpus {os.cpu_count()}, "
           f"python {sys.version.split()[0]}, checkout {describe_checkout()}", flush=True)

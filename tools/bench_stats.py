@@ -62,11 +62,10 @@ import zstandard
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench_common import CpuWatch, describe_checkout, pack_executable, verdict  # noqa: E402
+from bench_common import SHARED, CpuWatch, describe_checkout, pack_executable, verdict, work_dir  # noqa: E402
 
 from pipeline.stats_report import collect  # noqa: E402  (the checkout's code, not an install)
 
-SHARED = Path("/work/shared")
 FINEWEB_SAMPLE = SHARED / "data" / "fineweb-edu-sample"
 GPT2_TIKTOKEN = SHARED / "tokenizers" / "gpt2.tiktoken"
 SEQ = 32768
@@ -446,9 +445,7 @@ def main():
     cold = can_drop_caches() if args.cold is None else args.cold
     if cold and not can_drop_caches():
         sys.exit(f"--cold needs to write {DROP_CACHES} (root)")
-    made_work = args.work is None
-    work = Path(tempfile.mkdtemp(prefix="bench_stats.")) if made_work else args.work
-    work.mkdir(parents=True, exist_ok=True)
+    work, made_work = work_dir(args.work, "bench_stats.")
     print(f"bench_stats: work {work}, --mb {args.mb:g}, --repeat {args.repeat}, cold {cold}, "
           f"cpus {os.cpu_count()}, python {sys.version.split()[0]}, numpy {np.__version__}, "
           f"zstandard {zstandard.__version__}, checkout {describe_checkout()}", flush=True)

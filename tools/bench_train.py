@@ -35,14 +35,13 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tools.bench_common import CpuWatch, build_shared_corpus, describe_checkout, verdict  # noqa: E402
+from bench_common import CpuWatch, build_shared_corpus, describe_checkout, verdict, work_dir  # noqa: E402
 
 
 def run(cfg, synthetic: bool) -> list[dict]:
@@ -77,8 +76,7 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--work", type=Path, default=None)
     args = ap.parse_args()
-    work = args.work or Path(tempfile.mkdtemp(prefix="bench_train."))
-    work.mkdir(parents=True, exist_ok=True)
+    work, _ = work_dir(args.work, "bench_train.")
 
     import archs
     from training.config import TrainConfig
