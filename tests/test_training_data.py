@@ -173,6 +173,66 @@ def test_worker_processes_deliver_what_the_trainer_would_build_in_order(tmp_path
     assert _shm_segments() == before
 
 
+def test_a_killed_worker_is_reported_not_waited_for(tmp_path, byte_tokenizer):
+    import multiprocessing
+    import os
+    import signal
+
+    b = open_build(str(_build(tmp_path, byte_tokenizer, "memmap")), tmp_path / "c", "1gb")
+    order = GlobalOrder(len(b.train), global_batch=2, seed=0, fingerprint=b.fingerprint)
+    data = StepBatches(order, b.train, rank=0, world=1, batch_size=2, grad_accum=1)
+    stream = batches(data, 0, 10**6, 2)
+    next(stream)
+    os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+    with pytest.raises(LoaderError, match="loader worker . died"):
+        for _ in range(100):  # the worker's few prefetched batches, then its death
+            next(stream)
+
+
+_TRAINER = """
+import sys, time, multiprocessing
+from pathlib import Path
+from training.data import open_build
+from training.loader import StepBatches, batches
+from training.sampler import GlobalOrder
+b = open_build(sys.argv[1], Path(sys.argv[2]), "1gb")
+order = GlobalOrder(len(b.train), global_batch=2, seed=0, fingerprint=b.fingerprint)
+stream = batches(StepBatches(order, b.train, 0, 1, 2, 1), 0, 10**6, 2)
+next(stream)
+print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:  # field 3 of /proc/PID/stat is the state; Z: exited, waiting to be reaped
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+def test_workers_exit_when_the_trainer_is_killed(tmp_path, byte_tokenizer):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = _build(tmp_path, byte_tokenizer, "memmap")
+    proc = subprocess.Popen([sys.executable, "-c", _TRAINER, str(out), str(tmp_path / "c")],
+                            stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    workers = [int(p) for p in proc.stdout.readline().split()]
+    assert len(workers) == 2 and all(_running(p) for p in workers)
+    os.kill(proc.pid, signal.SIGKILL)  # no finally, no cleanup: an OOM kill, a node failure
+    proc.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(_running(p) for p in workers):
+        time.sleep(0.1)
+    assert not any(_running(p) for p in workers), "loader workers outlived their trainer"
+
+
 class _BadRows:
     def __init__(self, rows):
         self.rows = rows

@@ -7,11 +7,11 @@ seq - 1, padded with -1 to the batch's widest row: the archs/ convention (first 
 The token after an EOS stays a target: it is predicted from the ending document alone, since
 attention never crosses the boundary.
 
-Two halves, because a loader worker sends its batch to the trainer through a pipe: `collate`
-(in the worker) keeps the tokens in the build's dtype and says where padding starts, a few
-small numpy arrays that pickle fast (torch tensors would each take a shared-memory segment,
-which costs more than the whole batch at these sizes); `model_inputs` (in the trainer) widens
-them to the int64 tensors the model takes.
+Two halves, because a loader worker builds the batch in its own process: `collate` (in the
+worker, into a shared-memory slot, training/loader.py) keeps the tokens in the build's dtype and
+says where padding starts, a few small numpy arrays (torch tensors would each take a new
+shared-memory segment, which costs more than the whole batch at these sizes); `model_inputs` (in
+the trainer) widens them to the int64 tensors the model takes.
 """
 
 import numpy as np

@@ -6,12 +6,15 @@ or skipping what came before: resume is O(1).
 
 With `workers` > 0, worker w builds items w, w + W, w + 2W, ... (W = workers) into its own
 PREFETCH slots of shared memory, made once; the trainer takes them in turn, so the order is
-kept without sorting. Only a slot number and the small arrays (padding, document starts) go
-through a pipe: the tokens are written once, by the worker, and read in place. A slot is handed
+kept without sorting. A slot holds the tokens and the small arrays (padding, document starts):
+everything is written once, by the worker, and read in place. Two semaphores per worker count
+the filled and the free slots; taking or giving one is an atomic operation in shared memory,
+and a system call only when a side has to sleep (a pipe costs two system calls a batch, which
+on 2 cores took 0.70 of raw slicing against 0.97 now: docs/BENCHMARKS.md). A slot is handed
 back when the trainer asks for the next batch, so a batch must be used (moved to the device or
 copied) before then. On the same shards torch's DataLoader, which makes a new shared-memory
 segment per tensor, delivered 4-33x slower, and a thread pool, whose threads share one
-interpreter lock, 1.7x slower (tools/bench_loader.py, docs/BENCHMARKS.md).
+interpreter lock, 1.7x slower (tools/bench_loader.py).
 """
 
 import multiprocessing
@@ -60,52 +63,49 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
         yield from map(dataset.__getitem__, items)
         return
     row, _, _ = dataset.rows.get(0)
-    shape, dtype = (dataset.batch_size, len(row)), row.dtype  # every batch's tokens
-    slot_bytes = dataset.batch_size * row.nbytes
+    layout = SlotLayout(dataset.batch_size, len(row), row.dtype)
     context = multiprocessing.get_context("fork")  # the workers inherit the open shards
-    memory, pipes, procs = [], [], []
+    memory, ready, free, procs, slots = [], [], [], [], []
     try:
         for w in range(workers):
-            shm = shared_memory.SharedMemory(create=True, size=slot_bytes * PREFETCH)
+            shm = shared_memory.SharedMemory(create=True, size=STOP_BYTES + layout.nbytes * PREFETCH)
             memory.append(shm)
-            ours, theirs = context.Pipe()
+            ready.append(context.Semaphore(0))
+            free.append(context.Semaphore(PREFETCH))
             proc = context.Process(target=_work, daemon=True, name=f"longpack-loader-{w}",
-                                   args=(dataset, items[w::workers], shm, shape, dtype,
-                                         slot_bytes, theirs, [*pipes, ours]))
+                                   args=(dataset, items[w::workers], shm, layout, ready[w],
+                                         free[w], os.getpid()))
             proc.start()
-            theirs.close()
-            pipes.append(ours)
             procs.append(proc)
+            slots.append([layout.views(shm.buf, p) for p in range(PREFETCH)])
         previous = None
         for i in range(len(items)):
             w = i % workers
             if previous is not None:
-                try:  # the trainer is done with the last batch: its slot goes back first
-                    pipes[previous[0]].send_bytes(previous[1].to_bytes(8, "little"))
-                except OSError:
-                    pass  # that worker has built all its batches and left
-            try:
-                message = pipes[w].recv_bytes()
-            except (EOFError, OSError):  # OSError: killed with slot numbers still unread
-                raise LoaderError(f"loader worker {w} died (exit code {procs[w].exitcode}) "
-                                  "building a batch; see its output above") from None
-            slot, width = np.frombuffer(message, np.int64, 2)
-            if slot < 0:
+                free[previous].release()  # the trainer is done with the last batch: slot back
+            while not ready[w].acquire(timeout=1.0):
+                if not procs[w].is_alive():
+                    raise LoaderError(f"loader worker {w} died (exit code {procs[w].exitcode}) "
+                                      "building a batch; see its output above")
+            tokens, meta = slots[w][(i // workers) % PREFETCH]
+            width = int(meta[0])
+            if width < 0:
                 raise LoaderError(f"loader worker {w} failed on micro-batch {items[i]}:\n"
-                                  f"{message[16:].decode()}")
-            small = np.frombuffer(message, np.int64, offset=16).copy()  # writable, as torch wants
-            view = np.ndarray(shape, dtype, buffer=memory[w].buf, offset=int(slot) * slot_bytes)
-            previous = (w, int(slot))
-            yield {"tokens": view, "pad_from": small[:shape[0]],
-                   "doc_starts": small[shape[0]:].reshape(shape[0], width)}
-            del view
+                                  f"{layout.error(meta)}")
+            previous = w
+            b = layout.batch
+            yield {"tokens": tokens, "pad_from": meta[1:1 + b].copy(),  # copies: a few bytes
+                   "doc_starts": meta[1 + b:1 + b + b * width].reshape(b, width).copy()}
     finally:  # also when the trainer stops early
-        for pipe in pipes:
-            pipe.close()  # a worker waiting on its pipe sees EOF and exits
+        for w in range(len(procs)):
+            np.ndarray(1, np.int64, buffer=memory[w].buf)[0] = 1  # stop
+            for _ in range(PREFETCH):
+                free[w].release()  # wakes a worker waiting for a slot; it sees the stop
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
+        slots.clear()
         for shm in memory:
             shm.unlink()
             try:
@@ -114,35 +114,66 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
                 pass
 
 
-def _work(dataset: StepBatches, items: range, shm, shape, dtype, slot_bytes: int, pipe,
-          others: list) -> None:
-    for other in others:  # the trainer's pipe ends, copied by fork: one left open here would
-        other.close()     # keep a worker from seeing EOF when the trainer closes its end
+STOP_BYTES = 8  # each worker's segment starts with an int64: nonzero = stop
+
+
+class SlotLayout:
+    """One slot of a worker's shared memory: the tokens [batch, seq] in their stored dtype,
+    then int64 [1 + batch + batch * (seq - 1)]: doc_starts' width (negative: an error whose
+    text follows), pad_from [batch], doc_starts [batch, width]. Room for the widest possible
+    doc_starts (every position a start) costs nothing until written: shared memory pages are
+    allocated when touched."""
+
+    def __init__(self, batch: int, seq: int, dtype: np.dtype):
+        self.batch, self.seq, self.dtype = batch, seq, np.dtype(dtype)
+        self.token_bytes = -(-batch * seq * self.dtype.itemsize // 8) * 8  # int64-aligned
+        self.meta_len = 1 + batch + batch * (seq - 1)
+        self.nbytes = self.token_bytes + 8 * self.meta_len
+
+    def views(self, buf, slot: int) -> tuple[np.ndarray, np.ndarray]:
+        at = STOP_BYTES + slot * self.nbytes
+        return (np.ndarray((self.batch, self.seq), self.dtype, buffer=buf, offset=at),
+                np.ndarray(self.meta_len, np.int64, buffer=buf, offset=at + self.token_bytes))
+
+    def write(self, meta: np.ndarray, batch: dict) -> None:
+        starts = batch["doc_starts"]
+        meta[0] = starts.shape[1]
+        meta[1:1 + self.batch] = batch["pad_from"]
+        meta[1 + self.batch:1 + self.batch + starts.size] = starts.ravel()
+
+    def write_error(self, meta: np.ndarray, text: str) -> None:
+        data = text.encode()[-8 * (self.meta_len - 1):]  # the end of a traceback says most
+        meta[0] = -1 - len(data)
+        meta[1:].view(np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
+
+    def error(self, meta: np.ndarray) -> str:
+        return meta[1:].view(np.uint8)[:-1 - int(meta[0])].tobytes().decode(errors="replace")
+
+
+def _work(dataset: StepBatches, items: range, shm, layout: SlotLayout, ready, free,
+          trainer: int) -> None:
     # Ctrl+C and a scheduler's SIGTERM reach the whole process group: the trainer finishes its
-    # step and saves, which needs the workers alive; they exit when the trainer closes the pipe.
+    # step and saves, which needs the workers alive; they exit when the trainer says stop, or
+    # when it is gone (a worker of a killed trainer is adopted by another process).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    slots = [np.ndarray(shape, dtype, buffer=shm.buf, offset=i * slot_bytes)
-             for i in range(PREFETCH)]
-    free = list(range(PREFETCH))
+    stop = np.ndarray(1, np.int64, buffer=shm.buf)
+    slots = [layout.views(shm.buf, p) for p in range(PREFETCH)]
+    meta = None
     try:
-        for k in items:
-            if not free:  # wait until the trainer hands a slot back
-                free.append(int.from_bytes(pipe.recv_bytes(), "little"))
-            slot = free.pop()
-            batch = dataset.build(k, out=slots[slot])  # the tokens go straight into the slot
-            # The rest as raw int64 bytes (pickling costs more than building small arrays):
-            # slot, doc_starts width, pad_from [batch], doc_starts [batch, width].
-            header = np.array([slot, batch["doc_starts"].shape[1]], np.int64)
-            pipe.send_bytes(b"".join(a.astype(np.int64, copy=False).tobytes() for a in (
-                header, batch["pad_from"], batch["doc_starts"])))
-    except (EOFError, BrokenPipeError, OSError):
-        pass  # the trainer has stopped
+        for j, k in enumerate(items):
+            while not free.acquire(timeout=1.0):  # a slot the trainer has handed back
+                if os.getppid() != trainer:
+                    return
+            if stop[0]:
+                return
+            tokens, meta = slots[j % PREFETCH]
+            layout.write(meta, dataset.build(k, out=tokens))  # tokens go straight into the slot
+            ready.release()
     except Exception:
-        try:
-            pipe.send_bytes(np.array([-1, 0], np.int64).tobytes()
-                            + traceback.format_exc().encode())
-        except (BrokenPipeError, OSError):
-            pass
+        if meta is None:
+            meta = slots[0][1]
+        layout.write_error(meta, traceback.format_exc())
+        ready.release()
     finally:
         os._exit(0)  # skip the atexit hooks inherited from the trainer
