@@ -20,52 +20,84 @@ import zstandard
 from pipeline.errors import LongpackError
 from pipeline.write_memmap import FORMAT as MEMMAP_FORMAT
 
-SHAPE_DTYPES = (np.uint8, np.uint16, np.uint32, np.uint64)
+
+def _gather(buf: np.ndarray, at: np.ndarray, dtype) -> np.ndarray:
+    """Values of `dtype` at byte positions `at` of `buf` (uint8), which need not be aligned."""
+    size = np.dtype(dtype).itemsize
+    return buf[at[:, None] + np.arange(size)].view(dtype).reshape(len(at))
 
 
-def _decode_column(encoding: str, data: memoryview):
-    kind, _, rest = encoding.partition(":")
-    if kind == "ndarray":
-        dtype, _, shape = rest.partition(":")
-        if not dtype:
-            raise LongpackError(f"MDS column encoding {encoding!r}: dynamic dtype not supported")
-        if shape:
-            return np.frombuffer(data, dtype).reshape([int(x) for x in shape.split(",")])
-        ndim, code = data[0] >> 2, data[0] & 3
-        sdt = np.dtype(SHAPE_DTYPES[code])
-        shape = np.frombuffer(data[1:1 + ndim * sdt.itemsize], sdt)
-        return np.frombuffer(data[1 + ndim * sdt.itemsize:], dtype).reshape(shape)
-    if kind == "bytes":
-        return bytes(data)
-    if kind == "str":
-        return bytes(data).decode("utf-8")
-    if kind == "int":
-        return int(np.frombuffer(data, np.int64)[0])
-    if kind in ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
-                "float32", "float64"):
-        return np.frombuffer(data, kind)[0]
-    raise LongpackError(f"MDS column encoding {encoding!r} is not supported by this reader")
+class MdsColumns:
+    """Where every sample's value of every column lies in a decompressed MDS shard, found for
+    all samples at once (numpy over the offsets table, no per-sample Python). The layout, from
+    mosaicml-streaming's MDS writer: u32 sample count n, u32 offsets [n + 1], then per sample the
+    u32 sizes of its variable-size columns followed by each column's bytes in column order."""
 
+    def __init__(self, raw: bytes, shard: dict):
+        self.buf = np.frombuffer(raw, np.uint8)
+        self.raw, self.shard = raw, shard
+        self.n = int(np.frombuffer(raw, "<u4", 1)[0])
+        offsets = np.frombuffer(raw, "<u4", self.n + 1, offset=4).astype(np.int64)
+        sizes = shard["column_sizes"]
+        variable = [i for i, size in enumerate(sizes) if size is None]
+        pos = offsets[:-1] + 4 * len(variable)
+        self.spans = {}  # column name -> (byte starts [n], byte sizes [n])
+        for name, size, i in zip(shard["column_names"], sizes, range(len(sizes))):
+            if size is None:
+                size = _gather(self.buf, offsets[:-1] + 4 * variable.index(i), "<u4")
+            size = np.broadcast_to(np.asarray(size, np.int64), (self.n,))
+            self.spans[name] = (pos, size)
+            pos = pos + size
+        wrong = np.flatnonzero(pos != offsets[1:])
+        if len(wrong):
+            i = int(wrong[0])
+            raise ValueError(f"sample {i} is {offsets[i + 1] - offsets[i]} bytes, its columns "
+                             f"{pos[i] - offsets[i]}")
 
-def decode_mds_shard(raw: bytes, shard: dict) -> Iterator[dict]:
-    """Samples of one decompressed MDS shard, as dicts of column name -> value."""
-    names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
-    buf = memoryview(raw)
-    n = int(np.frombuffer(buf[:4], "<u4")[0])
-    offsets = np.frombuffer(buf[4:4 + 4 * (n + 1)], "<u4")
-    n_dynamic = sum(s is None for s in sizes)
-    for i in range(n):
-        sample = buf[offsets[i]:offsets[i + 1]]
-        dynamic = iter(np.frombuffer(sample[:4 * n_dynamic], "<u4"))
-        pos = 4 * n_dynamic
-        out = {}
-        for name, enc, size in zip(names, encodings, sizes):
-            size = int(next(dynamic)) if size is None else size
-            out[name] = _decode_column(enc, sample[pos:pos + size])
-            pos += size
-        if pos != len(sample):
-            raise ValueError(f"sample {i} is {len(sample)} bytes, its columns {pos}")
-        yield out
+    def values(self, name: str, bytes_dtype: str = "int64") -> tuple[np.ndarray, np.ndarray]:
+        """(where each sample's values start in the buffer, how many), and their dtype via
+        `self.dtype`, for an ndarray column (fixed or variable shape) or a bytes column read as
+        `bytes_dtype` (other tools' byte-encoded token column)."""
+        start, size = self.spans[name]
+        encoding = self.shard["column_encodings"][self.shard["column_names"].index(name)]
+        kind, _, rest = encoding.partition(":")
+        if kind == "bytes":
+            dtype = np.dtype(bytes_dtype)
+        elif kind == "ndarray":
+            dtype_name, _, shape = rest.partition(":")
+            if not dtype_name:
+                raise LongpackError(f"MDS column {name!r} ({encoding}): dynamic dtype not "
+                                    "supported")
+            dtype = np.dtype(dtype_name)
+            if not shape:  # a header byte (ndim << 2 | code of the shape's uint width), shape
+                header = self.buf[start].astype(np.int64)
+                skip = 1 + (header >> 2) * (1 << (header & 3))
+                start, size = start + skip, size - skip
+        else:
+            raise LongpackError(f"MDS column {name!r} ({encoding}): not an array column; this "
+                                "reader needs tokens (and doc_starts, doc_hashes) as ndarray or "
+                                "bytes")
+        if (size % dtype.itemsize).any() or (size < 0).any():
+            raise ValueError(f"column {name!r}: a value's size is not whole {dtype} elements")
+        return start, size // dtype.itemsize, dtype
+
+    def rows(self, name: str, bytes_dtype: str = "int64") -> np.ndarray:
+        """An array column whose values all have the same length, as [n, length]."""
+        start, count, dtype = self.values(name, bytes_dtype)
+        if len(set(count.tolist())) > 1:
+            raise ValueError(f"rows of different lengths: {sorted(set(count.tolist()))}")
+        out = np.empty((self.n, int(count[0]) if self.n else 0), dtype)
+        for i, at in enumerate(start.tolist()):  # one copy of each row, aligned or not
+            out[i] = np.frombuffer(self.raw, dtype, out.shape[1], at)
+        return out
+
+    def flat(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """A variable-length array column, every sample's values concatenated, and their counts."""
+        start, count, dtype = self.values(name)
+        first = np.repeat(start - np.cumsum(count) * dtype.itemsize + count * dtype.itemsize,
+                          count)  # each value's sample start, less the values before it
+        at = first + np.arange(int(count.sum())) * dtype.itemsize
+        return _gather(self.buf, at, dtype), count
 
 
 def starts_from_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
@@ -152,35 +184,31 @@ class SplitReader:
             if differ:
                 raise ShardError(path, f"its header disagrees with index.json on "
                                        f"{', '.join(sorted(differ))}")
-            samples = list(decode_mds_shard(data, entry))
+            columns = MdsColumns(data, entry)
+            if columns.n != entry["samples"]:
+                raise ShardError(path, f"holds {columns.n} rows, index.json says "
+                                       f"{entry['samples']}")
+            if "tokens" not in columns.spans:
+                raise ShardError(path, "has no 'tokens' column")
+            tokens = columns.rows("tokens", bytes_dtype)
+            segments = None
+            if "doc_starts" in columns.spans:
+                starts, count = columns.flat("doc_starts")
+                hashes = (columns.flat("doc_hashes") if "doc_hashes" in columns.spans
+                          else (np.zeros(len(starts), np.uint64), count))
+                if not np.array_equal(hashes[1], count):
+                    raise ValueError("doc_hashes and doc_starts differ in length")
+                segments = np.stack([np.repeat(np.arange(columns.n, dtype=np.uint64), count),
+                                     starts.astype(np.uint64), hashes[0].astype(np.uint64)],
+                                    axis=1)
         except FileNotFoundError:
             raise ShardError(path, "missing") from None
         except ShardError:
             raise
+        except LongpackError as e:  # a column this reader cannot use
+            raise ShardError(path, str(e)) from None
         except Exception as e:  # zstd errors, truncated buffers, bad offsets
             raise ShardError(path, f"cannot be decoded ({type(e).__name__}: {e})") from None
-        if len(samples) != entry["samples"]:
-            raise ShardError(path, f"holds {len(samples)} rows, index.json says "
-                                   f"{entry['samples']}")
-        rows = []
-        for sample in samples:
-            tokens = sample.get("tokens")
-            if isinstance(tokens, bytes):  # other tools' byte-encoded token column
-                tokens = np.frombuffer(tokens, bytes_dtype)
-            if tokens is None:
-                raise ShardError(path, "has no 'tokens' column")
-            rows.append(tokens)
-        if len({len(r) for r in rows}) > 1:
-            raise ShardError(path, "rows of different lengths: "
-                                   f"{sorted({len(r) for r in rows})}")
-        tokens = np.stack(rows) if rows else np.zeros((0, 0), np.uint16)
-        segments = None
-        if samples and "doc_starts" in samples[0]:
-            segments = np.concatenate([
-                np.stack([np.full(len(x["doc_starts"]), r, np.uint64),
-                          x["doc_starts"].astype(np.uint64),
-                          x.get("doc_hashes", np.zeros(len(x["doc_starts"]), np.uint64))], axis=1)
-                for r, x in enumerate(samples)])
         return Shard(path, tokens, segments)
 
     def rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:

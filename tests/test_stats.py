@@ -299,6 +299,50 @@ def test_other_tools_mds_with_byte_tokens(tmp_path):
     assert any("no document hashes" in n for n in r["checks"]["not_checked"])
 
 
+def test_mds_columns_decode_as_mosaicml_streaming_wrote_them(tmp_path):
+    """Every sample at once from the offsets table: variable-length arrays whose shape header
+    takes 1, 2 or 4 bytes (lengths 1, 300, 70,000), at unaligned positions, beside a string
+    column this reader ignores, read back as MDSWriter was given them."""
+    from pipeline.shards import open_split
+    from pipeline.streaming_compat import import_streaming
+
+    streaming = import_streaming()
+    rng = np.random.default_rng(0)
+    lengths = [1, 300, 70_000, 3]
+    samples = [{"note": "x" * int(rng.integers(0, 9)),
+                "tokens": rng.integers(0, 60_000, 7).astype(np.uint16),
+                "doc_starts": np.sort(rng.integers(0, 7, n)).astype(np.uint32),
+                "doc_hashes": rng.integers(1, 2**63, n, dtype=np.uint64)} for n in lengths]
+    out = tmp_path / "other"
+    columns = {"note": "str", "tokens": "ndarray:uint16:7", "doc_starts": "ndarray:uint32",
+               "doc_hashes": "ndarray:uint64"}
+    with streaming.MDSWriter(out=str(out), columns=columns, compression="zstd") as w:
+        for sample in samples:
+            w.write(sample)
+    shard = next(open_split(out).shards())
+    assert np.array_equal(shard.tokens, np.stack([x["tokens"] for x in samples]))
+    rows = np.repeat(np.arange(len(lengths)), lengths)
+    assert np.array_equal(shard.segments[:, 0], rows)
+    assert np.array_equal(shard.segments[:, 1], np.concatenate([x["doc_starts"] for x in samples]))
+    assert np.array_equal(shard.segments[:, 2], np.concatenate([x["doc_hashes"] for x in samples]))
+
+
+def test_mds_rows_of_different_lengths_are_a_shard_problem(tmp_path):
+    from pipeline.shards import ShardError, open_split
+    from pipeline.streaming_compat import import_streaming
+
+    streaming = import_streaming()
+    out = tmp_path / "ragged"
+    with streaming.MDSWriter(out=str(out), columns={"tokens": "ndarray:uint32"}) as w:
+        for n in (4, 4, 5):
+            w.write({"tokens": np.arange(n, dtype=np.uint32)})
+    with pytest.raises(ShardError, match=r"shard.00000.mds: .*rows of different lengths: \[4, 5\]"):
+        next(open_split(out).shards())
+    r = collect(out, eos_id=EOS)
+    assert not r["checks"]["ok"]
+    assert any("rows of different lengths" in p["what"] for p in r["checks"]["problems"])
+
+
 def test_one_split_directory_uses_the_builds_manifest(tmp_path, byte_tokenizer, texts):
     out = make_build(tmp_path, texts)
     r = collect(out / "val", verify=True)
