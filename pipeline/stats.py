@@ -85,7 +85,7 @@ class DocLengths:
 @dataclass
 class Digest:
     """What one shard's tokens give, computed where the shard is read (numpy releases the GIL
-    in these loops, so two read-ahead threads digest two shards at once)."""
+    in these loops, so the read-ahead threads digest several shards at once)."""
 
     real: int  # tokens before the padding
     lo: int | None

@@ -5,16 +5,16 @@ rows come from the global order (sampler.py), so the loader begins at any step w
 or skipping what came before: resume is O(1).
 
 With `workers` > 0, worker w builds items w, w + W, w + 2W, ... (W = workers) into its own
-PREFETCH slots of shared memory, made once; the trainer takes them in turn, so the order is
-kept without sorting. A slot holds the tokens and the small arrays (padding, document starts):
+PREFETCH slots of shared memory, made once; the trainer takes them in turn, so the order is kept
+without sorting. A slot holds the tokens and the small arrays (padding, document starts):
 everything is written once, by the worker, and read in place. Two semaphores per worker count
-the filled and the free slots; taking or giving one is an atomic operation in shared memory,
-and a system call only when a side has to sleep (a pipe costs two system calls a batch, which
-on 2 cores took 0.70 of raw slicing against 0.97 now: docs/BENCHMARKS.md). A slot is handed
-back when the trainer asks for the next batch, so a batch must be used (moved to the device or
-copied) before then. On the same shards torch's DataLoader, which makes a new shared-memory
-segment per tensor, delivered 4-33x slower, and a thread pool, whose threads share one
-interpreter lock, 1.7x slower (tools/bench_loader.py).
+the filled and the free slots; taking or giving one is an atomic operation in shared memory, and
+a system call only when a side has to sleep (with a pipe, two system calls a batch, the loader
+delivered 0.66-0.70 of raw memmap slicing on 2 cores; 0.92-1.09 now: docs/BENCHMARKS.md). A slot
+is handed back when the trainer asks for the next batch, so a batch must be used (moved to the
+device or copied) before then. On the same shards torch's DataLoader, which makes a new
+shared-memory segment per tensor, delivered 4-33x slower, and a thread pool, whose threads share
+one interpreter lock, 1.7x slower (tools/bench_loader.py).
 """
 
 import multiprocessing
