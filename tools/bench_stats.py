@@ -31,12 +31,14 @@ What it measures, in one run:
    worth of CPU other processes used meanwhile ("others", from /proc/stat).
 
 Targets (best run of each measurement; judged on the `pack stats` subprocess wall time, the
-in-process figure is printed beside it): memmap: stats bytes/s >= 0.7 x read baseline; MDS:
-decompress seconds / stats seconds >= 1.0 (stats no slower than decompressing the shards); both
-for the warm and, when measured, the cold cache; memory: peak RSS at --mb <= 1.1 x peak RSS at
---mb / 4. It prints a table with PASS/FAIL per target and exits 0 whatever the figures are: it is
-a measuring tool, not a test. --profile adds a cProfile of collect() (main thread only; the
-read-ahead threads are not profiled) on each big dataset, top 8 functions by own time.
+in-process figure is printed beside it): memmap: stats bytes/s >= 0.7 x read baseline with a cold
+cache (the issue's premise is a scan bound by reading the disk; with a warm cache the "read" is a
+page-cache copy at 10-16 GB/s, printed but not judged); MDS: decompress seconds / stats seconds >=
+1.0 (stats no slower than decompressing the shards), warm and, when measured, cold; memory: peak
+RSS at --mb <= 1.1 x peak RSS at --mb / 4. It prints a table with PASS/FAIL per target and exits 0
+whatever the figures are: it is a measuring tool, not a test. --profile adds a cProfile of
+collect() (main thread only; the read-ahead threads are not profiled) on each big dataset, top 8
+functions by own time.
 
     .venv/bin/python tools/bench_stats.py [--work DIR] [--mb 1024] [--repeat 3] [--no-cold]
                                           [--profile] [--keep]
@@ -362,7 +364,11 @@ def table(fmt: str, state: str, ds: dict, runs: dict) -> tuple[dict, list[tuple]
               f"{ds['shard_bytes'] / MIB:,.1f} MiB of .zstd")
     targets = []
     s, c = b["stats"], b["collect"]
-    if fmt == "memmap":
+    if fmt == "memmap" and state == "warm":  # no disk read: the baseline is a page-cache copy
+        targets.append((f"memmap, warm: pack stats MB/s / read (not judged: no disk read) "
+                        f"{s['rate'] / baseline:.3f}, collect() {c['rate'] / baseline:.3f}", "",
+                        ""))
+    elif fmt == "memmap":
         targets.append((f"memmap, {state}: pack stats MB/s >= {TARGET_MEMMAP} x read",
                         f"{s['rate'] / baseline:.3f}", verdict(s["rate"] / baseline
                                                                >= TARGET_MEMMAP)))
