@@ -64,6 +64,7 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
         return
     row, _, _ = dataset.rows.get(0)
     layout = SlotLayout(dataset.batch_size, len(row), row.dtype)
+    _check_shared_memory(workers * PREFETCH * layout.token_bytes, workers)
     context = multiprocessing.get_context("fork")  # the workers inherit the open shards
     memory, ready, free, procs, slots = [], [], [], [], []
     try:
@@ -115,6 +116,21 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
 
 
 STOP_BYTES = 8  # each worker's segment starts with an int64: nonzero = stop
+
+
+def _check_shared_memory(need: int, workers: int) -> None:
+    """Fail now, with what to do, rather than let a worker die of SIGBUS when /dev/shm (64 MiB
+    in a Docker container by default) runs out as the slots fill."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except OSError:  # no /dev/shm (not Linux): the system decides
+        return
+    free = stat.f_bavail * stat.f_frsize
+    if need > free:
+        raise LoaderError(f"the loader needs {need / 2**20:,.0f} MiB of shared memory ({workers} "
+                          f"workers x {PREFETCH} batches) and /dev/shm has {free / 2**20:,.0f} "
+                          "MiB free: give it more (docker run --shm-size), or lower --workers "
+                          "or --batch-size")
 
 
 class SlotLayout:
