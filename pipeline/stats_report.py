@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import LongpackError
-from pipeline.memory import release_freed_memory
 from pipeline.shards import ShardError, SplitReader
 from pipeline.split import PAD_HASH
 from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest, file_checks, open_output
@@ -48,8 +47,6 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
                 problems.append(Problem(f"{name}/{shard.path.name}", shard.what))
             continue
         scan.add(shard.path, shard.tokens, shard.segments, d)
-        del shard, d  # this shard's buffers are freed here, then returned to the system
-        release_freed_memory()
     if reader.kind == "npy" or not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
     return scan.report(path, reader.index, tokenizer.result()), scan
