@@ -54,10 +54,11 @@ class MdsColumns:
             raise ValueError(f"sample {i} is {offsets[i + 1] - offsets[i]} bytes, its columns "
                              f"{pos[i] - offsets[i]}")
 
-    def values(self, name: str, bytes_dtype: str = "int64") -> tuple[np.ndarray, np.ndarray]:
-        """(where each sample's values start in the buffer, how many), and their dtype via
-        `self.dtype`, for an ndarray column (fixed or variable shape) or a bytes column read as
-        `bytes_dtype` (other tools' byte-encoded token column)."""
+    def values(self, name: str, bytes_dtype: str = "int64") -> tuple[np.ndarray, np.ndarray,
+                                                                    np.dtype]:
+        """(where each sample's values start in the buffer, how many, their dtype) of an ndarray
+        column (fixed or variable shape) or of a bytes column read as `bytes_dtype` (other
+        tools' byte-encoded token column)."""
         start, size = self.spans[name]
         encoding = self.shard["column_encodings"][self.shard["column_names"].index(name)]
         kind, _, rest = encoding.partition(":")
