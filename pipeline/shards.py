@@ -29,7 +29,8 @@ def _gather(buf: np.ndarray, at: np.ndarray, dtype) -> np.ndarray:
 
 class MdsColumns:
     """Where every sample's value of every column lies in a decompressed MDS shard, found for
-    all samples at once (numpy over the offsets table, no per-sample Python). The layout, from
+    all samples at once (numpy over the offsets table; the one loop copies each row's tokens
+    out once). The layout, from
     mosaicml-streaming's MDS writer: u32 sample count n, u32 offsets [n + 1], then per sample the
     u32 sizes of its variable-size columns followed by each column's bytes in column order."""
 
@@ -38,11 +39,14 @@ class MdsColumns:
         self.raw, self.shard = raw, shard
         self.n = int(np.frombuffer(raw, "<u4", 1)[0])
         offsets = np.frombuffer(raw, "<u4", self.n + 1, offset=4).astype(np.int64)
+        if offsets[-1] > len(raw):
+            raise ValueError(f"its samples end at byte {offsets[-1]:,}, the shard has "
+                             f"{len(raw):,}")
         sizes = shard["column_sizes"]
         variable = [i for i, size in enumerate(sizes) if size is None]
         pos = offsets[:-1] + 4 * len(variable)
         self.spans = {}  # column name -> (byte starts [n], byte sizes [n])
-        for name, size, i in zip(shard["column_names"], sizes, range(len(sizes))):
+        for i, (name, size) in enumerate(zip(shard["column_names"], sizes)):
             if size is None:
                 size = _gather(self.buf, offsets[:-1] + 4 * variable.index(i), "<u4")
             size = np.broadcast_to(np.asarray(size, np.int64), (self.n,))
@@ -72,8 +76,18 @@ class MdsColumns:
             dtype = np.dtype(dtype_name)
             if not shape:  # a header byte (ndim << 2 | code of the shape's uint width), shape
                 header = self.buf[start].astype(np.int64)
-                skip = 1 + (header >> 2) * (1 << (header & 3))
-                start, size = start + skip, size - skip
+                if (header >> 2 != 1).any():
+                    raise LongpackError(f"MDS column {name!r} ({encoding}): values of "
+                                        f"{int(header[header >> 2 != 1][0] >> 2)} dimensions; "
+                                        "this reader takes 1-D arrays")
+                width = 1 << (header & 3)
+                length = np.zeros(self.n, np.int64)
+                for code in range(4):
+                    this = (header & 3) == code
+                    length[this] = _gather(self.buf, start[this] + 1, f"<u{1 << code}")
+                start, size = start + 1 + width, size - 1 - width
+                if (length * dtype.itemsize != size).any():
+                    raise ValueError(f"column {name!r}: a value's shape disagrees with its size")
         else:
             raise LongpackError(f"MDS column {name!r} ({encoding}): not an array column; this "
                                 "reader needs tokens (and doc_starts, doc_hashes) as ndarray or "
@@ -86,7 +100,7 @@ class MdsColumns:
         """An array column whose values all have the same length, as [n, length]."""
         start, count, dtype = self.values(name, bytes_dtype)
         if len(set(count.tolist())) > 1:
-            raise ValueError(f"rows of different lengths: {sorted(set(count.tolist()))}")
+            raise LongpackError(f"rows of different lengths: {sorted(set(count.tolist()))}")
         out = np.empty((self.n, int(count[0]) if self.n else 0), dtype)
         for i, at in enumerate(start.tolist()):  # one copy of each row, aligned or not
             out[i] = np.frombuffer(self.raw, dtype, out.shape[1], at)

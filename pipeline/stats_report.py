@@ -55,9 +55,9 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
 def _read_ahead(reader: SplitReader, eos_id, count_every: int, depth: int = 3):
     """(shard, digest) in order, the next `depth` shards read, decompressed and digested in
     background threads while one is folded in: file reads, zstd and the numpy loops release the
-    GIL, so the cores work on several shards at once. One thread more than the 2 cores here:
-    with a cold page cache a thread waiting for the disk would leave a core idle. Memory:
-    depth + 1 shards."""
+    GIL, so the cores work on several shards at once. Three, not two, on the 2-core machine of
+    docs/BENCHMARKS.md: with a cold page cache a thread waiting for the disk left a core idle.
+    Memory: depth + 1 shards."""
     def load(i):
         try:
             shard = reader.read_shard(i, in_memory=True)

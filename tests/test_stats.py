@@ -343,6 +343,18 @@ def test_mds_rows_of_different_lengths_are_a_shard_problem(tmp_path):
     assert any("rows of different lengths" in p["what"] for p in r["checks"]["problems"])
 
 
+def test_mds_arrays_of_two_dimensions_are_named_not_flattened(tmp_path):
+    from pipeline.shards import ShardError, open_split
+    from pipeline.streaming_compat import import_streaming
+
+    streaming = import_streaming()
+    out = tmp_path / "2d"
+    with streaming.MDSWriter(out=str(out), columns={"tokens": "ndarray:uint32"}) as w:
+        w.write({"tokens": np.arange(6, dtype=np.uint32).reshape(2, 3)})
+    with pytest.raises(ShardError, match="'tokens' .*values of 2 dimensions; .*1-D arrays"):
+        next(open_split(out).shards())
+
+
 def test_one_split_directory_uses_the_builds_manifest(tmp_path, byte_tokenizer, texts):
     out = make_build(tmp_path, texts)
     r = collect(out / "val", verify=True)

@@ -17,11 +17,11 @@ shared-memory segment per tensor, delivered 4-33x slower, and a thread pool, who
 one interpreter lock, 1.7x slower (tools/bench_loader.py).
 """
 
+import mmap
 import multiprocessing
 import os
 import signal
 import traceback
-from multiprocessing import shared_memory
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from training.batch import collate
 from training.sampler import GlobalOrder
 
 PREFETCH = 4  # slots (batches in flight) per worker
+STOP_BYTES = 8  # each worker's memory starts with an int64: nonzero = stop
 
 
 class LoaderError(LongpackError):
@@ -64,21 +65,23 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
         return
     row, _, _ = dataset.rows.get(0)
     layout = SlotLayout(dataset.batch_size, len(row), row.dtype)
-    _check_shared_memory(workers * PREFETCH * layout.token_bytes, workers)
     context = multiprocessing.get_context("fork")  # the workers inherit the open shards
-    memory, ready, free, procs, slots = [], [], [], [], []
+    ready, free, procs, slots, stops = [], [], [], [], []
     try:
         for w in range(workers):
-            shm = shared_memory.SharedMemory(create=True, size=STOP_BYTES + layout.nbytes * PREFETCH)
-            memory.append(shm)
+            # Anonymous shared memory: a forked worker writes the very pages the trainer reads.
+            # No file in /dev/shm (no size limit of a container's /dev/shm, nothing left behind
+            # by a killed trainer), and the pages live as long as an array still uses them.
+            memory = mmap.mmap(-1, STOP_BYTES + layout.nbytes * PREFETCH)
             ready.append(context.Semaphore(0))
             free.append(context.Semaphore(PREFETCH))
+            slots.append([layout.views(memory, p) for p in range(PREFETCH)])
+            stops.append(_stop_flag(memory))
             proc = context.Process(target=_work, daemon=True, name=f"longpack-loader-{w}",
-                                   args=(dataset, items[w::workers], shm, layout, ready[w],
+                                   args=(dataset, items[w::workers], memory, layout, ready[w],
                                          free[w], os.getpid()))
             proc.start()
             procs.append(proc)
-            slots.append([layout.views(shm.buf, p) for p in range(PREFETCH)])
         previous = None
         for i in range(len(items)):
             w = i % workers
@@ -86,6 +89,8 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
                 free[previous].release()  # the trainer is done with the last batch: slot back
             while not ready[w].acquire(timeout=1.0):
                 if not procs[w].is_alive():
+                    if ready[w].acquire(block=False):  # it posted its last batch, then left
+                        break
                     raise LoaderError(f"loader worker {w} died (exit code {procs[w].exitcode}) "
                                       "building a batch; see its output above")
             tokens, meta = slots[w][(i // workers) % PREFETCH]
@@ -99,38 +104,13 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
                    "doc_starts": meta[1 + b:1 + b + b * width].reshape(b, width).copy()}
     finally:  # also when the trainer stops early
         for w in range(len(procs)):
-            np.ndarray(1, np.int64, buffer=memory[w].buf)[0] = 1  # stop
+            stops[w][0] = 1
             for _ in range(PREFETCH):
                 free[w].release()  # wakes a worker waiting for a slot; it sees the stop
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
                 proc.kill()
-        slots.clear()
-        for shm in memory:
-            shm.unlink()
-            try:
-                shm.close()
-            except BufferError:  # the caller still holds the last batch: unmapped when freed
-                pass
-
-
-STOP_BYTES = 8  # each worker's segment starts with an int64: nonzero = stop
-
-
-def _check_shared_memory(need: int, workers: int) -> None:
-    """Fail now, with what to do, rather than let a worker die of SIGBUS when /dev/shm (64 MiB
-    in a Docker container by default) runs out as the slots fill."""
-    try:
-        stat = os.statvfs("/dev/shm")
-    except OSError:  # no /dev/shm (not Linux): the system decides
-        return
-    free = stat.f_bavail * stat.f_frsize
-    if need > free:
-        raise LoaderError(f"the loader needs {need / 2**20:,.0f} MiB of shared memory ({workers} "
-                          f"workers x {PREFETCH} batches) and /dev/shm has {free / 2**20:,.0f} "
-                          "MiB free: give it more (docker run --shm-size), or lower --workers "
-                          "or --batch-size")
 
 
 class SlotLayout:
@@ -166,17 +146,21 @@ class SlotLayout:
         return meta[1:].view(np.uint8)[:-1 - int(meta[0])].tobytes().decode(errors="replace")
 
 
-def _work(dataset: StepBatches, items: range, shm, layout: SlotLayout, ready, free,
+def _stop_flag(memory) -> np.ndarray:
+    return np.ndarray(1, np.int64, buffer=memory)
+
+
+def _work(dataset: StepBatches, items: range, memory, layout: SlotLayout, ready, free,
           trainer: int) -> None:
-    # Ctrl+C and a scheduler's SIGTERM reach the whole process group: the trainer finishes its
-    # step and saves, which needs the workers alive; they exit when the trainer says stop, or
-    # when it is gone (a worker of a killed trainer is adopted by another process).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    stop = np.ndarray(1, np.int64, buffer=shm.buf)
-    slots = [layout.views(shm.buf, p) for p in range(PREFETCH)]
-    meta = None
+    slots = [layout.views(memory, p) for p in range(PREFETCH)]
+    stop = _stop_flag(memory)
+    j = 0
     try:
+        # Ctrl+C and a scheduler's SIGTERM reach the whole process group: the trainer finishes
+        # its step and saves, which needs the workers alive; they exit when the trainer says
+        # stop, or when it is gone (a worker of a killed trainer is adopted by another process).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for j, k in enumerate(items):
             while not free.acquire(timeout=1.0):  # a slot the trainer has handed back
                 if os.getppid() != trainer:
@@ -186,10 +170,8 @@ def _work(dataset: StepBatches, items: range, shm, layout: SlotLayout, ready, fr
             tokens, meta = slots[j % PREFETCH]
             layout.write(meta, dataset.build(k, out=tokens))  # tokens go straight into the slot
             ready.release()
-    except Exception:
-        if meta is None:
-            meta = slots[0][1]
-        layout.write_error(meta, traceback.format_exc())
+    except Exception:  # into the slot the trainer reads next from this worker
+        layout.write_error(slots[j % PREFETCH][1], traceback.format_exc())
         ready.release()
     finally:
         os._exit(0)  # skip the atexit hooks inherited from the trainer

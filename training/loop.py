@@ -187,7 +187,7 @@ def _train(cfg, resume, log, stop_at, procs):
                 log(f"stopped at step {step}: re-run the same command to resume")
                 break
     finally:
-        stream.close()  # the loader's workers and shared memory go now, not at garbage collection
+        stream.close()  # the loader's workers go now, not at garbage collection
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return history
