@@ -10,11 +10,11 @@ without sorting. A slot holds the tokens and the small arrays (padding, document
 everything is written once, by the worker, and read in place. Two semaphores per worker count
 the filled and the free slots; taking or giving one is an atomic operation in shared memory, and
 a system call only when a side has to sleep (with a pipe, two system calls a batch, the loader
-delivered 0.66-0.70 of raw memmap slicing on 2 cores; 0.92-1.09 now: docs/BENCHMARKS.md). A slot
-is handed back when the trainer asks for the next batch, so a batch must be used (moved to the
-device or copied) before then. On the same shards torch's DataLoader, which makes a new
-shared-memory segment per tensor, delivered 4-33x slower, and a thread pool, whose threads share
-one interpreter lock, 1.7x slower (tools/bench_loader.py).
+delivered 0.66-0.70 of raw memmap slicing on 2 cores; 1.04-1.11 now, best of 5 rounds:
+docs/BENCHMARKS.md). A slot is handed back when the trainer asks for the next batch, so a batch
+must be used (moved to the device or copied) before then. On the same shards torch's DataLoader,
+which makes a new shared-memory segment per tensor, delivered 4-33x slower, and a thread pool,
+whose threads share one interpreter lock, 1.7x slower (tools/bench_loader.py).
 """
 
 import mmap
