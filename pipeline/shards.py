@@ -30,8 +30,8 @@ def _gather(buf: np.ndarray, at: np.ndarray, dtype) -> np.ndarray:
 class MdsColumns:
     """Where every sample's value of every column lies in a decompressed MDS shard, found for
     all samples at once (numpy over the offsets table; the one loop copies each row's tokens
-    out once). The layout, from
-    mosaicml-streaming's MDS writer: u32 sample count n, u32 offsets [n + 1], then per sample the
+    out once). The layout, from mosaicml-streaming's MDS writer: u32 sample count n, u32 offsets
+    [n + 1], the shard's JSON header (its columns, as index.json has them), then per sample the
     u32 sizes of its variable-size columns followed by each column's bytes in column order."""
 
     def __init__(self, raw: bytes, shard: dict):
@@ -39,6 +39,11 @@ class MdsColumns:
         self.raw, self.shard = raw, shard
         self.n = int(np.frombuffer(raw, "<u4", 1)[0])
         offsets = np.frombuffer(raw, "<u4", self.n + 1, offset=4).astype(np.int64)
+        header = json.loads(raw[8 + 4 * self.n:offsets[0]])
+        differ = [k for k, v in header.items() if shard.get(k) != v]
+        if differ:
+            raise LongpackError(f"its header disagrees with index.json on "
+                                f"{', '.join(sorted(differ))}")
         if offsets[-1] > len(raw):
             raise ValueError(f"its samples end at byte {offsets[-1]:,}, the shard has "
                              f"{len(raw):,}")
@@ -192,13 +197,6 @@ class SplitReader:
             data = path.read_bytes()
             if entry["zip_data"]:
                 data = zstandard.ZstdDecompressor().decompress(data)
-            n = int(np.frombuffer(data[:4], "<u4")[0])
-            first_sample = int(np.frombuffer(data[4:8], "<u4")[0])
-            config = json.loads(data[8 + 4 * n:first_sample])  # between offsets and samples
-            differ = [k for k, v in config.items() if entry.get(k) != v]
-            if differ:
-                raise ShardError(path, f"its header disagrees with index.json on "
-                                       f"{', '.join(sorted(differ))}")
             columns = MdsColumns(data, entry)
             if columns.n != entry["samples"]:
                 raise ShardError(path, f"holds {columns.n} rows, index.json says "
@@ -220,7 +218,7 @@ class SplitReader:
             raise ShardError(path, "missing") from None
         except ShardError:
             raise
-        except LongpackError as e:  # a column this reader cannot use
+        except LongpackError as e:  # a header or a column this reader cannot use
             raise ShardError(path, str(e)) from None
         except Exception as e:  # zstd errors, truncated buffers, bad offsets
             raise ShardError(path, f"cannot be decoded ({type(e).__name__}: {e})") from None

@@ -355,6 +355,21 @@ def test_mds_arrays_of_two_dimensions_are_named_not_flattened(tmp_path):
         next(open_split(out).shards())
 
 
+def test_an_mds_shard_whose_header_disagrees_with_its_index_is_named(tmp_path):
+    from pipeline.shards import ShardError, open_split
+    from pipeline.streaming_compat import import_streaming
+
+    streaming = import_streaming()
+    out = tmp_path / "edited"
+    with streaming.MDSWriter(out=str(out), columns={"tokens": "ndarray:uint32"}) as w:
+        w.write({"tokens": np.arange(4, dtype=np.uint32)})
+    index = json.loads((out / "index.json").read_text())
+    index["shards"][0]["column_encodings"] = ["ndarray:uint16"]
+    (out / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ShardError, match="header disagrees with index.json on column_encodings"):
+        next(open_split(out).shards())
+
+
 def test_one_split_directory_uses_the_builds_manifest(tmp_path, byte_tokenizer, texts):
     out = make_build(tmp_path, texts)
     r = collect(out / "val", verify=True)
