@@ -4,6 +4,7 @@
 `render` turns it into one screen of text. `decode_row` and `plot` serve --decode and --plot.
 """
 
+import ctypes
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,6 +17,7 @@ from pipeline.split import PAD_HASH
 from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest, file_checks, open_output
 
 TOKENS_PER_PARAM = 20  # compute-optimal training (Hoffmann et al. 2022, "Chinchilla")
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's <malloc.h>
 
 
 def _tokenizer(manifest: dict | None, not_checked: list):
@@ -73,6 +75,22 @@ def _read_ahead(reader: SplitReader, eos_id, count_every: int, depth: int = 3):
             if i + depth < n:
                 ahead.append(pool.submit(load, i + depth))
             yield shard
+
+
+def keep_shard_buffers() -> bool:
+    """Have glibc serve blocks up to 32 MiB (a decompressed shard, a shard's tokens) from its
+    heap and keep up to 128 MiB of freed heap, instead of mapping each block fresh and unmapping
+    it on free. The read-ahead threads allocate and free such blocks for every shard; with the
+    defaults the kernel zero-fills every page of each again (a fifth of the CPU of a warm MDS scan,
+    docs/BENCHMARKS.md). Process-wide, so the `pack stats` command calls it, not `collect`. False
+    where the C library has no mallopt (musl, macOS): the defaults, a little slower."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(M_TRIM_THRESHOLD,
+                                                                     128 << 20))
 
 
 def _agree_with_manifest(name: str, got: dict, manifest: dict, problems: list):

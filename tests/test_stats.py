@@ -2,6 +2,11 @@
 validation failure class produced on purpose, and the JSON keys."""
 
 import json
+import platform
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -382,3 +387,34 @@ def test_an_unfinished_build_says_to_resume_it(tmp_path, byte_tokenizer, texts):
     (out / ".longpack-build").mkdir()
     r = run_stats(out)
     assert r.exit_code == 1 and "unfinished build" in r.output and "re-run the same" in r.output
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt/mallinfo2 are glibc's")
+def test_keep_shard_buffers_serves_and_keeps_shard_sized_blocks_on_the_heap():
+    """After keep_shard_buffers a 24 MiB block comes from the heap (not its own mapping) and stays
+    there once freed, so the next shard's block reuses pages instead of faulting in new ones."""
+    probe = textwrap.dedent("""
+        import ctypes, json, sys
+        import numpy as np
+        from pipeline.stats_report import keep_shard_buffers
+
+        class MallInfo2(ctypes.Structure):
+            _fields_ = [(k, ctypes.c_size_t) for k in ("arena", "ordblks", "smblks", "hblks",
+                        "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = MallInfo2
+        tuned = keep_shard_buffers() if sys.argv[1] == "tuned" else None
+        block = np.ones(24 << 20, np.uint8)
+        mapped = libc.mallinfo2().hblkhd
+        del block
+        print(json.dumps({"tuned": tuned, "mapped": mapped, "free_kept": libc.mallinfo2().fordblks}))
+    """)
+    got = {}
+    for mode in ("plain", "tuned"):
+        run = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent.parent, check=True)
+        got[mode] = json.loads(run.stdout)
+    assert got["plain"]["mapped"] >= 24 << 20 and got["plain"]["free_kept"] < 24 << 20
+    assert got["tuned"]["tuned"] is True
+    assert got["tuned"]["mapped"] < 24 << 20 and got["tuned"]["free_kept"] >= 24 << 20
