@@ -17,6 +17,7 @@ from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
 from pipeline.split import Splitter, doc_hash
+from pipeline.stats import find_rare
 from pipeline.stats_report import collect
 
 EOS = 50256
@@ -418,3 +419,16 @@ def test_keep_shard_buffers_serves_and_keeps_shard_sized_blocks_on_the_heap():
     assert got["plain"]["mapped"] >= 24 << 20 and got["plain"]["free_kept"] < 24 << 20
     assert got["tuned"]["tuned"] is True
     assert got["tuned"]["mapped"] < 24 << 20 and got["tuned"]["free_kept"] >= 24 << 20
+
+
+@pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 64, 1001])
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32])
+def test_find_rare_is_flatnonzero_of_equal(length, dtype):
+    rng = np.random.default_rng(length)
+    flat = rng.integers(0, 5, length).astype(dtype)  # hits everywhere, runs of them, none
+    for value in (0, 4, 7):
+        assert np.array_equal(find_rare(flat, value), np.flatnonzero(flat == value))
+    if length:
+        flat[:] = 3
+        flat[-1] = flat[0] = 9  # a hit in the first word and in the tail
+        assert find_rare(flat, 9).tolist() == sorted({0, length - 1})
