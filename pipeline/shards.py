@@ -139,19 +139,20 @@ class SplitReader:
         else:
             raise LongpackError(f"{self.path}: no index.json and no .npy files; is this a "
                                 "pack build output split (OUT/train or OUT/val)?")
-        self._files: list[Path] | None = None
+        self._files: tuple[Path, ...] | None = None
 
-    def shard_files(self) -> list[Path]:
+    def shard_files(self) -> tuple[Path, ...]:
         """The shard files in order, listed once (read_shard looks its file up in this list)."""
         if self._files is None:
             if self.kind == "npy":
-                self._files = sorted(p for p in self.path.glob("*.npy")
-                                     if not p.name.endswith(".docs.npy"))
+                files = sorted(p for p in self.path.glob("*.npy")
+                               if not p.name.endswith(".docs.npy"))
             elif self.kind == "memmap":
-                self._files = [self.path / s["tokens"]["basename"] for s in self.index["shards"]]
+                files = [self.path / s["tokens"]["basename"] for s in self.index["shards"]]
             else:
-                self._files = [self.path / (s["zip_data"] or s["raw_data"])["basename"]
-                               for s in self.index["shards"]]
+                files = [self.path / (s["zip_data"] or s["raw_data"])["basename"]
+                         for s in self.index["shards"]]
+            self._files = tuple(files)
         return self._files
 
     def rows_in_shard(self, i: int) -> int:

@@ -126,8 +126,8 @@ def digest(tokens: np.ndarray, segments: np.ndarray | None, eos_id: int | None,
 
 def find_rare(flat: np.ndarray, value: int) -> np.ndarray:
     """np.flatnonzero(flat == value), faster for a value that is rare (EOS: one per document):
-    flatnonzero walks the mask element by element; here only the 8-byte words of the mask that
-    hold a hit are looked into."""
+    one vectorised compare over the mask's 8-byte words finds the few words that hold a hit,
+    and only those are looked into byte by byte."""
     hit = flat == value
     whole = len(hit) // 8 * 8
     words = np.flatnonzero(hit[:whole].view(np.uint64) != 0)

@@ -56,24 +56,32 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
     return scan.report(path, reader.index, tokenizer.result()), scan
 
 
+def _read_plan(reader: SplitReader) -> tuple[int, int, bool]:
+    """(threads, shards queued ahead, whether to ask the kernel for files ahead), from A/B runs
+    of the variants on the 2-core machine of docs/BENCHMARKS.md (pack stats at 8 GiB, checkouts
+    e31e8d1 and dc7dcd9):
+    - compressed MDS shards keep a core busy each: one thread per core, two more shards queued so
+      that a core never waits for the in-order fold, and the file of the shard after those asked
+      of the kernel ahead (posix_fadvise WILLNEED) so that a cold read does not idle a core.
+    - raw shards (memmap, .npy, uncompressed MDS) wait for the disk: one thread more than the
+      cores keeps a read in flight; asking the kernel ahead made it slower there (two reads of
+      each file at once)."""
+    usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+              else os.cpu_count() or 1)
+    cores = min(usable, MAX_READ_THREADS)
+    if reader.kind == "mds" and any(s["zip_data"] for s in reader.index["shards"]):
+        return cores, cores + 2, True
+    return cores + 1, cores + 1, False
+
+
 def _read_ahead(reader: SplitReader, eos_id, count_every: int):
     """(shard, digest) in order, the next shards read, decompressed and digested in background
     threads while one is folded in: file reads, zstd and the numpy loops release the GIL, so the
-    cores work on several shards at once. The shape of it comes from A/B runs of the variants on
-    the 2-core machine of docs/BENCHMARKS.md:
-    - zstd (MDS) shards keep a core busy each: one thread per core, two more shards queued so
-      that a core never waits for the in-order fold, and the file of the shard after those asked
-      of the kernel ahead (posix_fadvise WILLNEED) so that a cold read does not idle a core.
-      ~10% faster than three threads, cold or warm, and ~50 MB less memory.
-    - raw shards (memmap, .npy) wait for the disk: one thread more than the cores keeps a read
-      in flight; asking the kernel ahead made it slower there (two reads of each file at once).
-    Memory: `depth` shards in flight plus the one being folded in."""
-    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
-    cores = min(len(usable), MAX_READ_THREADS)
-    zstd = reader.kind == "mds"
-    threads = cores if zstd else cores + 1
-    depth = threads + 2 if zstd else threads
+    cores work on several shards at once (_read_plan says how many). Memory: the shards queued
+    ahead plus the one being folded in. Closing early cancels the shards not yet started."""
+    threads, depth, prefetch = _read_plan(reader)
     files = reader.shard_files()
+    n = len(files)
 
     def load(i):
         try:
@@ -82,50 +90,61 @@ def _read_ahead(reader: SplitReader, eos_id, count_every: int):
             return e, None
         return shard, digest(shard.tokens, shard.segments, eos_id, count_every)
 
-    n = len(files)
-    with ThreadPoolExecutor(threads, thread_name_prefix="read-shard") as pool, \
-            ThreadPoolExecutor(1, thread_name_prefix="prefetch") as kernel:
-        if zstd:  # in a thread of its own: the call can wait for room in the disk's queue
-            for i in range(min(depth + 1, n)):
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="read-shard")
+    kernel = ThreadPoolExecutor(1, thread_name_prefix="prefetch")  # the call can wait for the disk
+    try:
+        if prefetch:  # the first `threads` files are being read already
+            for i in range(threads, min(depth + 1, n)):
                 kernel.submit(_prefetch, files[i])
         ahead = deque(pool.submit(load, i) for i in range(min(depth, n)))
         for i in range(n):
             shard = ahead.popleft().result()
             if i + depth < n:
                 ahead.append(pool.submit(load, i + depth))
-            if zstd and i + depth + 1 < n:
+            if prefetch and i + depth + 1 < n:
                 kernel.submit(_prefetch, files[i + depth + 1])
             yield shard
+    finally:
+        pool.shutdown(cancel_futures=True)
+        kernel.shutdown(cancel_futures=True)
 
 
 def _prefetch(path: Path):
-    """Ask the kernel to read `path` into the page cache; it returns before the data is there."""
+    """Ask the kernel to read `path` into the page cache; it returns before the data is there.
+    Advice only: a file that cannot be opened is reported when it is read."""
     if not hasattr(os, "posix_fadvise"):
         return
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return  # a missing or unreadable shard is reported when it is read
+        return
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
     finally:
         os.close(fd)
 
 
 def keep_shard_buffers() -> bool:
-    """Have glibc serve blocks up to 32 MiB (a decompressed shard, a shard's tokens) from its
-    heap and keep up to 128 MiB of freed heap, instead of mapping each block fresh and unmapping
-    it on free. The read-ahead threads allocate and free such blocks for every shard; with the
-    defaults the kernel zero-fills every page of each again (a fifth of the CPU of a warm MDS scan,
-    docs/BENCHMARKS.md). Process-wide, so the `pack stats` command calls it, not `collect`. False
-    where the C library has no mallopt (musl, macOS): the defaults, a little slower."""
+    """Have glibc serve blocks below 32 MiB (its cap for this setting) from its heap and keep up
+    to 128 MiB of freed heap, instead of mapping each such block fresh and unmapping it on free.
+    The read-ahead threads allocate and free a shard's compressed bytes, its decompressed bytes
+    and its tokens for every shard; the kernel zero-fills every page of a fresh mapping. On the
+    benchmark's 14.6 MB shards this took warm MDS stats at 8 GiB from 9.35 s and 17.1 CPU
+    seconds to 8.41 s and 15.1 (docs/BENCHMARKS.md). Shards of 32 MiB and more (pack build's
+    default --shard-bytes is 64 MiB) are mapped fresh whatever the setting, as they are when
+    only decompressing them. The cost: freed blocks stay in the process (peak RSS in
+    docs/BENCHMARKS.md). Process-wide, so the `pack stats` command calls it, not `collect`.
+    False where it does nothing (musl's mallopt ignores it; macOS and Windows have none)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows has no CDLL(None)
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    return bool(mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(M_TRIM_THRESHOLD,
-                                                                     128 << 20))
+    served = mallopt(M_MMAP_THRESHOLD, 32 << 20)
+    kept = mallopt(M_TRIM_THRESHOLD, 128 << 20)
+    return bool(served and kept)
 
 
 def _agree_with_manifest(name: str, got: dict, manifest: dict, problems: list):

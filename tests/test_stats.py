@@ -390,10 +390,16 @@ def test_an_unfinished_build_says_to_resume_it(tmp_path, byte_tokenizer, texts):
     assert r.exit_code == 1 and "unfinished build" in r.output and "re-run the same" in r.output
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt/mallinfo2 are glibc's")
+def _has_mallinfo2() -> bool:
+    import ctypes
+    return platform.libc_ver()[0] == "glibc" and hasattr(ctypes.CDLL(None), "mallinfo2")
+
+
+@pytest.mark.skipif(not _has_mallinfo2(), reason="needs glibc >= 2.33 (mallopt, mallinfo2)")
 def test_keep_shard_buffers_serves_and_keeps_shard_sized_blocks_on_the_heap():
-    """After keep_shard_buffers a 24 MiB block comes from the heap (not its own mapping) and stays
-    there once freed, so the next shard's block reuses pages instead of faulting in new ones."""
+    """The settings take effect: with glibc's defaults a fresh process maps its first 24 MiB
+    block on its own and unmaps it on free; after keep_shard_buffers the block comes from the
+    heap and stays there once freed. (What that saves is measured in docs/BENCHMARKS.md.)"""
     probe = textwrap.dedent("""
         import ctypes, json, sys
         import numpy as np
@@ -432,3 +438,51 @@ def test_find_rare_is_flatnonzero_of_equal(length, dtype):
         flat[:] = 3
         flat[-1] = flat[0] = 9  # a hit in the first word and in the tail
         assert find_rare(flat, 9).tolist() == sorted({0, length - 1})
+    rows = rng.integers(0, 5, (3, length)).astype(dtype)
+    strided = rows[::2].reshape(-1)[1:]  # a copy of every other row, less its first token
+    assert np.array_equal(find_rare(strided, 2), np.flatnonzero(strided == 2))
+    assert np.array_equal(find_rare(rows[:, ::3].reshape(-1), 2),
+                          np.flatnonzero(rows[:, ::3].reshape(-1) == 2))
+
+
+@pytest.mark.parametrize("compression,plan", [("zstd", (2, 4, True)), ("none", (3, 3, False))])
+def test_read_plan_of_compressed_and_raw_mds(tmp_path, byte_tokenizer, texts, monkeypatch,
+                                             compression, plan):
+    """Compressed MDS shards are read one thread per core with the kernel asked ahead; raw ones
+    (here uncompressed MDS) one thread more than the cores, with no asking ahead."""
+    from pipeline.shards import SplitReader
+    from pipeline.stats_report import _read_plan
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    out = make_build(tmp_path, texts, compression=compression)
+    assert _read_plan(SplitReader(out / "train")) == plan
+    assert collect(out)["checks"]["ok"]
+
+
+def test_read_ahead_closed_early_cancels_the_shards_not_started(tmp_path, byte_tokenizer, texts,
+                                                               monkeypatch):
+    """Shard 0 is digested at once, every later one waits a while in its thread: closing the
+    stream after shard 0 leaves the shards being digested to finish and never starts the rest."""
+    import threading
+
+    from pipeline import stats_report
+    from pipeline.shards import SplitReader
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    reader = SplitReader(make_build(tmp_path, texts) / "train", EOS)
+    threads, depth, _ = stats_report._read_plan(reader)
+    assert (threads, depth) == (2, 4) and len(reader.shard_files()) > depth + 1
+    started, later = [], threading.Event()
+    real_digest = stats_report.digest
+
+    def slow_digest(tokens, *args):
+        started.append(1)
+        if len(started) > 1:
+            later.wait(0.5)
+        return real_digest(tokens, *args)
+
+    monkeypatch.setattr(stats_report, "digest", slow_digest)
+    shards = stats_report._read_ahead(reader, EOS, 1)
+    next(shards)  # shards 0-3 were queued, shard 4 now too; 1 and maybe 2 are being digested
+    shards.close()
+    assert len(started) <= 1 + threads < 1 + depth
