@@ -12,8 +12,10 @@ What it measures, in one run:
    docs basenames and the top-level row count). K is chosen so that the memmap split holds --mb
    MiB on disk; MDS gets the same K, hence the same tokens. manifest.json is not copied, so stats
    runs without one and gets `--eos-id 50256`. A second pair of datasets with --mb / 4 (timed by
-   `pack stats` only) shows that memory does not grow with the data. `pack stats BIG-FMT --eos-id
-   50256` must exit 0 once before anything is timed.
+   `pack stats` only) shows that memory does not grow with the data; it is scanned 4 times per
+   round to the big one's once, so that both sizes see as many shards: the peak is when the
+   threads' buffers happen to coincide, and a run over more shards has more chances of that.
+   `pack stats BIG-FMT --eos-id 50256` must exit 0 once before anything is timed.
 2. Per format, per round, alternating (the order of formats and of the steps rotates each round):
    - read: `cat FILES > /dev/null` (a subprocess) and, in this process, `np.fromfile(f, uint8)`
      of each file plus a touch of one byte per page; the faster of the two is the read baseline.
@@ -302,8 +304,8 @@ def measure(big: dict, small: dict, tiny: dict, repeat: int, cold: bool) -> dict
                         ["stats", "collect"]
                 k = r % len(steps)
                 steps = steps[k:] + steps[:k]
-                if small[fmt]:
-                    steps.append("stats-small")
+                if small[fmt]:  # as many shards scanned as in the big dataset's one run
+                    steps += ["stats-small"] * round(big[fmt]["shards"] / small[fmt]["shards"])
                 if state == "warm":
                     for ds in (big[fmt], small[fmt]):  # everything in the page cache
                         if ds:
