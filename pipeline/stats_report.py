@@ -133,9 +133,9 @@ def keep_shard_buffers() -> bool:
     and its tokens for every shard; the kernel zero-fills every page of a fresh mapping. On the
     benchmark's 14.6 MB shards this took warm MDS stats at 8 GiB from 9.35 s and 17.1 CPU
     seconds to 8.41 s and 15.1 (docs/BENCHMARKS.md). One heap (arena) for all threads, not one
-    each: what one thread frees the next can reuse, so the kept memory does not grow with the
-    threads, and peak memory levels off after the first shards instead of creeping up over
-    hundreds (malloc is called a few times per shard, so sharing its lock costs nothing).
+    each: what one thread frees another can reuse, so the kept memory does not multiply by the
+    threads (peak RSS at 8 GiB 163-182 MiB instead of 205-207; malloc is called a few times per
+    shard, so sharing its lock costs no measurable time).
     Shards of 32 MiB and more (pack build's default --shard-bytes is 64 MiB) are mapped fresh
     whatever the setting, as they are when only decompressing them. Process-wide, so the `pack
     stats` command calls it, not `collect`. False where it does nothing (musl's mallopt ignores
