@@ -461,9 +461,12 @@ def test_read_plan_of_compressed_and_raw_mds(tmp_path, byte_tokenizer, texts, mo
 
 def test_read_ahead_closed_early_cancels_the_shards_not_started(tmp_path, byte_tokenizer, texts,
                                                                monkeypatch):
-    """Shard 0 is digested at once, every later one waits a while in its thread: closing the
-    stream after shard 0 leaves the shards being digested to finish and never starts the rest."""
+    """Shard 0 is read at once, every later one blocks in its thread until the stream is
+    closed: closing after shard 0 lets the shards being read finish and never starts the rest.
+    No timing involved: the blocked reads are let go only after the pool has cancelled the shards
+    not started (a timed wait let a slow machine start one more before the close)."""
     import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     from pipeline import stats_report
     from pipeline.shards import SplitReader
@@ -472,17 +475,24 @@ def test_read_ahead_closed_early_cancels_the_shards_not_started(tmp_path, byte_t
     reader = SplitReader(make_build(tmp_path, texts) / "train", EOS)
     threads, depth, _ = stats_report._read_plan(reader)
     assert (threads, depth) == (2, 4) and len(reader.shard_files()) > depth + 1
-    started, later = [], threading.Event()
-    real_digest = stats_report.digest
+    started, closed = [], threading.Event()
+    real_read = reader.read_shard
 
-    def slow_digest(tokens, *args):
-        started.append(1)
-        if len(started) > 1:
-            later.wait(0.5)
-        return real_digest(tokens, *args)
+    def blocking_read(i, **kwargs):
+        started.append(i)
+        if i > 0:
+            assert closed.wait(30), "the stream was never closed"
+        return real_read(i, **kwargs)
 
-    monkeypatch.setattr(stats_report, "digest", slow_digest)
+    class ClosingPool(ThreadPoolExecutor):
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            super().shutdown(wait=False, cancel_futures=cancel_futures)  # cancels, returns at once
+            closed.set()
+            super().shutdown(wait=wait)
+
+    monkeypatch.setattr(reader, "read_shard", blocking_read)
+    monkeypatch.setattr(stats_report, "ThreadPoolExecutor", ClosingPool)
     shards = stats_report._read_ahead(reader, EOS, 1)
-    next(shards)  # shards 0-3 were queued, shard 4 now too; 1 and maybe 2 are being digested
+    next(shards)  # shards 0-3 were queued, shard 4 now too; 1 and maybe 2 are being read
     shards.close()
-    assert len(started) <= 1 + threads < 1 + depth
+    assert set(started) <= set(range(1 + threads)) and 1 + threads < 1 + depth
