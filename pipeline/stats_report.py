@@ -43,8 +43,10 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
         problems.append(Problem(name, str(e)))
         return None
     problems += file_checks(name, reader, verify)
-    scan = SplitScan(name, eos_id, vocab, verify, problems, seq=seq,
-                     keep_hashes=other_hashes is None, other_hashes=other_hashes)
+    # Only val keeps its document hashes (train is checked against them as it streams by); a
+    # train split that kept its own would hold 8 bytes per document, all of them at once.
+    scan = SplitScan(name, eos_id, vocab, verify, problems, seq=seq, keep_hashes=name == "val",
+                     other_hashes=other_hashes)
     for shard, d in _read_ahead(reader, eos_id, 1 if verify else VOCAB_SAMPLE):
         if isinstance(shard, ShardError):
             if not any(p.file == f"{name}/{shard.path.name}" for p in problems):

@@ -496,3 +496,30 @@ def test_read_ahead_closed_early_cancels_the_shards_not_started(tmp_path, byte_t
     next(shards)  # shards 0-3 were queued, shard 4 now too; 1 and maybe 2 are being read
     shards.close()
     assert set(started) <= set(range(1 + threads)) and 1 + threads < 1 + depth
+
+
+def test_train_keeps_no_document_hashes_with_or_without_val(tmp_path, byte_tokenizer, texts,
+                                                            monkeypatch):
+    """Memory bounded: only val's hashes are held for the overlap check; train's stream by.
+    (Train without a val split used to keep 8 bytes per document: RSS grew with the data.)"""
+    import shutil
+
+    from pipeline import stats_report
+
+    scans, real_scan = [], stats_report.SplitScan
+
+    def recorded_scan(*args, **kwargs):
+        scans.append(real_scan(*args, **kwargs))
+        return scans[-1]
+
+    monkeypatch.setattr(stats_report, "SplitScan", recorded_scan)
+    out = make_build(tmp_path, texts)
+    assert collect(out)["checks"]["ok"]
+    kept = {s.name: sum(len(h) for h in s.hashes) for s in scans}
+    assert kept["train"] == 0 and kept["val"] == expected(texts, "val")["documents"]
+    shutil.rmtree(out / "val")
+    (out / "manifest.json").unlink()
+    scans.clear()
+    report = collect(out, eos_id=EOS)
+    assert report["checks"]["ok"] and report["splits"]["train"]["documents"] > 0
+    assert [(s.name, s.hashes) for s in scans] == [("train", [])]
