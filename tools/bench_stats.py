@@ -5,16 +5,19 @@ What it measures, in one run:
 
 1. Corpus. `pack build --dataset fineweb-edu --input /work/shared/data/fineweb-edu-sample
    --tokenizer gpt2.tiktoken --seq 32768 --val-fraction 0.001 --shard-bytes 33554432 --format FMT
-   --quiet` for FMT = mds (zstd) and memmap: ~7.3 M real GPT-2 tokens (~15 MB as memmap). The
-   train split's shard files are then copied K times (real copies, not links, so that a cold read
-   reads K times from disk) into BIG-FMT/train/ with consecutive shard numbers; a copied
-   index.json names the renamed files (MDS: raw_data and zip_data basenames; memmap: tokens and
-   docs basenames and the top-level row count). K is chosen so that the memmap split holds --mb
-   MiB on disk; MDS gets the same K, hence the same tokens. manifest.json is not copied, so stats
-   runs without one and gets `--eos-id 50256`. A second pair of datasets with --mb / 4 (timed by
-   `pack stats` only) shows that memory does not grow with the data; it is scanned 4 times per
-   round to the big one's once, so that both sizes see as many shards: the peak is when the
-   threads' buffers happen to coincide, and a run over more shards has more chances of that.
+   --quiet` for FMT = mds (zstd) and memmap: ~7.3 M real GPT-2 tokens (~15 MB as memmap, one
+   shard). With --shard-mib N other than 32, a second build with `--shard-bytes N MiB` reads
+   the sample's files R times over (symlinks under other names) so that its train split fills
+   at least one N MiB shard (64, pack build's default: R = 5, one 64 MiB shard and one of the
+   rest); that build is then the base. The base train split's shard files are then copied K
+   times (real copies, not links, so that a cold read reads K times from disk) into
+   BIG-FMT/train/ with consecutive shard numbers; a copied index.json names the renamed files
+   (MDS: raw_data and zip_data basenames; memmap: tokens and docs basenames and the top-level
+   row count). K is chosen so that the memmap split holds --mb MiB on disk; MDS gets the same
+   K, hence the same tokens. manifest.json is not copied (nor the val split), so stats runs
+   without one and gets `--eos-id 50256`. A second pair of datasets with --mb / 4 (timed by
+   `pack stats` only) shows whether memory grows with the data; it is scanned 4 times per
+   round to the big one's once, so that both sizes are measured over as many shards.
    `pack stats BIG-FMT --eos-id 50256` must exit 0 once before anything is timed.
 2. Per format, per round, alternating (the order of formats and of the steps rotates each round):
    - read: `cat FILES > /dev/null` (a subprocess) and, in this process, `np.fromfile(f, uint8)`
@@ -43,8 +46,8 @@ whatever the figures are: it is a measuring tool, not a test. --profile adds a c
 collect() (main thread only; the read-ahead threads are not profiled) on each big dataset, top 8
 functions by own time.
 
-    .venv/bin/python tools/bench_stats.py [--work DIR] [--mb 1024] [--repeat 3] [--no-cold]
-                                          [--profile] [--keep]
+    .venv/bin/python tools/bench_stats.py [--work DIR] [--mb 1024] [--shard-mib 32] [--repeat 3]
+                                          [--no-cold] [--profile] [--keep]
 """
 
 import argparse
@@ -75,7 +78,7 @@ FINEWEB_SAMPLE = SHARED / "data" / "fineweb-edu-sample"
 GPT2_TIKTOKEN = SHARED / "tokenizers" / "gpt2.tiktoken"
 SEQ = 32768
 EOS_ID = 50256
-SHARD_BYTES = 32 << 20
+SHARD_MIB = 32  # --shard-bytes of the base build: more than the sample fills (one 14.6 MB shard)
 VAL_FRACTION = 0.001
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 MIB = 1 << 20
@@ -104,14 +107,24 @@ def drop_caches():
 
 # ----------------------------------------------------------------------------------- datasets
 
-def build_base(work: Path, fmt: str) -> Path:
-    out = work / f"base-{fmt}"
+def build_base(work: Path, fmt: str, shard_mib: int = SHARD_MIB, repeats: int = 1) -> Path:
+    """pack build of the sample (read `repeats` times over, through links) into work/base-FMT
+    (work/base-FMT-NMiB for another --shard-mib)."""
+    out = work / (f"base-{fmt}" if shard_mib == SHARD_MIB else f"base-{fmt}-{shard_mib}MiB")
     if (out / "manifest.json").exists():
         print(f"{out.name}: reusing the existing build", flush=True)
         return out
-    cmd = [pack_executable(), "build", "--dataset", "fineweb-edu", "--input", str(FINEWEB_SAMPLE),
+    source = FINEWEB_SAMPLE
+    if repeats > 1:  # the same files under other names: pack build reads each name once
+        source = work / f"input-x{repeats}"
+        shutil.rmtree(source, ignore_errors=True)
+        source.mkdir(parents=True)
+        for k in range(repeats):
+            for f in sorted(FINEWEB_SAMPLE.glob("*.parquet")):
+                (source / f"copy{k}-{f.name}").symlink_to(f.resolve())
+    cmd = [pack_executable(), "build", "--dataset", "fineweb-edu", "--input", str(source),
            "--tokenizer", str(GPT2_TIKTOKEN), "--seq", str(SEQ), "--val-fraction",
-           str(VAL_FRACTION), "--shard-bytes", str(SHARD_BYTES), "--out", str(out),
+           str(VAL_FRACTION), "--shard-bytes", str(shard_mib * MIB), "--out", str(out),
            "--format", fmt, "--quiet"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -122,6 +135,14 @@ def build_base(work: Path, fmt: str) -> Path:
           f"tokens, {m['rows']:,} rows, {m['shards']} shard(s), {m['bytes'] / 1e6:.1f} MB",
           flush=True)
     return out
+
+
+def repeats_to_fill(work: Path, shard_mib: int) -> int:
+    """How many times the sample must be read for its train split to fill one shard of
+    `shard_mib` MiB (the sample itself fills 14.6 MB; pack build's default shard is 64 MiB)."""
+    rows = json.loads((work / "base-memmap" / "manifest.json").read_text())["splits"]["train"]["rows"]
+    rows_per_shard = shard_mib * MIB // (SEQ * 2)  # uint16 tokens: GPT-2's ids fit
+    return max(1, math.ceil(rows_per_shard / rows))
 
 
 def shard_names(entry: dict, fmt: str) -> list[str]:
@@ -443,6 +464,9 @@ def parse_args() -> argparse.Namespace:
                         "(default: if /proc/sys/vm/drop_caches is writable)")
     p.add_argument("--small", action=argparse.BooleanOptionalAction, default=True,
                    help="also run pack stats on a --mb / 4 dataset, for peak RSS vs size")
+    p.add_argument("--shard-mib", type=int, default=SHARD_MIB,
+                   help="--shard-bytes of the base build, MiB; above the sample's 14.6 MB the "
+                        "sample is read several times over so that its train split fills a shard")
     p.add_argument("--profile", action="store_true",
                    help="cProfile collect() on each big dataset (top 8 by own time)")
     p.add_argument("--keep", action="store_true", help="keep the datasets")
@@ -456,22 +480,27 @@ def main():
     if cold and not can_drop_caches():
         sys.exit(f"--cold needs to write {DROP_CACHES} (root)")
     work, made_work = work_dir(args.work, "bench_stats.")
-    print(f"bench_stats: work {work}, --mb {args.mb:g}, --repeat {args.repeat}, cold {cold}, "
+    print(f"bench_stats: work {work}, --mb {args.mb:g}, --shard-mib {args.shard_mib}, "
+          f"--repeat {args.repeat}, cold {cold}, "
           f"cpus {os.cpu_count()}, python {sys.version.split()[0]}, numpy {np.__version__}, "
           f"zstandard {zstandard.__version__}, checkout {describe_checkout()}", flush=True)
     print("MB/s = bytes on disk of the split / seconds (10^6 B/s); cpu s = CPU seconds the step "
           "used; others = cores' worth of CPU other processes used meanwhile", flush=True)
     try:
-        big, small, tiny = {}, {}, {}
+        big, small, tiny, bases = {}, {}, {}, {}
         for fmt in FORMATS:
-            base = build_base(work, fmt)
-            tiny[fmt] = base / "val"
-        base_bytes = describe(work / "base-memmap" / "train", "memmap", 1, True)["disk_bytes"]
+            bases[fmt] = build_base(work, fmt)
+            tiny[fmt] = bases[fmt] / "val"
+        if args.shard_mib != SHARD_MIB:
+            repeats = repeats_to_fill(work, args.shard_mib)
+            for fmt in FORMATS:
+                bases[fmt] = build_base(work, fmt, args.shard_mib, repeats)
+        base_bytes = describe(bases["memmap"] / "train", "memmap", 1, True)["disk_bytes"]
         copies = max(1, math.ceil(args.mb * MIB / base_bytes))
         for fmt in FORMATS:
             t0 = time.perf_counter()
-            big[fmt] = replicate(work / f"base-{fmt}" / "train", work / f"big-{fmt}", fmt, copies)
-            small[fmt] = (replicate(work / f"base-{fmt}" / "train", work / f"small-{fmt}", fmt,
+            big[fmt] = replicate(bases[fmt] / "train", work / f"big-{fmt}", fmt, copies)
+            small[fmt] = (replicate(bases[fmt] / "train", work / f"small-{fmt}", fmt,
                                     max(1, copies // 4)) if args.small else None)
             for ds in filter(None, (big[fmt], small[fmt])):
                 print(f"{ds['dir'].name}: {ds['copies']} copies, {ds['shards']} shards, "
