@@ -19,7 +19,7 @@ from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest, file_checks
 
 TOKENS_PER_PARAM = 20  # compute-optimal training (Hoffmann et al. 2022, "Chinchilla")
 MAX_READ_THREADS = 4  # each shard in flight holds its compressed, decompressed and token bytes
-M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # mallopt's, from glibc's <malloc.h>
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # mallopt's, from glibc's <malloc.h>
 
 
 def _tokenizer(manifest: dict | None, not_checked: list):
@@ -129,25 +129,25 @@ def _prefetch(path: Path):
 
 
 def keep_shard_buffers() -> bool:
-    """Have glibc serve every block from one heap, never from a mapping of its own, and keep up
-    to 128 MiB of it freed. By default a block of 128 KiB and more (up to 32 MiB as the threshold
-    adapts) is mapped fresh and unmapped on free, and the kernel zero-fills every page of a fresh
-    mapping; the read-ahead threads allocate and free a shard's compressed bytes, its
-    decompressed bytes and its tokens for every shard. On the benchmark's 14.6 MB shards keeping
-    blocks below 32 MiB took warm MDS stats at 8 GiB from 9.35 s and 17.1 CPU seconds to 8.41 s
-    and 15.1; on pack build's default 64 MiB shards no mapping at all took the CPU of reading a
-    shard from 175 to 128 ms (docs/BENCHMARKS.md). One heap (arena) for all threads, not one
+    """Have glibc serve blocks below 32 MiB (its cap for this setting) from one heap and keep up
+    to 128 MiB of it freed, instead of mapping each such block fresh and unmapping it on free.
+    The read-ahead threads allocate and free a shard's compressed bytes, its decompressed bytes
+    and its tokens for every shard; the kernel zero-fills every page of a fresh mapping. On the
+    benchmark's 14.6 MB shards this took warm MDS stats at 8 GiB from 9.35 s and 17.1 CPU
+    seconds to 8.41 s and 15.1 (docs/BENCHMARKS.md). One heap (arena) for all threads, not one
     each: what one thread frees another can reuse, so the kept memory does not multiply by the
     threads (peak RSS at 8 GiB 163-182 MiB instead of 205-207; malloc is called a few times per
-    shard, so sharing its lock costs no measurable time). Process-wide, so the `pack stats`
-    command calls it, not `collect`. False where it does nothing (musl's mallopt ignores it;
-    macOS and Windows have none)."""
+    shard, so sharing its lock costs no measurable time).
+    Shards of 32 MiB and more (pack build's default --shard-bytes is 64 MiB) are mapped fresh
+    whatever the setting, as they are when only decompressing them. Process-wide, so the `pack
+    stats` command calls it, not `collect`. False where it does nothing (musl's mallopt ignores
+    it; macOS and Windows have none)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError, TypeError):  # TypeError: Windows has no CDLL(None)
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    served = mallopt(M_MMAP_MAX, 0)
+    served = mallopt(M_MMAP_THRESHOLD, 32 << 20)
     kept = mallopt(M_TRIM_THRESHOLD, 128 << 20)
     shared = mallopt(M_ARENA_MAX, 1)
     return bool(served and kept and shared)
