@@ -10,6 +10,7 @@ zstandard, so reading needs neither torch nor mosaicml-streaming.
 """
 
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,7 @@ class MdsColumns:
         self.raw, self.shard = raw, shard
         self.n = int(np.frombuffer(raw, "<u4", 1)[0])
         offsets = np.frombuffer(raw, "<u4", self.n + 1, offset=4).astype(np.int64)
-        header = json.loads(raw[8 + 4 * self.n:offsets[0]])
+        header = json.loads(bytes(raw[8 + 4 * self.n:offsets[0]]))
         differ = [k for k, v in header.items() if shard.get(k) != v]
         if differ:
             raise LongpackError(f"its header disagrees with index.json on "
@@ -118,6 +119,37 @@ class MdsColumns:
                           count)  # each value's sample start, less the values before it
         at = first + np.arange(int(count.sum())) * dtype.itemsize
         return _gather(self.buf, at, dtype), count
+
+
+_scratch = threading.local()  # each thread's buffer for the shard it is decoding
+
+
+def _shard_bytes(path: Path, entry: dict) -> memoryview:
+    """An MDS shard's (decompressed) bytes, in a buffer that the calling thread reuses for its
+    next shard: nothing read out of it may keep a view of it (MdsColumns copies what it reads).
+    A fresh buffer per shard is a fresh mapping for every shard of 32 MiB and more (pack
+    build's default is 64 MiB), and the kernel zero-fills each of its pages on first touch: on
+    a 64 MiB shard that took more time than the rest of decompressing it
+    (docs/BENCHMARKS.md). The buffer is the largest shard this thread has read."""
+    size = entry["raw_data"]["bytes"]
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _scratch.buf = bytearray(size)
+    out = memoryview(buf)[:size]
+    if entry["zip_data"]:
+        source = zstandard.ZstdDecompressor().stream_reader(path.read_bytes())
+    else:
+        source = path.open("rb")
+    with source:
+        got = 0
+        while got < size and (n := source.readinto(out[got:])):
+            got += n
+        extra = len(source.read(1))
+    if got != size or extra:
+        raise ValueError(f"it {'decompresses to' if entry['zip_data'] else 'holds'} "
+                         f"{'more than ' if extra else ''}{got:,} bytes, index.json says "
+                         f"{size:,}")
+    return out
 
 
 def starts_from_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
@@ -201,10 +233,7 @@ class SplitReader:
 
     def _mds_shard(self, entry: dict, path: Path, bytes_dtype: str) -> "Shard":
         try:
-            data = path.read_bytes()
-            if entry["zip_data"]:
-                data = zstandard.ZstdDecompressor().decompress(data)
-            columns = MdsColumns(data, entry)
+            columns = MdsColumns(_shard_bytes(path, entry), entry)
             if columns.n != entry["samples"]:
                 raise ShardError(path, f"holds {columns.n} rows, index.json says "
                                        f"{entry['samples']}")

@@ -376,6 +376,45 @@ def test_an_mds_shard_whose_header_disagrees_with_its_index_is_named(tmp_path):
         next(open_split(out).shards())
 
 
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_shards_read_one_after_another_on_a_thread_keep_their_own_rows(
+        tmp_path, byte_tokenizer, texts, compression):
+    """Each thread decodes its shards in one reused buffer: what a read returns must not change
+    when the same thread reads the next shard into that buffer."""
+    from pipeline.shards import open_split
+    from pipeline.streaming_compat import import_streaming
+
+    out = make_build(tmp_path, texts, compression=compression)
+    reader = open_split(out / "train")
+    first = reader.read_shard(0)
+    tokens, segments = first.tokens.copy(), first.segments.copy()
+    later = [reader.read_shard(i) for i in range(1, len(reader.shard_files()))]
+    assert later and np.array_equal(first.tokens, tokens)
+    assert np.array_equal(first.segments, segments)
+    streaming = import_streaming()  # and every shard reads as mosaicml-streaming reads it
+    data = streaming.StreamingDataset(local=str(out / "train"), shuffle=False, batch_size=1)
+    rows = np.concatenate([s.tokens for s in [first, *later]])
+    assert np.array_equal(rows, np.stack([data[i]["tokens"] for i in range(len(data))]))
+
+
+@pytest.mark.parametrize("compression,says", [("zstd", "decompresses to"), ("none", "holds")])
+@pytest.mark.parametrize("change", [-1, 1])
+def test_an_mds_shard_of_other_than_its_indexed_size_is_named(
+        tmp_path, byte_tokenizer, texts, compression, says, change):
+    from pipeline.shards import ShardError, open_split
+
+    out = make_build(tmp_path, texts, compression=compression)
+    index_path = out / "train" / "index.json"
+    index = json.loads(index_path.read_text())
+    size = index["shards"][0]["raw_data"]["bytes"]
+    index["shards"][0]["raw_data"]["bytes"] = size + change
+    index_path.write_text(json.dumps(index))
+    more = "more than " if change < 0 else ""
+    with pytest.raises(ShardError, match=f"{says} {more}{size - (change < 0):,} bytes, "
+                                         f"index.json says {size + change:,}"):
+        open_split(out / "train").read_shard(0)
+
+
 def test_one_split_directory_uses_the_builds_manifest(tmp_path, byte_tokenizer, texts):
     out = make_build(tmp_path, texts)
     r = collect(out / "val", verify=True)
