@@ -103,7 +103,6 @@ def stats(path, verify, as_json, decode, split, plot, throughput, budget, eos_id
         if decode is not None:
             click.echo(stats_report.decode_row(path, split, decode, eos_id))
             return
-        stats_report.keep_shard_buffers()
         report = stats_report.collect(path, verify, throughput, budget, eos_id)
         if plot is not None:
             stats_report.plot(report, plot)

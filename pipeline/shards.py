@@ -21,6 +21,8 @@ import zstandard
 from pipeline.errors import LongpackError
 from pipeline.write_memmap import FORMAT as MEMMAP_FORMAT
 
+BYTES_TOKENS = "int64"  # a `bytes` token column: llm-foundry's converter writes int64 ids
+
 
 def _gather(buf: np.ndarray, at: np.ndarray, dtype) -> np.ndarray:
     """Values of `dtype` at byte positions `at` of `buf` (uint8), which need not be aligned."""
@@ -64,16 +66,15 @@ class MdsColumns:
             raise ValueError(f"sample {i} is {offsets[i + 1] - offsets[i]} bytes, its columns "
                              f"{pos[i] - offsets[i]}")
 
-    def values(self, name: str, bytes_dtype: str = "int64") -> tuple[np.ndarray, np.ndarray,
-                                                                    np.dtype]:
+    def values(self, name: str) -> tuple[np.ndarray, np.ndarray, np.dtype]:
         """(where each sample's values start in the buffer, how many, their dtype) of an ndarray
-        column (fixed or variable shape) or of a bytes column read as `bytes_dtype` (other
-        tools' byte-encoded token column)."""
+        column (fixed or variable shape) or of a bytes column (other tools' byte-encoded token
+        column, read as BYTES_TOKENS)."""
         start, size = self.spans[name]
         encoding = self.shard["column_encodings"][self.shard["column_names"].index(name)]
         kind, _, rest = encoding.partition(":")
         if kind == "bytes":
-            dtype = np.dtype(bytes_dtype)
+            dtype = np.dtype(BYTES_TOKENS)
         elif kind == "ndarray":
             dtype_name, _, shape = rest.partition(":")
             if not dtype_name:
@@ -102,15 +103,18 @@ class MdsColumns:
             raise ValueError(f"column {name!r}: a value's size is not whole {dtype} elements")
         return start, size // dtype.itemsize, dtype
 
-    def rows(self, name: str, bytes_dtype: str = "int64") -> np.ndarray:
-        """An array column whose values all have the same length, as [n, length]."""
-        start, count, dtype = self.values(name, bytes_dtype)
+    def row_starts(self, name: str) -> tuple[list[int], int, np.dtype]:
+        """(where each sample's value starts, their one length, dtype) of an array column whose
+        values all have the same length: the shard's rows."""
+        start, count, dtype = self.values(name)
         if len(set(count.tolist())) > 1:
             raise LongpackError(f"rows of different lengths: {sorted(set(count.tolist()))}")
-        out = np.empty((self.n, int(count[0]) if self.n else 0), dtype)
-        for i, at in enumerate(start.tolist()):  # one copy of each row, aligned or not
-            out[i] = np.frombuffer(self.raw, dtype, out.shape[1], at)
-        return out
+        return start.tolist(), int(count[0]) if self.n else 0, dtype
+
+    def copy_rows(self, starts: list[int], out: np.ndarray):
+        """The values starting at byte `starts` (from row_starts) into the rows of `out`."""
+        for i, at in enumerate(starts):  # one copy of each row, aligned or not
+            out[i] = np.frombuffer(self.raw, out.dtype, out.shape[1], at)
 
     def flat(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """A variable-length array column, every sample's values concatenated, and their counts."""
@@ -194,18 +198,47 @@ class SplitReader:
             return self.index["shards"][i]["rows"]
         return np.load(self.shard_files()[i], mmap_mode="r").shape[0]
 
-    def shards(self, bytes_dtype: str = "int64") -> Iterator["Shard"]:
+    def shards(self) -> Iterator["Shard"]:
         """Each shard's rows [n, seq] and segments [m, 3] (row, start, hash), or None where the
         data records none. A shard that cannot be read raises ShardError naming it; `read_shard`
         reads one by number, so a caller can report it and go on (`pack stats` does)."""
         for i in range(len(self.shard_files())):
-            yield self.read_shard(i, bytes_dtype)
+            yield self.read_shard(i)
 
-    def read_shard(self, i: int, bytes_dtype: str = "int64", in_memory: bool = False) -> "Shard":
+    def read_shard(self, i: int, in_memory: bool = False) -> "Shard":
         """Shard i; .npy files are memory-mapped unless `in_memory` (one sequential read)."""
-        path = self.shard_files()[i]
         if self.kind == "mds":
-            return self._mds_shard(self.index["shards"][i], path, bytes_dtype)
+            columns, starts, seq, dtype, segments = self._mds_columns(i)
+            tokens = np.empty((len(starts), seq), dtype)
+            columns.copy_rows(starts, tokens)
+            return Shard(self.shard_files()[i], tokens, segments)
+        return self._npy_shard(i, in_memory)
+
+    def read_blocks(self, i: int, block_bytes: int, in_memory: bool = False) -> "ShardBlocks":
+        """Shard i for one pass over its rows, about `block_bytes` of them at a time, each block
+        used while it is still in the CPU's cache. MDS rows are copied into one block buffer
+        after another and never into a whole-shard array: the caller must be done with a block
+        before it takes the next, and take them in the thread that called this."""
+        if self.kind != "mds":
+            shard = self._npy_shard(i, in_memory)
+            n, seq = shard.tokens.shape
+            k = max(1, block_bytes // max(1, seq * shard.tokens.itemsize))
+            return ShardBlocks(shard.path, n, seq, shard.tokens.dtype, shard.segments,
+                               ((a, shard.tokens[a:a + k]) for a in range(0, n, k)))
+        columns, starts, seq, dtype, segments = self._mds_columns(i)
+        k = max(1, block_bytes // max(1, seq * dtype.itemsize))
+
+        def blocks():
+            block = np.empty((k, seq), dtype)
+            for a in range(0, len(starts), k):
+                rows = block[:len(starts) - a]
+                columns.copy_rows(starts[a:a + k], rows)
+                yield a, rows
+
+        return ShardBlocks(self.shard_files()[i], len(starts), seq, dtype, segments, blocks())
+
+    def _npy_shard(self, i: int, in_memory: bool) -> "Shard":
+        path = self.shard_files()[i]
         try:
             tokens = np.load(path, mmap_mode=None if in_memory else "r")
         except FileNotFoundError:
@@ -231,7 +264,10 @@ class SplitReader:
                                        f"{entry['rows']}")
         return Shard(path, tokens, segments)
 
-    def _mds_shard(self, entry: dict, path: Path, bytes_dtype: str) -> "Shard":
+    def _mds_columns(self, i: int):
+        """(columns, where each row starts, seq, dtype, segments) of MDS shard i, its bytes in
+        this thread's buffer (_shard_bytes)."""
+        entry, path = self.index["shards"][i], self.shard_files()[i]
         try:
             columns = MdsColumns(_shard_bytes(path, entry), entry)
             if columns.n != entry["samples"]:
@@ -239,17 +275,17 @@ class SplitReader:
                                        f"{entry['samples']}")
             if "tokens" not in columns.spans:
                 raise ShardError(path, "has no 'tokens' column")
-            tokens = columns.rows("tokens", bytes_dtype)
+            starts, seq, dtype = columns.row_starts("tokens")
             segments = None
             if "doc_starts" in columns.spans:
-                starts, count = columns.flat("doc_starts")
+                doc_starts, count = columns.flat("doc_starts")
                 hashes = (columns.flat("doc_hashes") if "doc_hashes" in columns.spans
-                          else (np.zeros(len(starts), np.uint64), count))
+                          else (np.zeros(len(doc_starts), np.uint64), count))
                 if not np.array_equal(hashes[1], count):
                     raise ValueError("doc_hashes and doc_starts differ in length")
                 segments = np.stack([np.repeat(np.arange(columns.n, dtype=np.uint64), count),
-                                     starts.astype(np.uint64), hashes[0].astype(np.uint64)],
-                                    axis=1)
+                                     doc_starts.astype(np.uint64),
+                                     hashes[0].astype(np.uint64)], axis=1)
         except FileNotFoundError:
             raise ShardError(path, "missing") from None
         except ShardError:
@@ -258,7 +294,7 @@ class SplitReader:
             raise ShardError(path, str(e)) from None
         except Exception as e:  # zstd errors, truncated buffers, bad offsets
             raise ShardError(path, f"cannot be decoded ({type(e).__name__}: {e})") from None
-        return Shard(path, tokens, segments)
+        return columns, starts, seq, dtype, segments
 
     def rows(self) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
         """(tokens, starts, hashes) of each row; see the module docstring."""
@@ -284,6 +320,16 @@ class Shard:
     path: Path
     tokens: np.ndarray  # [rows, seq]
     segments: np.ndarray | None  # [m, 3] uint64 (row within shard, start, hash), sorted
+
+
+@dataclass
+class ShardBlocks:
+    path: Path
+    rows: int
+    seq: int
+    dtype: np.dtype
+    segments: np.ndarray | None  # as Shard's
+    blocks: Iterator[tuple[int, np.ndarray]]  # (first row, rows [k, seq]), in order, once
 
 
 def open_split(path, eos_id: int | None = None) -> SplitReader:

@@ -1,12 +1,15 @@
 """`pack stats`: what a build holds, whether it is sound, and what it will train.
 
-One pass over each split, shard by shard (memory: one shard plus the token-frequency table):
+One pass over each split, shard by shard (memory: the few shards in flight, not the split):
 
-    SplitReader.shards (shards.py)   rows [n, seq] + segments, or a ShardError -> a Problem
-      -> SplitScan.add               padding, EOS positions -> document lengths and boundaries,
-                                     token frequencies, id range; with --verify also segment /
-                                     EOS agreement and id < vocab_size
-      -> report                      per split + total, checks, recommendations (text or JSON)
+    SplitReader.read_blocks (shards.py)  a shard's rows block by block + its segments, or a
+                                         ShardError -> a Problem
+      -> digest (in the reading thread)  id range, EOS positions, token frequencies, each block
+                                         while it is in the CPU's cache
+      -> SplitScan.add (in order)        padding, document lengths and boundaries, the ids'
+                                         frequencies and range; with --verify also segment /
+                                         EOS agreement and id < vocab_size
+      -> report                          per split + total, checks, recommendations (text or JSON)
 
 Cheap checks always run (index present, every shard file present with the size its index gives,
 counts agree with the manifest); --verify adds checksums and the row-level checks. The val split
@@ -23,7 +26,7 @@ import numpy as np
 from pipeline.atomic import sha256_file
 from pipeline.config import WORK_DIR
 from pipeline.errors import LongpackError
-from pipeline.shards import SplitReader
+from pipeline.shards import ShardBlocks, SplitReader
 from pipeline.split import PAD_HASH
 
 SPLITS = ("train", "val")
@@ -84,44 +87,64 @@ class DocLengths:
 
 @dataclass
 class Digest:
-    """What one shard's tokens give, computed where the shard is read (numpy releases the GIL
-    in these loops, so the read-ahead threads digest several shards at once)."""
+    """What one shard's tokens give, computed in the thread that reads the shard (numpy
+    releases the GIL in these loops, so the read-ahead threads digest several shards at once)."""
 
     real: int  # tokens before the padding
     lo: int | None
     hi: int | None
     counts: np.ndarray  # occurrences of each id < hi + 1 among the counted rows
     eos: np.ndarray | None  # flat positions of EOS among the real tokens (None: EOS unknown)
+    last: np.ndarray  # each row's last token: a segment at offset 0 opens a document after EOS
+    over_vocab_row: int | None  # the first row with an id >= vocab_size (when one was given)
 
 
-def digest(tokens: np.ndarray, segments: np.ndarray | None, eos_id: int | None,
-           count_every: int = 1) -> Digest:
-    """Token frequencies come from every `count_every`-th row (rows 0, k, 2k, ... of the shard):
+def digest(shard: ShardBlocks, eos_id: int | None, count_every: int = 1,
+           vocab_size: int | None = None) -> Digest:
+    """One pass over the shard's blocks of rows; each block is read several times (id range,
+    EOS, frequencies) while it is in the CPU's cache, not the whole shard from memory each time.
+    Token frequencies come from every `count_every`-th row (rows 0, k, 2k, ... of the shard):
     counting costs 4x more than everything else here together, so the default report counts a
     1/VOCAB_SAMPLE sample and --verify counts every token. Id range and EOS use every token."""
-    flat = tokens.reshape(-1)
-    real = len(flat)
-    if segments is not None and len(segments):
-        pad = segments[segments[:, 2] == PAD_HASH]
+    seq = shard.seq
+    real = shard.rows * seq
+    if shard.segments is not None and len(shard.segments):
+        pad = shard.segments[shard.segments[:, 2] == PAD_HASH]
         if len(pad):
-            real = int(pad[0, 0]) * tokens.shape[1] + int(pad[0, 1])
-    flat = flat[:real]
-    no_eos = None if eos_id is None else np.zeros(0, np.int64)
-    if not real:
-        return Digest(0, None, None, np.zeros(0, np.int64), no_eos)
-    hi = int(flat.max())
-    counted = flat
-    if count_every > 1:
-        n, seq = tokens.shape
-        counted = tokens[::count_every].reshape(-1)
-        if (n - 1) % count_every == 0:  # the last row is in the sample: leave out its padding
-            counted = counted[: len(counted) - (tokens.size - real)]
-    counts = np.zeros(hi + 1, np.int64)
-    for i in range(0, len(counted), 1 << 20):  # bincount converts to intp: 1M at a time
-        chunk = np.bincount(counted[i:i + (1 << 20)])
-        counts[: len(chunk)] += chunk
-    eos = None if eos_id is None else find_rare(flat, eos_id)
-    return Digest(real, int(flat.min()), hi, counts, eos)
+            real = min(real, int(pad[0, 0]) * seq + int(pad[0, 1]))
+    lo = hi = over = None
+    counts = np.zeros(0, np.int64)
+    eos, last = [], []
+    for first, rows in shard.blocks:
+        if seq:
+            last.append(rows[:, -1].copy())  # the block's buffer is reused for the next one
+        flat = rows.reshape(-1)[: max(0, real - first * seq)]
+        if not len(flat):
+            continue
+        top, bottom = int(flat.max()), int(flat.min())
+        hi, lo = (top, bottom) if hi is None else (max(hi, top), min(lo, bottom))
+        if vocab_size is not None and over is None and top >= vocab_size:
+            over = first + int(np.flatnonzero(flat >= vocab_size)[0]) // seq
+        if eos_id is not None:
+            eos.append(first * seq + find_rare(flat, eos_id))
+        if count_every == 1:
+            counts = _add_counts(counts, flat)
+        else:
+            picked = rows[-first % count_every::count_every]
+            at = first + -first % count_every + count_every * np.arange(len(picked))
+            real_in_picked = int(np.clip(real - at * seq, 0, seq).sum())  # padding comes last
+            counts = _add_counts(counts, picked.reshape(-1)[:real_in_picked])
+    return Digest(min(real, shard.rows * seq), lo, hi, counts,
+                  None if eos_id is None else np.concatenate([np.zeros(0, np.int64), *eos]),
+                  np.concatenate([np.zeros(0, shard.dtype), *last]), over)
+
+
+def _add_counts(counts: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    got = np.bincount(ids)
+    if len(got) > len(counts):
+        counts = np.concatenate([counts, np.zeros(len(got) - len(counts), np.int64)])
+    counts[: len(got)] += got
+    return counts
 
 
 def find_rare(flat: np.ndarray, value: int) -> np.ndarray:
@@ -165,22 +188,22 @@ class SplitScan:
     last_eos: int = -1  # stream position of the last EOS seen
     has_segments: bool = False
 
-    def add(self, path: Path, tokens: np.ndarray, segments: np.ndarray | None, d: "Digest"):
+    def add(self, shard: ShardBlocks, d: Digest):
         """Fold one shard in, in order; `d` is its digest (computed in a read-ahead thread)."""
-        n, seq = tokens.shape
-        name = f"{self.name}/{path.name}"
+        n, seq, segments = shard.rows, shard.seq, shard.segments
+        name = f"{self.name}/{shard.path.name}"
         if self.seq is None:
             self.seq = seq
         if seq != self.seq:
             self.problems.append(Problem(name, f"rows of {seq} tokens, the split's seq is "
                                                f"{self.seq}"))
             return
-        self.dtype = tokens.dtype.name
+        self.dtype = np.dtype(shard.dtype).name
         if segments is not None and len(segments):
             self.has_segments = True
-            self.padding += tokens.size - d.real
+            self.padding += n * seq - d.real
             self.segments += len(segments) - int((segments[:, 2] == PAD_HASH).sum())
-            starts = self._true_starts(tokens, segments)
+            starts = self._true_starts(d.last, segments)
             if self.keep_hashes:
                 self.hashes.append(starts)
             if self.other_hashes is not None and len(self.other_hashes):
@@ -192,10 +215,9 @@ class SplitScan:
                 self.freq = np.concatenate([self.freq,
                                             np.zeros(len(d.counts) - len(self.freq), np.int64)])
             self.freq[: len(d.counts)] += d.counts
-            if self.verify and self.vocab_size is not None and d.hi >= self.vocab_size:
-                row = int(np.flatnonzero((tokens >= self.vocab_size).any(axis=1))[0])
+            if self.verify and d.over_vocab_row is not None:
                 self.problems.append(Problem(name, f"token id {d.hi} >= vocab size "
-                                                   f"{self.vocab_size}", row=row))
+                                                   f"{self.vocab_size}", row=d.over_vocab_row))
         if d.eos is not None:
             ends = self.stream_pos + d.eos
             self.lengths.add(np.diff(np.concatenate([[self.last_eos], ends])))
@@ -206,28 +228,28 @@ class SplitScan:
             inner = starts[(starts % seq != 0) & (starts < d.real)]
             self.rows_with_boundary += len(np.unique(inner // seq))
             if self.verify and segments is not None:
-                self._check_segments(name, tokens, segments, inner, d.real)
+                self._check_segments(name, n, seq, segments, inner, d.real)
         self.stream_pos += d.real
         self.rows += n
         self.shards += 1
 
-    def _true_starts(self, tokens: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    def _true_starts(self, last: np.ndarray, segments: np.ndarray) -> np.ndarray:
         """Hashes of the documents that begin in this shard (not continuations, not padding):
-        a segment at offset 0 begins a document only if the token before the row is EOS."""
-        before_row = np.empty(len(tokens), np.int64)
-        before_row[1:] = tokens[:-1, -1]
+        a segment at offset 0 begins a document only if the token before the row (the last
+        of the row before, `last`) is EOS."""
+        before_row = np.empty(len(last), np.int64)
+        before_row[1:] = last[:-1]
         before_row[0] = self.eos_id if self._prev_token is None else self._prev_token
-        self._prev_token = int(tokens[-1, -1])
+        self._prev_token = int(last[-1])
         rows = segments[:, 0].astype(np.int64)
         opens_doc = (segments[:, 1] != 0) | (before_row[rows] == self.eos_id)
         return segments[opens_doc & (segments[:, 2] != PAD_HASH), 2]
 
-    def _check_segments(self, name, tokens, segments, inner, real):
-        seq = tokens.shape[1]
+    def _check_segments(self, name, n, seq, segments, inner, real):
         recorded = (segments[:, 0].astype(np.int64) * seq + segments[:, 1].astype(np.int64))
         pad = segments[:, 2] == PAD_HASH
-        expected = np.union1d(np.arange(len(tokens), dtype=np.int64) * seq, inner)
-        expected = expected[expected < real] if real < tokens.size else expected
+        expected = np.union1d(np.arange(n, dtype=np.int64) * seq, inner)
+        expected = expected[expected < real] if real < n * seq else expected
         got = np.sort(recorded[~pad])
         if not np.array_equal(got, expected):
             diff = np.setxor1d(got, expected)

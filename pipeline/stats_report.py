@@ -4,7 +4,6 @@
 `render` turns it into one screen of text. `decode_row` and `plot` serve --decode and --plot.
 """
 
-import ctypes
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -18,8 +17,8 @@ from pipeline.split import PAD_HASH
 from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest, file_checks, open_output
 
 TOKENS_PER_PARAM = 20  # compute-optimal training (Hoffmann et al. 2022, "Chinchilla")
-MAX_READ_THREADS = 4  # each shard in flight holds its compressed, decompressed and token bytes
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # mallopt's, from glibc's <malloc.h>
+MAX_READ_THREADS = 4  # each thread holds the compressed and decompressed bytes of its shard
+DIGEST_BLOCK = 1 << 20  # bytes of rows digested at a time: a block stays in a 2 MiB L2 cache
 
 
 def _tokenizer(manifest: dict | None, not_checked: list):
@@ -47,12 +46,12 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
     # train split that kept its own would hold 8 bytes per document, all of them at once.
     scan = SplitScan(name, eos_id, vocab, verify, problems, seq=seq, keep_hashes=name == "val",
                      other_hashes=other_hashes)
-    for shard, d in _read_ahead(reader, eos_id, 1 if verify else VOCAB_SAMPLE):
+    for shard, d in _read_ahead(reader, eos_id, 1 if verify else VOCAB_SAMPLE, vocab):
         if isinstance(shard, ShardError):
             if not any(p.file == f"{name}/{shard.path.name}" for p in problems):
                 problems.append(Problem(f"{name}/{shard.path.name}", shard.what))
             continue
-        scan.add(shard.path, shard.tokens, shard.segments, d)
+        scan.add(shard, d)
     if reader.kind == "npy" or not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
     return scan.report(path, reader.index, tokenizer.result()), scan
@@ -76,21 +75,22 @@ def _read_plan(reader: SplitReader) -> tuple[int, int, bool]:
     return cores + 1, cores + 1, False
 
 
-def _read_ahead(reader: SplitReader, eos_id, count_every: int):
+def _read_ahead(reader: SplitReader, eos_id, count_every: int, vocab_size: int | None):
     """(shard, digest) in order, the next shards read, decompressed and digested in background
     threads while one is folded in: file reads, zstd and the numpy loops release the GIL, so the
     cores work on several shards at once (_read_plan says how many). Memory: the shards queued
-    ahead plus the one being folded in. Closing early cancels the shards not yet started."""
+    ahead (their segments and digests; a thread's shard bytes while it reads) plus the one being
+    folded in. Closing early cancels the shards not yet started."""
     threads, depth, prefetch = _read_plan(reader)
     files = reader.shard_files()
     n = len(files)
 
     def load(i):
         try:
-            shard = reader.read_shard(i, in_memory=True)
+            shard = reader.read_blocks(i, DIGEST_BLOCK, in_memory=True)
+            return shard, digest(shard, eos_id, count_every, vocab_size)
         except ShardError as e:
             return e, None
-        return shard, digest(shard.tokens, shard.segments, eos_id, count_every)
 
     pool = ThreadPoolExecutor(threads, thread_name_prefix="read-shard")
     kernel = ThreadPoolExecutor(1, thread_name_prefix="prefetch")  # the call can wait for the disk
@@ -126,31 +126,6 @@ def _prefetch(path: Path):
         pass
     finally:
         os.close(fd)
-
-
-def keep_shard_buffers() -> bool:
-    """Have glibc serve blocks below 32 MiB (its cap for this setting) from one heap and keep up
-    to 128 MiB of it freed, instead of mapping each such block fresh and unmapping it on free.
-    The read-ahead threads allocate and free a shard's compressed bytes, its decompressed bytes
-    and its tokens for every shard; the kernel zero-fills every page of a fresh mapping. On the
-    benchmark's 14.6 MB shards this took warm MDS stats at 8 GiB from 9.35 s and 17.1 CPU
-    seconds to 8.41 s and 15.1 (docs/BENCHMARKS.md). One heap (arena) for all threads, not one
-    each: what one thread frees another can reuse, so the kept memory does not multiply by the
-    threads (peak RSS at 8 GiB 163-182 MiB instead of 205-207; malloc is called a few times per
-    shard, so sharing its lock costs no measurable time).
-    Shards of 32 MiB and more (pack build's default --shard-bytes is 64 MiB) are mapped fresh
-    whatever the setting, as they are when only decompressing them. Process-wide, so the `pack
-    stats` command calls it, not `collect`. False where it does nothing (musl's mallopt ignores
-    it; macOS and Windows have none)."""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError, TypeError):  # TypeError: Windows has no CDLL(None)
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    served = mallopt(M_MMAP_THRESHOLD, 32 << 20)
-    kept = mallopt(M_TRIM_THRESHOLD, 128 << 20)
-    shared = mallopt(M_ARENA_MAX, 1)
-    return bool(served and kept and shared)
 
 
 def _agree_with_manifest(name: str, got: dict, manifest: dict, problems: list):

@@ -2,10 +2,6 @@
 validation failure class produced on purpose, and the JSON keys."""
 
 import json
-import platform
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -397,6 +393,58 @@ def test_shards_read_one_after_another_on_a_thread_keep_their_own_rows(
     assert np.array_equal(rows, np.stack([data[i]["tokens"] for i in range(len(data))]))
 
 
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_read_blocks_gives_the_rows_of_read_shard_block_by_block(tmp_path, byte_tokenizer, texts,
+                                                                 compression):
+    from pipeline.shards import open_split
+
+    reader = open_split(make_build(tmp_path, texts, compression=compression) / "train")
+    for i in range(len(reader.shard_files())):
+        whole = reader.read_shard(i)
+        blocks = reader.read_blocks(i, block_bytes=3 * SEQ * whole.tokens.itemsize)
+        got = [(first, rows.copy()) for first, rows in blocks.blocks]
+        assert [first for first, _ in got] == list(range(0, len(whole.tokens), 3))
+        assert np.array_equal(np.concatenate([rows for _, rows in got]), whole.tokens)
+        assert (blocks.rows, blocks.seq, blocks.dtype) == (*whole.tokens.shape, whole.tokens.dtype)
+        assert np.array_equal(blocks.segments, whole.segments)
+
+
+@pytest.mark.parametrize("pad_at", [None, (0, 0), (2, 5), (4, 0), (6, 63)])
+@pytest.mark.parametrize("count_every", [1, 3, 8])
+@pytest.mark.parametrize("block_rows", [1, 2, 3, 7, 50])
+def test_digest_block_by_block_is_the_digest_of_the_whole(pad_at, count_every, block_rows):
+    """Blocks of any size, padding from any (row, offset) on, any row sample: the figures are
+    those of the shard's real tokens taken whole."""
+    from pipeline.shards import ShardBlocks
+    from pipeline.stats import digest
+
+    rng = np.random.default_rng(block_rows * 100 + count_every)
+    n, seq, vocab = 7, SEQ, 300
+    tokens = rng.integers(0, 50, (n, seq)).astype(np.uint16)
+    tokens[rng.random((n, seq)) < 0.05] = EOS % vocab
+    tokens[3, 17] = 299  # the first row with an id >= vocab_size 290
+    segments = np.array([[r, 0, 7 + r] for r in range(n)], np.uint64)
+    real = n * seq
+    if pad_at is not None:
+        real = pad_at[0] * seq + pad_at[1]
+        tokens.reshape(-1)[real:] = 0
+        segments = np.concatenate([segments[segments[:, 0] < pad_at[0] + (pad_at[1] > 0)],
+                                   [[pad_at[0], pad_at[1], 0]]]).astype(np.uint64)
+    blocks = ((a, tokens[a:a + block_rows].copy()) for a in range(0, n, block_rows))
+    d = digest(ShardBlocks(Path("s"), n, seq, tokens.dtype, segments, blocks), EOS % vocab,
+               count_every, vocab_size=290)
+    flat = tokens.reshape(-1)[:real]
+    counted = np.concatenate([tokens[r][:max(0, min(seq, real - r * seq))]
+                              for r in range(0, n, count_every)])
+    assert d.real == real
+    assert (d.lo, d.hi) == ((int(flat.min()), int(flat.max())) if real else (None, None))
+    assert np.array_equal(np.trim_zeros(d.counts, "b"),
+                          np.trim_zeros(np.bincount(counted, minlength=1), "b"))
+    assert np.array_equal(d.eos, np.flatnonzero(flat == EOS % vocab))
+    assert np.array_equal(d.last, tokens[:, -1])
+    assert d.over_vocab_row == (3 if real > 3 * seq + 17 else None)
+
+
 @pytest.mark.parametrize("compression,says", [("zstd", "decompresses to"), ("none", "holds")])
 @pytest.mark.parametrize("change", [-1, 1])
 def test_an_mds_shard_of_other_than_its_indexed_size_is_named(
@@ -427,43 +475,6 @@ def test_an_unfinished_build_says_to_resume_it(tmp_path, byte_tokenizer, texts):
     (out / ".longpack-build").mkdir()
     r = run_stats(out)
     assert r.exit_code == 1 and "unfinished build" in r.output and "re-run the same" in r.output
-
-
-def _has_mallinfo2() -> bool:
-    import ctypes
-    return platform.libc_ver()[0] == "glibc" and hasattr(ctypes.CDLL(None), "mallinfo2")
-
-
-@pytest.mark.skipif(not _has_mallinfo2(), reason="needs glibc >= 2.33 (mallopt, mallinfo2)")
-def test_keep_shard_buffers_serves_and_keeps_shard_sized_blocks_on_the_heap():
-    """The settings take effect: with glibc's defaults a fresh process maps its first 24 MiB
-    block on its own and unmaps it on free; after keep_shard_buffers the block comes from the
-    heap and stays there once freed. (What that saves is measured in docs/BENCHMARKS.md.)"""
-    probe = textwrap.dedent("""
-        import ctypes, json, sys
-        import numpy as np
-        from pipeline.stats_report import keep_shard_buffers
-
-        class MallInfo2(ctypes.Structure):
-            _fields_ = [(k, ctypes.c_size_t) for k in ("arena", "ordblks", "smblks", "hblks",
-                        "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-        libc = ctypes.CDLL(None)
-        libc.mallinfo2.restype = MallInfo2
-        tuned = keep_shard_buffers() if sys.argv[1] == "tuned" else None
-        block = np.ones(24 << 20, np.uint8)
-        mapped = libc.mallinfo2().hblkhd
-        del block
-        print(json.dumps({"tuned": tuned, "mapped": mapped, "free_kept": libc.mallinfo2().fordblks}))
-    """)
-    got = {}
-    for mode in ("plain", "tuned"):
-        run = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent.parent, check=True)
-        got[mode] = json.loads(run.stdout)
-    assert got["plain"]["mapped"] >= 24 << 20 and got["plain"]["free_kept"] < 24 << 20
-    assert got["tuned"]["tuned"] is True
-    assert got["tuned"]["mapped"] < 24 << 20 and got["tuned"]["free_kept"] >= 24 << 20
 
 
 @pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 64, 1001])
@@ -515,13 +526,13 @@ def test_read_ahead_closed_early_cancels_the_shards_not_started(tmp_path, byte_t
     threads, depth, _ = stats_report._read_plan(reader)
     assert (threads, depth) == (2, 4) and len(reader.shard_files()) > depth + 1
     started, closed = [], threading.Event()
-    real_read = reader.read_shard
+    real_read = reader.read_blocks
 
-    def blocking_read(i, **kwargs):
+    def blocking_read(i, *args, **kwargs):
         started.append(i)
         if i > 0:
             assert closed.wait(30), "the stream was never closed"
-        return real_read(i, **kwargs)
+        return real_read(i, *args, **kwargs)
 
     class ClosingPool(ThreadPoolExecutor):
         def shutdown(self, wait=True, *, cancel_futures=False):
@@ -529,9 +540,9 @@ def test_read_ahead_closed_early_cancels_the_shards_not_started(tmp_path, byte_t
             closed.set()
             super().shutdown(wait=wait)
 
-    monkeypatch.setattr(reader, "read_shard", blocking_read)
+    monkeypatch.setattr(reader, "read_blocks", blocking_read)
     monkeypatch.setattr(stats_report, "ThreadPoolExecutor", ClosingPool)
-    shards = stats_report._read_ahead(reader, EOS, 1)
+    shards = stats_report._read_ahead(reader, EOS, 1, None)
     next(shards)  # shards 0-3 were queued, shard 4 now too; 1 and maybe 2 are being read
     shards.close()
     assert set(started) <= set(range(1 + threads)) and 1 + threads < 1 + depth

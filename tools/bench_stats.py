@@ -26,8 +26,7 @@ What it measures, in one run:
      sequentially in one thread: the least any reader of zstd shards has to do.
    - pack stats: `pack stats BIG-FMT --eos-id 50256 --json > /dev/null` as a subprocess, wall
      clock with start-up included; its peak RSS (VmHWM, read every 10 ms until it exits). Also
-     `pipeline.stats_report.collect(BIG-FMT, eos_id=50256)` in this process (start-up excluded),
-     after keep_shard_buffers() as `pack stats` calls it (so the baselines run with it too).
+     `pipeline.stats_report.collect(BIG-FMT, eos_id=50256)` in this process (start-up excluded).
    Rates are bytes on disk of the split (all its files, index.json included) per second.
 3. Page cache. Warm: every file was read once before the round (not timed). Cold (--cold, on by
    default when this process can write /proc/sys/vm/drop_caches, i.e. runs as root): `sync;
@@ -72,7 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_common import SHARED, CpuWatch, describe_checkout, pack_executable, verdict, work_dir  # noqa: E402
 
-from pipeline.stats_report import collect, keep_shard_buffers  # noqa: E402  (the checkout's code)
+from pipeline.stats_report import collect  # noqa: E402  (the checkout's code)
 
 FINEWEB_SAMPLE = SHARED / "data" / "fineweb-edu-sample"
 GPT2_TIKTOKEN = SHARED / "tokenizers" / "gpt2.tiktoken"
@@ -475,7 +474,6 @@ def parse_args() -> argparse.Namespace:
 
 def main():
     args = parse_args()
-    keep_shard_buffers()  # as `pack stats` does, so that collect() in process runs the same way
     cold = can_drop_caches() if args.cold is None else args.cold
     if cold and not can_drop_caches():
         sys.exit(f"--cold needs to write {DROP_CACHES} (root)")
