@@ -125,35 +125,67 @@ class MdsColumns:
         return _gather(self.buf, at, dtype), count
 
 
-_scratch = threading.local()  # each thread's buffer for the shard it is decoding
+# Each thread's buffer for the shard it is reading (read_blocks, and MDS shards however read):
+# the largest shard this thread has read, reused for the next. A fresh buffer per shard is a
+# fresh mapping for every shard of 32 MiB and more (pack build's default is 64 MiB), and the
+# kernel zero-fills each of its pages on first touch; on a 64 MiB MDS shard that cost more time
+# than the rest of decompressing it (docs/BENCHMARKS.md). So nothing read out of the buffer may
+# keep a view of it once the thread moves on (MdsColumns copies what it reads).
+_scratch = threading.local()
 
 
 def _shard_bytes(path: Path, entry: dict) -> memoryview:
-    """An MDS shard's (decompressed) bytes, in a buffer that the calling thread reuses for its
-    next shard: nothing read out of it may keep a view of it (MdsColumns copies what it reads).
-    A fresh buffer per shard is a fresh mapping for every shard of 32 MiB and more (pack
-    build's default is 64 MiB), and the kernel zero-fills each of its pages on first touch: on
-    a 64 MiB shard that took more time than the rest of decompressing it
-    (docs/BENCHMARKS.md). The buffer is the largest shard this thread has read."""
+    """An MDS shard's (decompressed) bytes, in this thread's buffer."""
     size = entry["raw_data"]["bytes"]
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or len(buf) < size:
-        buf = _scratch.buf = bytearray(size)
-    out = memoryview(buf)[:size]
     if entry["zip_data"]:
         source = zstandard.ZstdDecompressor().stream_reader(path.read_bytes())
     else:
         source = path.open("rb")
     with source:
-        got = 0
-        while got < size and (n := source.readinto(out[got:])):
-            got += n
-        extra = len(source.read(1))
+        got, extra = _read_into_scratch(source, size)
     if got != size or extra:
         raise ValueError(f"it {'decompresses to' if entry['zip_data'] else 'holds'} "
                          f"{'more than ' if extra else ''}{got:,} bytes, index.json says "
                          f"{size:,}")
-    return out
+    return memoryview(_scratch.buf)[:size]
+
+
+def _read_into_scratch(source, size: int) -> tuple[int, bool]:
+    """Up to `size` bytes of `source` (a file, a zstd stream reader) into this thread's buffer;
+    (bytes read, whether more follow)."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or len(buf) < size:
+        buf = _scratch.buf = bytearray(size)
+    out = memoryview(buf)[:size]
+    got = 0
+    while got < size and (n := source.readinto(out[got:])):
+        got += n
+    return got, bool(source.read(1))
+
+
+def _mapped(path: Path) -> np.ndarray:
+    return np.load(path, mmap_mode="r")
+
+
+def _read_whole(path: Path) -> np.ndarray:
+    """A .npy file's array, read into this thread's buffer (see _shard_bytes): valid until the
+    thread reads its next shard."""
+    with path.open("rb") as f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f".npy format version {version}; this reader takes 1.0 and 2.0")
+        header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                  else np.lib.format.read_array_header_2_0)
+        shape, fortran_order, dtype = header(f)
+        if dtype.hasobject:
+            raise ValueError("an array of Python objects, not of token ids")
+        size = int(np.prod(shape)) * dtype.itemsize
+        got, extra = _read_into_scratch(f, size)
+    if got != size or extra:
+        raise ValueError(f"its data is {'more than ' if extra else ''}{got:,} bytes, its "
+                         f"header says {size:,}")
+    array = np.frombuffer(_scratch.buf, dtype, int(np.prod(shape)))
+    return array.reshape(shape[::-1]).T if fortran_order else array.reshape(shape)
 
 
 def starts_from_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
@@ -205,22 +237,23 @@ class SplitReader:
         for i in range(len(self.shard_files())):
             yield self.read_shard(i)
 
-    def read_shard(self, i: int, in_memory: bool = False) -> "Shard":
-        """Shard i; .npy files are memory-mapped unless `in_memory` (one sequential read)."""
+    def read_shard(self, i: int) -> "Shard":
+        """Shard i; .npy files are memory-mapped."""
         if self.kind == "mds":
             columns, starts, seq, dtype, segments = self._mds_columns(i)
             tokens = np.empty((len(starts), seq), dtype)
             columns.copy_rows(starts, tokens)
             return Shard(self.shard_files()[i], tokens, segments)
-        return self._npy_shard(i, in_memory)
+        return self._npy_shard(i, _mapped)
 
-    def read_blocks(self, i: int, block_bytes: int, in_memory: bool = False) -> "ShardBlocks":
+    def read_blocks(self, i: int, block_bytes: int) -> "ShardBlocks":
         """Shard i for one pass over its rows, about `block_bytes` of them at a time, each block
-        used while it is still in the CPU's cache. MDS rows are copied into one block buffer
-        after another and never into a whole-shard array: the caller must be done with a block
-        before it takes the next, and take them in the thread that called this."""
+        used while it is still in the CPU's cache. The file is read in one sequential read
+        into this thread's buffer (_scratch), and MDS rows are copied into one block after
+        another, never into a whole-shard array: the caller must be done with a block before
+        it takes the next, and take them all before this thread reads another shard."""
         if self.kind != "mds":
-            shard = self._npy_shard(i, in_memory)
+            shard = self._npy_shard(i, _read_whole)
             n, seq = shard.tokens.shape
             k = max(1, block_bytes // max(1, seq * shard.tokens.itemsize))
             return ShardBlocks(shard.path, n, seq, shard.tokens.dtype, shard.segments,
@@ -237,10 +270,10 @@ class SplitReader:
 
         return ShardBlocks(self.shard_files()[i], len(starts), seq, dtype, segments, blocks())
 
-    def _npy_shard(self, i: int, in_memory: bool) -> "Shard":
+    def _npy_shard(self, i: int, load) -> "Shard":
         path = self.shard_files()[i]
         try:
-            tokens = np.load(path, mmap_mode=None if in_memory else "r")
+            tokens = load(path)
         except FileNotFoundError:
             raise ShardError(path, "missing") from None
         except (OSError, ValueError) as e:

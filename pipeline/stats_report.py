@@ -87,7 +87,7 @@ def _read_ahead(reader: SplitReader, eos_id, count_every: int, vocab_size: int |
 
     def load(i):
         try:
-            shard = reader.read_blocks(i, DIGEST_BLOCK, in_memory=True)
+            shard = reader.read_blocks(i, DIGEST_BLOCK)
             return shard, digest(shard, eos_id, count_every, vocab_size)
         except ShardError as e:
             return e, None

@@ -393,12 +393,12 @@ def test_shards_read_one_after_another_on_a_thread_keep_their_own_rows(
     assert np.array_equal(rows, np.stack([data[i]["tokens"] for i in range(len(data))]))
 
 
-@pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.parametrize("fmt,compression", [("mds", "zstd"), ("mds", "none"), ("memmap", "none")])
 def test_read_blocks_gives_the_rows_of_read_shard_block_by_block(tmp_path, byte_tokenizer, texts,
-                                                                 compression):
+                                                                 fmt, compression):
     from pipeline.shards import open_split
 
-    reader = open_split(make_build(tmp_path, texts, compression=compression) / "train")
+    reader = open_split(make_build(tmp_path, texts, fmt, compression=compression) / "train")
     for i in range(len(reader.shard_files())):
         whole = reader.read_shard(i)
         blocks = reader.read_blocks(i, block_bytes=3 * SEQ * whole.tokens.itemsize)
@@ -407,6 +407,32 @@ def test_read_blocks_gives_the_rows_of_read_shard_block_by_block(tmp_path, byte_
         assert np.array_equal(np.concatenate([rows for _, rows in got]), whole.tokens)
         assert (blocks.rows, blocks.seq, blocks.dtype) == (*whole.tokens.shape, whole.tokens.dtype)
         assert np.array_equal(blocks.segments, whole.segments)
+
+
+def test_npy_read_whole_takes_any_layout_and_names_a_short_file(tmp_path):
+    """Other tools' .npy files: C or Fortran order, format 1.0 or 2.0, read into the thread's
+    buffer as np.load reads them; a file cut short or holding objects is a named problem."""
+    from pipeline.shards import ShardError, open_split
+
+    rows = np.arange(6 * 40, dtype=np.uint32).reshape(6, 40) % 97
+    np.save(tmp_path / "a.npy", rows)
+    np.save(tmp_path / "b.npy", np.asfortranarray(rows[::-1]))
+    with open(tmp_path / "c.npy", "wb") as f:
+        np.lib.format.write_array(f, rows[:3], version=(2, 0))
+    reader = open_split(tmp_path)
+    for i, want in enumerate([rows, rows[::-1], rows[:3]]):
+        got = np.concatenate([b.copy() for _, b in reader.read_blocks(i, 2 * 40 * 4).blocks])
+        assert np.array_equal(got, want)
+    whole = (tmp_path / "a.npy").read_bytes()
+    (tmp_path / "a.npy").write_bytes(whole[:-7])
+    with pytest.raises(ShardError, match=r"a.npy: unreadable .npy \(its data is 953 bytes, its "
+                                         r"header says 960\)"):
+        reader.read_blocks(0, 1 << 20)
+    np.save(tmp_path / "a.npy", np.array([[None, 1]], dtype=object), allow_pickle=True)
+    with pytest.raises(ShardError, match="an array of Python objects"):
+        reader.read_blocks(0, 1 << 20)
+    r = collect(tmp_path)
+    assert [p["file"] for p in r["checks"]["problems"]] == [f"{tmp_path.name}/a.npy"]
 
 
 @pytest.mark.parametrize("pad_at", [None, (0, 0), (2, 5), (4, 0), (6, 63)])
