@@ -104,8 +104,8 @@ def digest(shard: ShardBlocks, eos_id: int | None, count_every: int = 1,
     """One pass over the shard's blocks of rows; each block is read several times (id range,
     EOS, frequencies) while it is in the CPU's cache, not the whole shard from memory each time.
     Token frequencies come from every `count_every`-th row (rows 0, k, 2k, ... of the shard):
-    counting costs 4x more than everything else here together, so the default report counts a
-    1/VOCAB_SAMPLE sample and --verify counts every token. Id range and EOS use every token."""
+    counting every token costs several times the rest of this digest, so the default report
+    counts a 1/VOCAB_SAMPLE sample and --verify counts every token. Id range and EOS use every token."""
     seq = shard.seq
     real = shard.rows * seq
     if shard.segments is not None and len(shard.segments):
@@ -134,7 +134,7 @@ def digest(shard: ShardBlocks, eos_id: int | None, count_every: int = 1,
             at = first + -first % count_every + count_every * np.arange(len(picked))
             real_in_picked = int(np.clip(real - at * seq, 0, seq).sum())  # padding comes last
             counts = _add_counts(counts, picked.reshape(-1)[:real_in_picked])
-    return Digest(min(real, shard.rows * seq), lo, hi, counts,
+    return Digest(real, lo, hi, counts,
                   None if eos_id is None else np.concatenate([np.zeros(0, np.int64), *eos]),
                   np.concatenate([np.zeros(0, shard.dtype), *last]), over)
 
