@@ -78,9 +78,9 @@ def _read_plan(reader: SplitReader) -> tuple[int, int, bool]:
 def _read_ahead(reader: SplitReader, eos_id, count_every: int, vocab_size: int | None):
     """(shard, digest) in order, the next shards read, decompressed and digested in background
     threads while one is folded in: file reads, zstd and the numpy loops release the GIL, so the
-    cores work on several shards at once (_read_plan says how many). Memory: the shards queued
-    ahead (their segments and digests; a thread's shard bytes while it reads) plus the one being
-    folded in. Closing early cancels the shards not yet started."""
+    cores work on several shards at once (_read_plan says how many). Memory: each thread's kept
+    shard buffer (shards.py), the segments and digests of the shards queued ahead and of the one
+    being folded in. Closing early cancels the shards not yet started."""
     threads, depth, prefetch = _read_plan(reader)
     files = reader.shard_files()
     n = len(files)
