@@ -128,8 +128,8 @@ class MdsColumns:
 # Each thread's buffer for the shard it is reading (read_blocks, and MDS shards however read):
 # the largest shard this thread has read, reused for the next. A fresh buffer per shard is a
 # fresh mapping for every shard of 32 MiB and more (pack build's default is 64 MiB), and the
-# kernel zero-fills each of its pages on first touch; on a 64 MiB MDS shard that cost more time
-# than the rest of decompressing it (docs/BENCHMARKS.md). So nothing read out of the buffer may
+# kernel zero-fills each of its pages on first touch (pack stats at 8 GiB of 64 MiB shards: 22.8
+# CPU s before, 20.0 with the kept buffer; docs/BENCHMARKS.md). So nothing read out of the buffer may
 # keep a view of it once the thread moves on (MdsColumns copies what it reads).
 _scratch = threading.local()
 
@@ -163,6 +163,10 @@ def _read_into_scratch(source, size: int) -> tuple[int, bool]:
     return got, bool(source.read(1))
 
 
+def _rows_per_block(block_bytes: int, seq: int, dtype: np.dtype) -> int:
+    return max(1, block_bytes // max(1, seq * dtype.itemsize))
+
+
 def _mapped(path: Path) -> np.ndarray:
     return np.load(path, mmap_mode="r")
 
@@ -179,12 +183,13 @@ def _read_whole(path: Path) -> np.ndarray:
         shape, fortran_order, dtype = header(f)
         if dtype.hasobject:
             raise ValueError("an array of Python objects, not of token ids")
-        size = int(np.prod(shape)) * dtype.itemsize
+        count = int(np.prod(shape))
+        size = count * dtype.itemsize
         got, extra = _read_into_scratch(f, size)
     if got != size or extra:
         raise ValueError(f"its data is {'more than ' if extra else ''}{got:,} bytes, its "
                          f"header says {size:,}")
-    array = np.frombuffer(_scratch.buf, dtype, int(np.prod(shape)))
+    array = np.frombuffer(_scratch.buf, dtype, count)
     return array.reshape(shape[::-1]).T if fortran_order else array.reshape(shape)
 
 
@@ -255,11 +260,11 @@ class SplitReader:
         if self.kind != "mds":
             shard = self._npy_shard(i, _read_whole)
             n, seq = shard.tokens.shape
-            k = max(1, block_bytes // max(1, seq * shard.tokens.itemsize))
+            k = _rows_per_block(block_bytes, seq, shard.tokens.dtype)
             return ShardBlocks(shard.path, n, seq, shard.tokens.dtype, shard.segments,
                                ((a, shard.tokens[a:a + k]) for a in range(0, n, k)))
         columns, starts, seq, dtype, segments = self._mds_columns(i)
-        k = max(1, block_bytes // max(1, seq * dtype.itemsize))
+        k = _rows_per_block(block_bytes, seq, dtype)
 
         def blocks():
             block = np.empty((k, seq), dtype)
