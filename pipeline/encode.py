@@ -28,34 +28,34 @@ class EncodedBatch:
 
 def encode_batch(records: list[tuple[int, object]], tok: Tokenizer, splitter: Splitter,
                  bos_id: int | None) -> EncodedBatch:
-    texts = [v for _, v in records if not isinstance(v, Skip)]
-    try:
-        ids = tok.encode_batch(texts)
-    except UnicodeEncodeError:  # a lone surrogate somewhere: find it text by text below
-        ids = [None] * len(texts)
-    head = 0 if bos_id is None else 1
+    # Hash first: hashing takes the text's UTF-8 bytes, so a lone surrogate is found here, the
+    # same way for every tokenizer, before a tokenizer sees it (tiktoken raises
+    # UnicodeEncodeError on one, Hugging Face tokenizers a TypeError).
     out = EncodedBatch()
-    parts: tuple[list, list] = ([], [])
-    hashes: tuple[list, list] = ([], [])
-    nbytes: tuple[list, list] = ([], [])
-    it = iter(zip(texts, ids))
+    texts, text_hashes = [], []
     for _, value in records:
         if isinstance(value, Skip):
             out.docs.append(value)
             continue
-        text, doc_ids = next(it)
         try:
-            h = doc_hash(text)
+            text_hashes.append(doc_hash(value))
         except UnicodeEncodeError as e:
             out.docs.append(Skip(INVALID_UTF8, f"lone surrogate at character {e.start}"))
             continue
-        if doc_ids is None:
-            doc_ids = tok.encode_batch([text])[0]
+        texts.append(value)
+        out.docs.append(None)  # filled below, once its length is known
+    ids = tok.encode_batch(texts)
+    head = 0 if bos_id is None else 1
+    parts: tuple[list, list] = ([], [])
+    hashes: tuple[list, list] = ([], [])
+    nbytes: tuple[list, list] = ([], [])
+    slots = (i for i, d in enumerate(out.docs) if d is None)
+    for slot, text, h, doc_ids in zip(slots, texts, text_hashes, ids):
         split = int(splitter.is_val(h))
         parts[split].append(doc_ids)
         hashes[split].append(h)
         nbytes[split].append(len(text) if text.isascii() else len(text.encode("utf-8")))
-        out.docs.append((split, head + len(doc_ids) + 1))
+        out.docs[slot] = (split, head + len(doc_ids) + 1)
     marked = [_with_markers(p, tok.dtype, bos_id, tok.eos_id) for p in parts]
     out.tokens, out.bounds = tuple(m[0] for m in marked), tuple(m[1] for m in marked)
     out.hashes = tuple(np.array(h, np.uint64) for h in hashes)

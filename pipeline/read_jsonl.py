@@ -76,13 +76,15 @@ def _raw_lines(path: Path) -> Iterator[bytes]:
 
 def _document(line: bytes, field: str):
     if not line.strip():
-        return Skip(BLANK_LINE, "empty line", )
+        return Skip(BLANK_LINE, "empty line")
     try:
         obj = json.loads(line)
     except UnicodeDecodeError as e:
         return Skip(INVALID_UTF8, str(e))
     except ValueError as e:
         return Skip(BAD_JSON, str(e))
+    except RecursionError:  # json's parser recurses once per level of nesting
+        return Skip(BAD_JSON, "nested too deeply for Python's JSON parser")
     if not isinstance(obj, dict):
         return Skip(BAD_JSON, f"a JSON {type(obj).__name__}, not an object")
     text = obj.get(field)

@@ -140,3 +140,10 @@ def test_json_with_lone_surrogate_reaches_encode_as_text(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"text": "a\ud800b"}).encode()])
     (n, text), = list(read_jsonl(path))
     assert text == "a\ud800b"  # encode.py turns this into an INVALID_UTF8 skip
+
+
+def test_a_deeply_nested_json_line_is_a_bad_json_skip_and_the_next_line_is_read(tmp_path):
+    deep = b'{"text": "x", "meta": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": "before"}, deep, {"text": "after"}])
+    got = reasons(read_jsonl(path))
+    assert got == [(1, "before"), (2, BAD_JSON), (3, "after")]

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -85,3 +87,27 @@ def test_shared_tokenizer_files_match_their_published_hashes(shared):
     neox = load_tokenizer(str(shared / "tokenizers/gpt-neox-tokenizer.json"))
     assert neox.encode_batch(["Hello world"])[0].tolist() == [12092, 1533]
     assert (neox.eos_id, neox.vocab_size) == (50279, 50280)
+
+
+@pytest.mark.parametrize("kind", ["tiktoken", "huggingface"])
+def test_a_lone_surrogate_is_an_invalid_utf8_skip_for_every_tokenizer(tmp_path, kind,
+                                                                       byte_tokenizer):
+    """JSON text may hold "\\ud800": a str no tokenizer can take (Hugging Face's raises a
+    TypeError). The document is a counted skip, its neighbours are built."""
+    from conftest import write_jsonl
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    if kind == "huggingface":
+        pytest.importorskip("tokenizers")
+        tokenizer = tiny_hf_tokenizer(tmp_path / "tokenizer.json", with_bos=False)
+    else:
+        tokenizer = byte_tokenizer
+    lines = [json.dumps({"text": t}).encode() for t in ("hello world", "a\ud800b", "long context")]
+    corpus = write_jsonl(tmp_path / "d.jsonl", lines)
+    m = build(BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=(str(corpus),),
+                          tokenizer=tokenizer, seq=16, val_fraction=0.0), show_progress=False)
+    assert m["counts"]["skipped"]["invalid_utf8"] == 1
+    assert m["counts"]["documents"] == 2
+    logged = [json.loads(line) for line in (tmp_path / "out/skipped.jsonl").read_text().splitlines()]
+    assert [(r["line"], r["reason"]) for r in logged] == [(2, "invalid_utf8")]
