@@ -10,7 +10,8 @@ Alongside the tokens, every row gets its segments: (start offset in the row, doc
 pairs, in order. The first segment always starts at 0: either a document begins there, or the
 row opens with the rest of a document from the previous row (and carries that document's hash).
 Padding is a segment with hash 0. Attention masking needs exactly these starts; the hashes let
-`pack stats` prove the splits share no document.
+`pack stats` prove the splits share no document. Segments are uint64 throughout, so a hash
+leaves the packer exactly as it came in (all 64 bits; a float64 step would keep only 53).
 
 Cost: one copy of each token (carry + batch concatenation) and O(documents) numpy work per batch.
 """
@@ -69,7 +70,10 @@ class RowPacker:
             return (*empty, 0, n)
         row = np.full((1, self.seq), pad_id, self.dtype)
         row[0, :n] = self.carry
-        segs = np.concatenate([self.carry_segments, [[n, PAD_HASH]]]).astype(np.uint64)
+        # Every array here is uint64: concatenating a uint64 array with a Python list (int64)
+        # promotes to float64, which rounds each 64-bit hash to 53 bits.
+        padding = np.array([[n, PAD_HASH]], np.uint64)
+        segs = np.concatenate([self.carry_segments, padding])
         segments = np.concatenate([np.zeros((len(segs), 1), np.uint64), segs], axis=1)
         self.carry = self.carry[:0]
         self.carry_segments = self.carry_segments[:0]

@@ -1,7 +1,9 @@
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import make_texts, write_jsonl
 from pipeline.pack import RowPacker
 from pipeline.split import PAD_HASH, Splitter, doc_hash
 
@@ -100,8 +102,88 @@ def test_doc_hash_never_uses_the_padding_value():
 
 
 def test_doc_hash_is_of_the_utf8_bytes_and_refuses_lone_surrogates():
-    import pytest
-
     assert doc_hash("δέλτα") == doc_hash("δέλτα".encode())
     with pytest.raises(UnicodeEncodeError):
         doc_hash("a\ud800")
+
+
+def test_finish_keeps_every_bit_of_the_hashes_it_carries():
+    """The final padded row's segments come from the carried (start, hash) pairs: hashes above
+    2**53 must come out exactly (a float64 step rounds them), also after a checkpoint's carry
+    is handed to a new packer."""
+    hashes = np.array([2**64 - 12345, 2**63 + 7, 2**53 + 1], np.uint64)
+    packer = RowPacker(8, np.uint16)
+    rows, segs = packer.add(np.arange(13, dtype=np.uint16), np.array([4, 6, 3]), hashes)
+    assert segs[:, 2].tolist() == [int(hashes[0]), int(hashes[1])]
+    resumed = RowPacker(8, np.uint16, packer.carry.copy(), packer.carry_segments.copy())
+    for p in (packer, resumed):
+        row, segs, padding, _ = p.finish("pad", pad_id=EOS)
+        assert segs.dtype == np.uint64 and padding == 3
+        assert segs.tolist() == [[0, 0, int(hashes[1])], [0, 2, int(hashes[2])], [0, 5, PAD_HASH]]
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.parametrize("seq", [64, 8192])
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_tokenizer,
+                                                                 monkeypatch, fmt, seq,
+                                                                 interrupted):
+    """Through a whole `pack build`: each segment's hash is exactly doc_hash of the document
+    its first token belongs to, in every row, the final padded row of each split included (at
+    seq 8192 val is that one row alone), and after a crash and resume, whose checkpoint carries
+    the unfinished row's hashes."""
+    import pipeline.build as build_mod
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+    from pipeline.shards import open_split
+
+    texts = make_texts(150, seed=5)
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts])
+
+    def run():
+        build(BuildConfig(out=str(tmp_path / "out"), dataset="jsonl",
+                          inputs=(str(tmp_path / "d.jsonl"),), tokenizer=byte_tokenizer,
+                          seq=seq, format=fmt, val_fraction=0.1, shard_bytes=seq * 2 * 4),
+              show_progress=False)
+
+    if interrupted:
+        monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
+        monkeypatch.setattr("pipeline.inputs.BATCH_CHARS", 2000)
+        consume = build_mod.Build._consume
+        calls = []
+
+        def crash_at_the_fourth_batch(self, *args):
+            calls.append(1)
+            if len(calls) == 4:
+                raise Crash
+            return consume(self, *args)
+
+        with monkeypatch.context() as mp:
+            mp.setattr(build_mod.Build, "_consume", crash_at_the_fourth_batch)
+            with pytest.raises(Crash):
+                run()
+        assert (tmp_path / "out" / build_mod.WORK_DIR / "checkpoint.npz").exists()
+    run()
+    splitter = Splitter(0.1, seed=0)
+    for split in ("train", "val"):
+        docs = [t for t in texts if splitter.is_val(doc_hash(t)) == (split == "val")]
+        want = [doc_hash(t) for t in docs]
+        assert sum(h >= 2**53 for h in want) > len(want) // 2  # they need all 64 bits
+        ends = np.cumsum([len(t.encode()) + 1 for t in docs])  # byte tokenizer: 1 token a byte
+        owners, got, rows = [], [], 0
+        for r, (_, starts, hashes) in enumerate(open_split(tmp_path / "out" / split).rows()):
+            rows += 1
+            for start, h in zip(starts.tolist(), hashes.tolist()):
+                pos = r * seq + start
+                if h == PAD_HASH:
+                    assert pos == ends[-1]
+                    continue
+                owners.append(int(np.searchsorted(ends, pos, side="right")))
+                got.append(h)
+        assert got == [want[o] for o in owners] and set(owners) == set(range(len(docs)))
+        if seq == 8192 and split == "val":
+            assert rows == 1
