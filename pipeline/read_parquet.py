@@ -1,9 +1,15 @@
 """Read parquet documents (FineWeb, FineWeb-Edu): one column, one record batch at a time.
 
 Yields (n, text | Skip) where n counts the rows read so far (row index + 1), as read_jsonl's
-line numbers do. Resuming at row `start` skips whole
-row groups from the footer metadata without decoding them. A file whose footer or a row group
-cannot be decoded yields one CORRUPT_FILE skip that counts the rows it loses.
+line numbers do. Resuming at row `start` skips whole row groups from the footer metadata without
+decoding them. The text column may be any string-like Arrow type (string, large_string,
+string_view, a dictionary of strings, or binary holding UTF-8).
+
+Damage is contained to the row group it is in: groups are read one by one, and a group that
+cannot be decoded (a bad page, a failed page checksum where the writer stored checksums) yields
+one CORRUPT_FILE skip counting the rows of that group it loses, numbered at the group's last row
+so that the resume cursor passes the whole group; the next group is read as usual. A file whose
+footer cannot be read yields one skip for the whole file.
 """
 
 from collections.abc import Iterator
@@ -15,16 +21,21 @@ import pyarrow.parquet as pq
 from pipeline.records import CORRUPT_FILE, EMPTY, INVALID_UTF8, MISSING_TEXT, Skip
 
 BATCH_ROWS = 1024
+_STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+_BINARIES = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view,
+             pa.types.is_fixed_size_binary)
 
 
 def _texts(column: pa.Array) -> list:
     """Python values of one batch; invalid UTF-8 affects only its own rows."""
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if any(is_type(column.type) for is_type in _STRINGS):
         try:
             return column.to_pylist()
         except UnicodeDecodeError:
             column = column.cast(pa.large_binary())
-    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+    if any(is_type(column.type) for is_type in _BINARIES):
         out = []
         for raw in column.to_pylist():
             try:
@@ -35,9 +46,19 @@ def _texts(column: pa.Array) -> list:
     return [Skip(MISSING_TEXT, f"column type is {column.type}, not string")] * len(column)
 
 
+def _value(value, field: str):
+    if value is None:
+        return Skip(MISSING_TEXT, f"{field!r} is null")
+    if isinstance(value, str) and (not value or value.isspace()):
+        return Skip(EMPTY, "empty text")
+    return value
+
+
 def read_parquet(path: Path, field: str = "text", start: int = 0) -> Iterator[tuple[int, object]]:
     try:
-        pf = pq.ParquetFile(path)
+        # Page checksums are verified where the writer stored them (pyarrow's
+        # write_page_checksum, parquet-mr's): a flipped byte is then a counted skip, not text.
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
         total = pf.metadata.num_rows
     except Exception as e:  # ArrowInvalid, OSError: not parquet, truncated footer
         yield start + 1, Skip(CORRUPT_FILE, f"not a readable parquet file ({e})")
@@ -47,26 +68,26 @@ def read_parquet(path: Path, field: str = "text", start: int = 0) -> Iterator[tu
             MISSING_TEXT, f"no {field!r} column (has: {pf.schema_arrow.names})",
             records=max(total - start, 1))
         return
-    groups, first_row, row = [], 0, 0
+    first = 0
     for g in range(pf.metadata.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        if row + n > start:
-            if not groups:
-                first_row = row
-            groups.append(g)
-        row += n
-    row = first_row
+        end = first + pf.metadata.row_group(g).num_rows
+        if end > start:
+            yield from _read_group(pf, g, field, first, end, start)
+        first = end
+
+
+def _read_group(pf: pq.ParquetFile, g: int, field: str, first: int, end: int, start: int
+                ) -> Iterator[tuple[int, object]]:
+    """Rows [max(first, start), end) of row group g, which holds rows [first, end)."""
+    row = first
     try:
-        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups, columns=[field],
+        for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=[field],
                                      use_threads=False):
             for value in _texts(batch.column(0)):
                 if row >= start:
-                    if value is None:
-                        value = Skip(MISSING_TEXT, f"{field!r} is null")
-                    elif isinstance(value, str) and (not value or value.isspace()):
-                        value = Skip(EMPTY, "empty text")
-                    yield row + 1, value
+                    yield row + 1, _value(value, field)
                 row += 1
     except Exception as e:  # ArrowInvalid/OSError from a damaged page or row group
-        yield row + 1, Skip(CORRUPT_FILE, f"unreadable from row {row} on ({type(e).__name__}: "
-                            f"{e})", records=max(total - row, 1))
+        lost_from = max(row, start)
+        yield end, Skip(CORRUPT_FILE, f"row group {g} unreadable from row {lost_from} to "
+                        f"{end - 1} ({type(e).__name__}: {e})", records=end - lost_from)

@@ -114,26 +114,70 @@ def test_not_a_parquet_file(tmp_path):
     assert skip.reason == CORRUPT_FILE
 
 
-def test_parquet_with_a_damaged_row_group_keeps_the_rows_before_it(tmp_path):
+def _damage_row_group(path, group: int, checksums: bool):
+    """Write 40 rows in 4 groups of 10 and overwrite bytes inside `group`'s text pages."""
     import random
 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rng = random.Random(0)  # incompressible text, so the middle of the file is page data
+    rng = random.Random(0)  # incompressible text, so the pages are mostly the text itself
     texts = [f"row {i} " + "".join(rng.choices("abcdefghij", k=2000)) for i in range(40)]
-    path = tmp_path / "a.parquet"
-    pq.write_table(pa.table({"text": texts}), path, row_group_size=10, compression="gzip")
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=10,
+                   compression="none" if checksums else "gzip", write_page_checksum=checksums,
+                   use_dictionary=False)
+    column = pq.ParquetFile(path).metadata.row_group(group).column(0)
+    middle = column.data_page_offset + column.total_compressed_size // 2
     data = bytearray(path.read_bytes())
-    middle = len(data) // 2
-    data[middle:middle + 400] = b"\xff" * 400  # inside the data pages, footer intact
+    # With checksums one flipped byte is caught; without, only damage that breaks decoding.
+    data[middle:middle + (1 if checksums else 400)] = b"\xff" * (1 if checksums else 400)
     path.write_bytes(bytes(data))
-    got = list(read_parquet(path))
-    good = [v for _, v in got if isinstance(v, str)]
-    skips = [v for _, v in got if isinstance(v, Skip)]
-    assert good == texts[: len(good)] and len(good) < 40
-    assert [s.reason for s in skips] == [CORRUPT_FILE]
-    assert skips[0].records == 40 - len(good)
+    return texts
+
+
+@pytest.mark.parametrize("checksums", [False, True])
+def test_a_damaged_row_group_loses_only_its_own_rows(tmp_path, checksums):
+    texts = _damage_row_group(tmp_path / "a.parquet", 2, checksums)
+    got = list(read_parquet(tmp_path / "a.parquet"))
+    assert [v for _, v in got if isinstance(v, str)] == texts[:20] + texts[30:]
+    (n, skip), = [(n, v) for n, v in got if isinstance(v, Skip)]
+    # Numbered at the group's last row, so a resume cursor taken after it passes the group.
+    assert (n, skip.reason, skip.records) == (30, CORRUPT_FILE, 10)
+    assert "row group 2" in skip.detail
+    # Resuming inside the damaged group counts only the rows not read before.
+    resumed = list(read_parquet(tmp_path / "a.parquet", start=25))
+    assert [(n, v.records) for n, v in resumed if isinstance(v, Skip)] == [(30, 5)]
+    assert [v for _, v in resumed if isinstance(v, str)] == texts[30:]
+
+
+def test_a_damaged_row_group_in_a_build_is_counted_and_the_rest_is_built(tmp_path,
+                                                                          byte_tokenizer):
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    texts = _damage_row_group(tmp_path / "a.parquet", 1, checksums=True)
+    m = build(BuildConfig(out=str(tmp_path / "out"), dataset="parquet",
+                          inputs=(str(tmp_path / "a.parquet"),), tokenizer=byte_tokenizer,
+                          seq=4096, val_fraction=0.0), show_progress=False)
+    assert m["counts"]["documents"] == 30 and m["counts"]["skipped"]["corrupt_file"] == 10
+    assert m["counts"]["records_read"] == 40
+    assert m["counts"]["tokens"] == sum(len(t) + 1 for t in texts[:10] + texts[20:])
+
+
+@pytest.mark.parametrize("column", ["dictionary", "string_view", "large_string", "binary_view"])
+def test_any_string_like_arrow_type_is_read_as_text(tmp_path, column):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = ["alpha", "beta", "alpha", None, "δέλτα"]
+    array = {"dictionary": pa.array(texts).dictionary_encode(),
+             "string_view": pa.array(texts, pa.string_view()),
+             "large_string": pa.array(texts, pa.large_string()),
+             "binary_view": pa.array([t and t.encode() for t in texts], pa.binary_view())}[column]
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"text": array}), path)
+    got = reasons(read_parquet(path))
+    assert got == [(1, "alpha"), (2, "beta"), (3, "alpha"), (4, MISSING_TEXT), (5, "δέλτα")]
 
 
 def test_json_with_lone_surrogate_reaches_encode_as_text(tmp_path):
