@@ -58,7 +58,11 @@ def matches(dataset: Dataset, path: str) -> bool:
 
 def expand_inputs(dataset: Dataset, inputs: list[str]) -> list[Path]:
     """Files named directly are taken whatever their name; directories and globs contribute the
-    files matching the dataset's patterns. The result is sorted and free of duplicates."""
+    files matching the dataset's patterns. The result is sorted and free of duplicates.
+
+    A broken symlink matching the patterns inside a directory or glob is kept in the list: the
+    build reads it as one BROKEN_LINK skip (inputs.py), so it is counted and logged, not lost
+    without a word. A broken link named directly is an error, like any missing file."""
     found: set[str] = set()
     for spec in inputs:
         spec = os.path.expanduser(spec)
@@ -71,13 +75,18 @@ def expand_inputs(dataset: Dataset, inputs: list[str]) -> list[Path]:
             candidates = glob.glob(spec, recursive=True)
         else:
             raise SettingsError(f"--input {spec}: no such file or directory")
-        picked = [os.path.abspath(c) for c in candidates if os.path.isfile(c) and matches(dataset, c)]
+        picked = [os.path.abspath(c) for c in candidates
+                  if (os.path.isfile(c) or is_broken_link(c)) and matches(dataset, c)]
         if not picked:
             raise SettingsError(
                 f"--input {spec}: no {dataset.name} files there (looked for "
                 f"{', '.join(dataset.patterns)}); use --dataset to pick another format")
         found.update(picked)
     return [Path(p) for p in sorted(found)]
+
+
+def is_broken_link(path) -> bool:
+    return os.path.islink(path) and not os.path.exists(path)
 
 
 def hub_prefix(subset: str) -> str:

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.catalog import file_format
+from pipeline.catalog import file_format, is_broken_link
 from pipeline.read_jsonl import read_jsonl
 from pipeline.read_parquet import read_parquet
+from pipeline.records import BROKEN_LINK, Skip
 
 BATCH_CHARS = 1 << 20  # ~250k tokens: ~0.1 s of one tokenizer thread
 BATCH_DOCS = 4096
@@ -21,11 +22,12 @@ BATCH_DOCS = 4096
 class LocalFiles:
     def __init__(self, paths: list[Path]):
         self.paths = paths
-        self.files = [(str(p), os.path.getsize(p)) for p in paths]
+        self.files = [(str(p), 0 if is_broken_link(p) else os.path.getsize(p)) for p in paths]
 
     def describe(self) -> list[dict]:
-        return [{"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-                for p, st in ((p, os.stat(p)) for p in self.paths)]
+        """Path, size and mtime of each file; a broken link is described by its target, so
+        that mending it changes the build's fingerprint (a re-run is refused, not mixed)."""
+        return [_describe(p) for p in self.paths]
 
     def path(self, i: int, prefetch_next: bool = True) -> Path:
         return self.paths[i]
@@ -35,6 +37,13 @@ class LocalFiles:
 
     def close(self):
         pass
+
+
+def _describe(path: Path) -> dict:
+    if is_broken_link(path):
+        return {"path": str(path), "size": 0, "broken_link": os.readlink(path)}
+    st = os.stat(path)
+    return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def describe_hub(hub) -> list[dict]:
@@ -60,9 +69,8 @@ def read_batches(files, text_field: str, cursor: tuple[int, int],
             before_file(fi)
         start = first_record if fi == first_file else 0
         path = files.path(fi, prefetch_next=prefetch_next(fi))
-        reader = read_parquet if file_format(str(path)) == "parquet" else read_jsonl
         batch = Batch(fi, end=start)
-        for n, value in reader(path, text_field, start):
+        for n, value in _records(path, text_field, start):
             batch.records.append((n, value))
             batch.end = n
             if isinstance(value, str):
@@ -72,3 +80,12 @@ def read_batches(files, text_field: str, cursor: tuple[int, int],
                 batch = Batch(fi, end=n)
         batch.file_done = True
         yield batch
+
+
+def _records(path: Path, text_field: str, start: int) -> Iterator[tuple[int, object]]:
+    if is_broken_link(path):
+        if start == 0:
+            yield 1, Skip(BROKEN_LINK, f"a symlink to {os.readlink(path)}, which does not exist")
+        return
+    reader = read_parquet if file_format(str(path)) == "parquet" else read_jsonl
+    yield from reader(path, text_field, start)

@@ -2,8 +2,8 @@
 
 Every skip has one of the reasons below; build.py counts them per reason into the manifest and
 logs each with its file and line/row to OUT/skipped.jsonl. Nothing is dropped without one.
-A truncated or corrupt compressed JSON-lines file counts one record: how many documents the lost
-remainder held cannot be known.
+A truncated or corrupt compressed JSON-lines file, and a broken symlink among the inputs, count
+one record: how many documents the lost remainder held cannot be known.
 """
 
 from dataclasses import dataclass
@@ -15,7 +15,9 @@ EMPTY = "empty"  # text is empty or only whitespace
 BLANK_LINE = "blank_line"  # an empty line between JSON lines
 TRUNCATED_FILE = "truncated_file"  # a .gz/.zst that ends mid-stream: the rest of the file is lost
 CORRUPT_FILE = "corrupt_file"  # unreadable compression or parquet data: the rest of the file is lost
-REASONS = (BAD_JSON, INVALID_UTF8, MISSING_TEXT, EMPTY, BLANK_LINE, TRUNCATED_FILE, CORRUPT_FILE)
+BROKEN_LINK = "broken_link"  # a symlink found in an --input folder or glob whose target is gone
+REASONS = (BAD_JSON, INVALID_UTF8, MISSING_TEXT, EMPTY, BLANK_LINE, TRUNCATED_FILE, CORRUPT_FILE,
+           BROKEN_LINK)
 
 
 @dataclass(frozen=True)

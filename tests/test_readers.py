@@ -191,3 +191,34 @@ def test_a_deeply_nested_json_line_is_a_bad_json_skip_and_the_next_line_is_read(
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": "before"}, deep, {"text": "after"}])
     got = reasons(read_jsonl(path))
     assert got == [(1, "before"), (2, BAD_JSON), (3, "after")]
+
+
+def test_a_broken_symlink_in_an_input_folder_is_counted_and_logged(tmp_path, byte_tokenizer):
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+    from pipeline.errors import SettingsError
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"text": "alpha"}, {"text": "beta"}])
+    (corpus / "b.jsonl").symlink_to(tmp_path / "gone.jsonl")
+    (corpus / "notes.txt").symlink_to(tmp_path / "gone.txt")  # not a document file: not counted
+
+    def run(inputs, out="out"):
+        return build(BuildConfig(out=str(tmp_path / out), dataset="jsonl", inputs=inputs,
+                                 tokenizer=byte_tokenizer, seq=16, val_fraction=0.0),
+                     show_progress=False)
+
+    m = run((str(corpus),))
+    assert m["counts"]["skipped"]["broken_link"] == 1 and m["counts"]["documents"] == 2
+    assert [i.get("broken_link") for i in m["inputs"]] == [None, str(tmp_path / "gone.jsonl")]
+    (logged,) = [json.loads(x) for x in (tmp_path / "out/skipped.jsonl").read_text().splitlines()]
+    assert logged["file"] == str(corpus / "b.jsonl") and logged["reason"] == "broken_link"
+    assert "gone.jsonl" in logged["detail"]
+    # Named directly, a broken link is a missing file: an error, as for any missing path.
+    with pytest.raises(SettingsError, match="b.jsonl: no such file"):
+        run((str(corpus / "b.jsonl"),), "out2")
+    # Mending the link changes the inputs: the re-run is refused, not mixed into the old build.
+    write_jsonl(tmp_path / "gone.jsonl", [{"text": "gamma"}])
+    with pytest.raises(SettingsError, match="inputs changed"):
+        run((str(corpus),))
