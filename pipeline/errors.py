@@ -19,3 +19,7 @@ class TokenizerError(LongpackError):
 
 class HubError(LongpackError):
     """The Hugging Face hub cannot be reached or does not have the data."""
+
+
+class OutputError(LongpackError):
+    """The output directory cannot be written: a full disk, a read-only or forbidden path."""
