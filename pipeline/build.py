@@ -231,7 +231,10 @@ class Build:
         if self.t_first is None:
             self.t_first = time.monotonic()
         stop = self._consume(batch, future.result())
-        self.progress.update(self.counts["documents"], self.counts["tokens"], self.bytes_done)
+        # Progress moves within a file too (one big file would otherwise show none until its end).
+        in_file = 0 if batch.file_done else batch.bytes_read
+        self.progress.update(self.counts["documents"], self.counts["tokens"],
+                             self.bytes_done + in_file)
         if not stop and (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
                          or any(s.obsolete for s in self.sinks.values())):
             self._checkpoint()
@@ -246,8 +249,9 @@ class Build:
 
     def _read_all(self):
         cfg = self.cfg
+        c = self.counts
         self.progress = Progress(sum(s for _, s in self.files.files), cfg.max_tokens,
-                                 self.show_progress)
+                                 self.show_progress, (c["documents"], c["tokens"], self.bytes_done))
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
         self.inflight = deque()
         settle = (self._settle_before_download if cfg.max_tokens and not cfg.inputs

@@ -13,7 +13,7 @@ from pathlib import Path
 from pipeline.catalog import file_format, is_broken_link
 from pipeline.read_jsonl import read_jsonl
 from pipeline.read_parquet import read_parquet
-from pipeline.records import BROKEN_LINK, Skip
+from pipeline.records import BROKEN_LINK, ReadPosition, Skip
 
 BATCH_CHARS = 1 << 20  # ~250k tokens: ~0.1 s of one tokenizer thread
 BATCH_DOCS = 4096
@@ -57,6 +57,7 @@ class Batch:
     chars: int = 0
     end: int = 0  # records of this file read once this batch is done
     file_done: bool = False
+    bytes_read: int = 0  # bytes of this file read once this batch is done (for progress)
 
 
 def read_batches(files, text_field: str, cursor: tuple[int, int],
@@ -70,22 +71,26 @@ def read_batches(files, text_field: str, cursor: tuple[int, int],
         start = first_record if fi == first_file else 0
         path = files.path(fi, prefetch_next=prefetch_next(fi))
         batch = Batch(fi, end=start)
-        for n, value in _records(path, text_field, start):
+        position = ReadPosition()
+        for n, value in _records(path, text_field, start, position):
             batch.records.append((n, value))
             batch.end = n
             if isinstance(value, str):
                 batch.chars += len(value)
             if batch.chars >= BATCH_CHARS or len(batch.records) >= BATCH_DOCS:
+                batch.bytes_read = position.bytes
                 yield batch
                 batch = Batch(fi, end=n)
         batch.file_done = True
+        batch.bytes_read = files.files[fi][1]
         yield batch
 
 
-def _records(path: Path, text_field: str, start: int) -> Iterator[tuple[int, object]]:
+def _records(path: Path, text_field: str, start: int, position: ReadPosition
+             ) -> Iterator[tuple[int, object]]:
     if is_broken_link(path):
         if start == 0:
             yield 1, Skip(BROKEN_LINK, f"a symlink to {os.readlink(path)}, which does not exist")
         return
     reader = read_parquet if file_format(str(path)) == "parquet" else read_jsonl
-    yield from reader(path, text_field, start)
+    yield from reader(path, text_field, start, position)

@@ -18,11 +18,26 @@ def _clock(seconds: float) -> str:
 
 
 class Progress:
-    def __init__(self, total_bytes: int | None, max_tokens: int | None, enabled: bool | None = None):
+    """Rates and ETA count only this run's work: a resumed build starts from `done`
+    (documents, tokens, bytes of input already behind it), not from zero."""
+
+    def __init__(self, total_bytes: int | None, max_tokens: int | None, enabled: bool | None = None,
+                 done: tuple[int, int, int] = (0, 0, 0)):
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
         self.total_bytes, self.max_tokens = total_bytes, max_tokens
         self.start = self.last = time.monotonic()
-        self.docs = self.tokens = self.bytes_done = 0
+        self.at_start = done
+        self.docs, self.tokens, self.bytes_done = done
+
+    def _fraction(self, tokens: int, bytes_done: int) -> float | None:
+        """Share of the whole build behind it: by tokens under --max-tokens, by input bytes."""
+        fraction = None
+        if self.max_tokens:
+            fraction = tokens / self.max_tokens
+        if self.total_bytes and bytes_done:
+            by_bytes = bytes_done / self.total_bytes
+            fraction = by_bytes if fraction is None else max(fraction, by_bytes)
+        return fraction
 
     def update(self, docs: int, tokens: int, bytes_done: int) -> None:
         self.docs, self.tokens, self.bytes_done = docs, tokens, bytes_done
@@ -31,16 +46,16 @@ class Progress:
             return
         self.last = now
         elapsed = max(now - self.start, 1e-9)
-        fraction = None
-        if self.max_tokens:
-            fraction = tokens / self.max_tokens
-        if self.total_bytes and bytes_done:
-            by_bytes = bytes_done / self.total_bytes
-            fraction = by_bytes if fraction is None else max(fraction, by_bytes)
-        eta = f" ETA {_clock(elapsed * (1 - fraction) / fraction)}" if fraction else ""
+        docs0, tokens0, bytes0 = self.at_start
+        fraction = self._fraction(tokens, bytes_done)
+        fraction0 = self._fraction(tokens0, bytes0) or 0.0
+        eta = ""
+        if fraction and fraction > fraction0:
+            eta = f" ETA {_clock(elapsed * (1 - min(fraction, 1)) / (fraction - fraction0))}"
         done = f" {100 * min(fraction, 1):.1f}%" if fraction else ""
-        sys.stderr.write(f"\r{_si(docs)} docs ({_si(docs / elapsed)}/s) {_si(tokens)} tokens "
-                         f"({_si(tokens / elapsed)}/s){done}{eta} \x1b[K")
+        new_docs, new_tokens = docs - docs0, tokens - tokens0
+        sys.stderr.write(f"\r{_si(docs)} docs ({_si(new_docs / elapsed)}/s) {_si(tokens)} tokens "
+                         f"({_si(new_tokens / elapsed)}/s){done}{eta} \x1b[K")
         sys.stderr.flush()
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from pipeline.records import (
     INVALID_UTF8,
     MISSING_TEXT,
     TRUNCATED_FILE,
+    ReadPosition,
     Skip,
 )
 
@@ -61,17 +62,19 @@ def _lines_from_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def _raw_lines(path: Path) -> Iterator[bytes]:
+def _raw_lines(path: Path, position: ReadPosition) -> Iterator[bytes]:
+    """Lines of the decompressed file; `position` follows the stored (compressed) bytes read."""
     name = path.name
-    if name.endswith(".gz"):
-        with gzip.open(path, "rb") as f:
-            yield from f
-    elif name.endswith(".zst") or name.endswith(".zstd"):
-        with open(path, "rb") as f:
-            yield from _lines_from_chunks(_zstd_chunks(f))
-    else:
-        with open(path, "rb") as f:
-            yield from f
+    with open(path, "rb") as raw:
+        if name.endswith(".gz"):
+            lines = gzip.GzipFile(fileobj=raw, mode="rb")
+        elif name.endswith(".zst") or name.endswith(".zstd"):
+            lines = _lines_from_chunks(_zstd_chunks(raw))
+        else:
+            lines = raw
+        for line in lines:
+            position.bytes = raw.tell()
+            yield line
 
 
 def _document(line: bytes, field: str):
@@ -96,16 +99,17 @@ def _document(line: bytes, field: str):
     return text
 
 
-def read_jsonl(path: Path, field: str = "text", start: int = 0) -> Iterator[tuple[int, object]]:
+def read_jsonl(path: Path, field: str = "text", start: int = 0,
+               position: ReadPosition | None = None) -> Iterator[tuple[int, object]]:
     """Documents from line `start` + 1 on (the first `start` lines are read and passed over)."""
     line_no = 0
     try:
-        for line_no, line in enumerate(_raw_lines(path), start=1):
+        for line_no, line in enumerate(_raw_lines(path, position or ReadPosition()), start=1):
             if line_no > start:
                 yield line_no, _document(line.rstrip(b"\r\n"), field)
     except (EOFError, Truncated) as e:
-        yield line_no + 1, Skip(TRUNCATED_FILE, f"file ends mid-stream ({e})", )
+        yield line_no + 1, Skip(TRUNCATED_FILE, f"file ends mid-stream ({e})")
     except (OSError, zlib.error, zstandard.ZstdError) as e:
-        yield line_no + 1, Skip(CORRUPT_FILE, f"unreadable ({type(e).__name__}: {e})", )
+        yield line_no + 1, Skip(CORRUPT_FILE, f"unreadable ({type(e).__name__}: {e})")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.records import CORRUPT_FILE, EMPTY, INVALID_UTF8, MISSING_TEXT, Skip
+from pipeline.records import CORRUPT_FILE, EMPTY, INVALID_UTF8, MISSING_TEXT, ReadPosition, Skip
 
 BATCH_ROWS = 1024
 _STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
@@ -54,7 +54,8 @@ def _value(value, field: str):
     return value
 
 
-def read_parquet(path: Path, field: str = "text", start: int = 0) -> Iterator[tuple[int, object]]:
+def read_parquet(path: Path, field: str = "text", start: int = 0,
+                 position: ReadPosition | None = None) -> Iterator[tuple[int, object]]:
     try:
         # Page checksums are verified where the writer stored them (pyarrow's
         # write_page_checksum, parquet-mr's): a flipped byte is then a counted skip, not text.
@@ -68,21 +69,24 @@ def read_parquet(path: Path, field: str = "text", start: int = 0) -> Iterator[tu
             MISSING_TEXT, f"no {field!r} column (has: {pf.schema_arrow.names})",
             records=max(total - start, 1))
         return
+    position = position or ReadPosition()
+    bytes_per_row = Path(path).stat().st_size / max(total, 1)
     first = 0
     for g in range(pf.metadata.num_row_groups):
         end = first + pf.metadata.row_group(g).num_rows
         if end > start:
-            yield from _read_group(pf, g, field, first, end, start)
+            yield from _read_group(pf, g, field, first, end, start, position, bytes_per_row)
         first = end
 
 
-def _read_group(pf: pq.ParquetFile, g: int, field: str, first: int, end: int, start: int
-                ) -> Iterator[tuple[int, object]]:
+def _read_group(pf: pq.ParquetFile, g: int, field: str, first: int, end: int, start: int,
+                position: ReadPosition, bytes_per_row: float) -> Iterator[tuple[int, object]]:
     """Rows [max(first, start), end) of row group g, which holds rows [first, end)."""
     row = first
     try:
         for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=[field],
                                      use_threads=False):
+            position.bytes = int((row + batch.num_rows) * bytes_per_row)
             for value in _texts(batch.column(0)):
                 if row >= start:
                     yield row + 1, _value(value, field)

@@ -25,3 +25,11 @@ class Skip:
     reason: str
     detail: str
     records: int = 1  # input records this skip stands for (a corrupt parquet row group: its rows)
+
+
+@dataclass
+class ReadPosition:
+    """How far a reader has got into its file, for progress: bytes of the file as stored
+    (compressed bytes for .gz/.zst; for parquet, the share of rows read times the file size)."""
+
+    bytes: int = 0

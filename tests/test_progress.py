@@ -33,3 +33,43 @@ def test_summary_fits_one_screen_and_names_the_skip_log(tmp_path):
     assert len(text.splitlines()) <= 24
     assert "bad_json 1" in text and "empty" not in text and "skipped.jsonl" in text
     assert "2.00 M tokens/s" in text
+
+
+def test_a_resumed_build_times_only_this_runs_work(capsys):
+    """Half the input was done by an earlier run; this run did 10% more in 10 s: 40% are left,
+    which take 40 s at this run's rate (not 10 s x 0.4 / 0.6 from the whole 60%)."""
+    p = Progress(total_bytes=1000, max_tokens=None, enabled=True, done=(500, 1_000_000, 500))
+    p.start -= 10
+    p.last = 0
+    p.update(docs=600, tokens=1_200_000, bytes_done=600)
+    line = capsys.readouterr().err
+    assert "60.0%" in line and "ETA 0:00:40" in line
+    assert "600 docs (10/s)" in line and "(20.00k/s)" in line
+
+
+def test_one_big_file_moves_the_progress_before_it_ends(tmp_path, monkeypatch, byte_tokenizer):
+    import numpy as np
+
+    import pipeline.build as build_mod
+    import pipeline.inputs as inputs
+    from conftest import make_texts, write_jsonl
+    from pipeline.config import BuildConfig
+
+    seen = []
+
+    class Recorded(Progress):
+        def update(self, docs, tokens, bytes_done):
+            seen.append(bytes_done)
+            super().update(docs, tokens, bytes_done)
+
+    monkeypatch.setattr(build_mod, "Progress", Recorded)
+    monkeypatch.setattr(inputs, "BATCH_DOCS", 100)
+    rng = np.random.default_rng(0)
+    path = write_jsonl(tmp_path / "one.jsonl.gz",
+                       [{"text": t + rng.bytes(200).hex()} for t in make_texts(2000)], "gz")
+    build_mod.build(BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=(str(path),),
+                                tokenizer=byte_tokenizer, seq=256, workers=1),
+                    show_progress=False)
+    size = path.stat().st_size
+    inside = [b for b in seen if 0 < b < size]
+    assert len(inside) >= 10 and seen == sorted(seen) and seen[-1] == size

@@ -222,3 +222,32 @@ def test_a_broken_symlink_in_an_input_folder_is_counted_and_logged(tmp_path, byt
     write_jsonl(tmp_path / "gone.jsonl", [{"text": "gamma"}])
     with pytest.raises(SettingsError, match="inputs changed"):
         run((str(corpus),))
+
+
+@pytest.mark.parametrize("name", ["d.jsonl", "d.jsonl.gz", "d.jsonl.zst", "d.parquet"])
+def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, name):
+    """Progress moves within one big file: each batch says how many of the file's stored bytes
+    were read, rising to the file's size at its end."""
+    import numpy as np
+
+    import pipeline.inputs as inputs
+    from conftest import make_texts
+
+    monkeypatch.setattr(inputs, "BATCH_DOCS", 50)
+    monkeypatch.setattr("pipeline.read_jsonl.CHUNK", 1 << 14)  # zstd is read a chunk at a time
+    rng = np.random.default_rng(0)  # text that does not compress away: stored bytes track reading
+    texts = [t + " " + rng.bytes(300).hex() for t in make_texts(1000)]
+    path = tmp_path / name
+    if name.endswith(".parquet"):
+        write_parquet(path, texts)
+    else:
+        compress = {"gz": "gz", "zst": "zst"}.get(name.rsplit(".", 1)[-1])
+        write_jsonl(path, [{"text": t} for t in texts], compress)
+    files = inputs.LocalFiles([path])
+    batches = list(inputs.read_batches(files, "text", (0, 0)))
+    positions = [b.bytes_read for b in batches]
+    size = path.stat().st_size
+    assert len(batches) >= 20 and positions[-1] == size and batches[-1].file_done
+    assert positions == sorted(positions)
+    halfway = positions[len(positions) // 2]
+    assert 0.3 * size < halfway < 0.7 * size
