@@ -80,7 +80,8 @@ def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers
 
 @pack.command()
 @click.argument("path", type=click.Path(path_type=Path))
-@click.option("--verify", is_flag=True, help="Also check checksums, token ids and document starts.")
+@click.option("--verify", is_flag=True, help="Also check checksums, token ids, document starts and "
+                   "continued documents' hashes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/STATS.md).")
 @click.option("--decode", "decode", type=int, default=None, metavar="ROW",
               help="Print row ROW of --split as text with document boundaries marked.")

@@ -8,7 +8,8 @@ One pass over each split, shard by shard (memory: the few shards in flight, not 
                                          while it is in the CPU's cache
       -> SplitScan.add (in order)        padding, document lengths and boundaries, the ids'
                                          frequencies and range; with --verify also segment /
-                                         EOS agreement and id < vocab_size
+                                         EOS agreement, continued documents' hashes and
+                                         id < vocab_size
       -> report                          per split + total, checks, recommendations (text or JSON)
 
 Cheap checks always run (index present, every shard file present with the size its index gives,
@@ -183,7 +184,8 @@ class SplitScan:
     keep_hashes: bool = False
     other_hashes: np.ndarray | None = None  # documents of the other split, to find overlaps
     overlap: int = 0
-    _prev_token: int | None = None  # last token of the previous shard
+    _prev_token: int | None = None  # last token of the previous shard (None: none, or unread)
+    _prev_hash: int | None = None  # hash of the previous shard's last segment (None: as above)
     stream_pos: int = 0  # tokens of this split seen so far
     last_eos: int = -1  # stream position of the last EOS seen
     has_segments: bool = False
@@ -197,17 +199,20 @@ class SplitScan:
         if seq != self.seq:
             self.problems.append(Problem(name, f"rows of {seq} tokens, the split's seq is "
                                                f"{self.seq}"))
+            self.lost_shard()
             return
         self.dtype = np.dtype(shard.dtype).name
         if segments is not None and len(segments):
             self.has_segments = True
             self.padding += n * seq - d.real
             self.segments += len(segments) - int((segments[:, 2] == PAD_HASH).sum())
-            starts = self._true_starts(d.last, segments)
+            starts = self._true_starts(name, d.last, segments)
             if self.keep_hashes:
                 self.hashes.append(starts)
             if self.other_hashes is not None and len(self.other_hashes):
                 self.overlap += int(np.isin(starts, self.other_hashes).sum())
+        else:
+            self.lost_shard()
         if d.real:
             self.min_id = d.lo if self.min_id is None else min(self.min_id, d.lo)
             self.max_id = d.hi if self.max_id is None else max(self.max_id, d.hi)
@@ -233,17 +238,50 @@ class SplitScan:
         self.rows += n
         self.shards += 1
 
-    def _true_starts(self, last: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    def lost_shard(self):
+        """A shard could not be folded in: the next shard's first row has no row before it."""
+        self._prev_token = self._prev_hash = None
+
+    def _true_starts(self, name: str, last: np.ndarray, segments: np.ndarray) -> np.ndarray:
         """Hashes of the documents that begin in this shard (not continuations, not padding):
         a segment at offset 0 begins a document only if the token before the row (the last
-        of the row before, `last`) is EOS."""
+        of the row before, `last`) is EOS. With --verify, also checks each continuation."""
         before_row = np.empty(len(last), np.int64)
         before_row[1:] = last[:-1]
         before_row[0] = self.eos_id if self._prev_token is None else self._prev_token
-        self._prev_token = int(last[-1])
         rows = segments[:, 0].astype(np.int64)
         opens_doc = (segments[:, 1] != 0) | (before_row[rows] == self.eos_id)
+        if self.verify and self.eos_id is not None:
+            self._check_continuations(name, before_row != self.eos_id, segments)
+        self._prev_token, self._prev_hash = int(last[-1]), int(segments[-1, 2])
         return segments[opens_doc & (segments[:, 2] != PAD_HASH), 2]
+
+    def _check_continuations(self, name: str, continued: np.ndarray, segments: np.ndarray):
+        """A row whose token before it is not EOS opens with the rest of the previous row's
+        last document, so its segment at offset 0 must carry that document's hash (the previous
+        shard's last row for row 0). Rows without a segment at 0 are _check_segments' to name."""
+        n = len(continued)
+        bounds = np.searchsorted(segments[:, 0], np.arange(n + 1, dtype=np.uint64))
+        has = bounds[1:] > bounds[:-1]
+        first = np.minimum(bounds[:-1], len(segments) - 1)
+        first_hash = segments[first, 2]
+        last_hash = segments[np.maximum(bounds[1:] - 1, 0), 2]
+        before_hash = np.empty(n, np.uint64)
+        before_hash[1:] = last_hash[:-1]
+        before_known = np.empty(n, bool)
+        before_known[1:] = has[:-1]
+        before_known[0] = self._prev_hash is not None
+        before_hash[0] = self._prev_hash or 0
+        wrong = np.flatnonzero(continued & has & (segments[first, 1] == 0) & before_known
+                               & (first_hash != before_hash))
+        if len(wrong):
+            r = int(wrong[0])
+            before = "the previous shard's last row" if r == 0 else f"row {r - 1}"
+            more = f" ({len(wrong) - 1:,} more rows of this shard alike)" if len(wrong) > 1 else ""
+            self.problems.append(Problem(
+                name, f"the row continues the last document of {before} "
+                      f"({int(before_hash[r]):016x}) but its first segment's hash is "
+                      f"{int(first_hash[r]):016x}{more}", row=r))
 
     def _check_segments(self, name, n, seq, segments, inner, real):
         recorded = (segments[:, 0].astype(np.int64) * seq + segments[:, 1].astype(np.int64))

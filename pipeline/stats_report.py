@@ -50,6 +50,7 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
         if isinstance(shard, ShardError):
             if not any(p.file == f"{name}/{shard.path.name}" for p in problems):
                 problems.append(Problem(f"{name}/{shard.path.name}", shard.what))
+            scan.lost_shard()
             continue
         scan.add(shard, d)
     if reader.kind == "npy" or not scan.has_segments:
@@ -216,8 +217,8 @@ def collect(path: Path, verify: bool = False, throughput: float | None = None,
         for name, got in splits.items():
             _agree_with_manifest(name, got, manifest, problems)
     if not verify:
-        not_checked.append("checksums and row-level checks (token ids, document starts): "
-                           "pass --verify")
+        not_checked.append("checksums and row-level checks (token ids, document starts, "
+                           "continued documents' hashes): pass --verify")
     splits = {k: splits[k] for k in sorted(splits, key=lambda s: s != "train")}
     train = splits.get("train") or next(iter(splits.values()), {})
     return {"path": str(path), "format": manifest["format"] if manifest else None,
@@ -294,7 +295,8 @@ def render(r: dict) -> str:
                      f"{v['distinct_ids']:,} distinct{sampled}; top: {top}")
     c = r["checks"]
     lines.append("  checks".ljust(24) + ("OK" if c["ok"] else f"{len(c['problems'])} PROBLEMS")
-                 + (" (verified: checksums, ids, document starts)" if c["verified"] else ""))
+                 + (" (verified: checksums, ids, document starts, continuations)"
+                    if c["verified"] else ""))
     for p in c["problems"][:20]:
         lines.append("    " + Problem(**p).line())
     if len(c["problems"]) > 20:

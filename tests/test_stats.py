@@ -186,6 +186,66 @@ def test_moved_eos_disagrees_with_document_starts(tmp_path, byte_tokenizer, text
     assert r.exit_code == 1 and "document starts do not match the EOS positions" in r.output
 
 
+def rewrite_memmap_docs(path, change):
+    """Edit a memmap shard's segments, keeping its size and checksum in index.json right."""
+    import hashlib
+
+    docs = np.load(path)
+    change(docs)
+    np.save(path, docs)
+    index = json.loads((path.parent / "index.json").read_text())
+    for s in index["shards"]:
+        if s["docs"]["basename"] == path.name:
+            s["docs"]["bytes"] = path.stat().st_size
+            s["docs"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (path.parent / "index.json").write_text(json.dumps(index))
+
+
+def continued_rows(tokens: np.ndarray, before: int | None) -> list[int]:
+    """Rows of a shard that open with the rest of a document (the token before is not EOS)."""
+    last = [before] + tokens[:-1, -1].tolist()
+    return [r for r in range(len(tokens)) if last[r] is not None and last[r] != EOS]
+
+
+@pytest.mark.parametrize("across_shards", [False, True])
+def test_a_continued_row_with_another_documents_hash_fails_verify(tmp_path, byte_tokenizer,
+                                                                  texts, across_shards):
+    """A row that opens with a continuation must carry the hash of the previous row's last
+    document, also when that row is the previous shard's last."""
+    out = make_build(tmp_path, texts, fmt="memmap")
+    tokens = sorted((out / "train").glob("*.tokens.npy"))
+    docs_files = sorted((out / "train").glob("*.docs.npy"))
+    shard = 1 if across_shards else 0
+    before = int(np.load(tokens[0])[-1, -1]) if across_shards else None
+    rows = continued_rows(np.load(tokens[shard]), before)
+    row = 0 if across_shards else rows[0]
+    assert row in rows and (row == 0) == across_shards
+    docs = np.load(docs_files[shard])
+    opening = np.flatnonzero((docs[:, 0] == row) & (docs[:, 1] == 0))[0]
+    right = int(docs[opening, 2])
+    wrong = int(docs[docs[:, 1] != 0][-1, 2])  # another document of the same shard
+    rewrite_memmap_docs(docs_files[shard], lambda d: d.__setitem__((opening, 2), wrong))
+    assert run_stats(out).exit_code == 0  # the default checks do not look at continuations
+    r = run_stats(out, "--verify")
+    assert r.exit_code == 1
+    before_row = "the previous shard's last row" if across_shards else f"row {row - 1}"
+    assert (f"train/{tokens[shard].name}, row {row}: the row continues the last document of "
+            f"{before_row} ({right:016x}) but its first segment's hash is {wrong:016x}"
+            in r.output), r.output
+    assert "1 PROBLEMS" in r.output
+
+
+def test_the_shard_after_an_unreadable_one_is_not_checked_against_the_shard_before(
+        tmp_path, byte_tokenizer, texts):
+    """Its first row's predecessor is unknown: no continuation problem is made up."""
+    out = make_build(tmp_path, texts, fmt="memmap")
+    tokens = sorted((out / "train").glob("*.tokens.npy"))
+    assert continued_rows(np.load(tokens[2]), int(np.load(tokens[1])[-1, -1]))[0] == 0
+    tokens[1].write_bytes(tokens[1].read_bytes()[:-100])
+    problems = collect(out, verify=True)["checks"]["problems"]
+    assert [p["file"] for p in problems if p["file"] != "train"] == [f"train/{tokens[1].name}"]
+
+
 def test_wrong_row_length(tmp_path, byte_tokenizer, texts):
     out = make_build(tmp_path, texts, fmt="memmap")
     shard = first_shard(out, suffix=".tokens.npy")
