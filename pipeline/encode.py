@@ -1,18 +1,25 @@
 """Turn one batch of texts into documents ready to pack (runs in a worker thread).
 
 Per text: the token ids with BOS/EOS in the output dtype, the document hash (of its UTF-8 bytes)
-and its split; lone surrogates in a text make it a skip. The tokenizer releases the GIL, so
-`--workers` threads run in parallel, and the result is a pure function of the batch, which is
-why the output does not depend on the worker count.
+and its split; lone surrogates in a text make it a skip, as does a text no tokenizer engine can
+encode. The tokenizer releases the GIL, so `--workers` threads run in parallel, and the result
+is a pure function of the batch, which is why the output depends neither on the worker count nor
+on the engine (a sample of documents is checked against the reference library as it goes).
 """
 
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.records import INVALID_UTF8, Skip
+from pipeline.errors import TokenizerError
+from pipeline.records import INVALID_UTF8, UNENCODABLE, Skip
 from pipeline.split import Splitter, doc_hash
-from pipeline.tokenizer import Tokenizer
+from pipeline.tokenizer import Tokenizer, Unencodable
+from pipeline.tokenizer_engines import first_mismatch
+
+# With the fast engine, documents whose hash is a multiple of this are also encoded by the
+# reference library and compared (~0.8% of documents, the same ones on every run).
+SAMPLE_EVERY = 128
 
 
 @dataclass
@@ -32,8 +39,8 @@ def encode_batch(records: list[tuple[int, object]], tok: Tokenizer, splitter: Sp
     # same way for every tokenizer, before a tokenizer sees it (tiktoken raises
     # UnicodeEncodeError on one, Hugging Face tokenizers a TypeError).
     out = EncodedBatch()
-    texts, text_hashes = [], []
-    for _, value in records:
+    texts, text_hashes, numbers = [], [], []
+    for n, value in records:
         if isinstance(value, Skip):
             out.docs.append(value)
             continue
@@ -43,14 +50,16 @@ def encode_batch(records: list[tuple[int, object]], tok: Tokenizer, splitter: Sp
             out.docs.append(Skip(INVALID_UTF8, f"lone surrogate at character {e.start}"))
             continue
         texts.append(value)
+        numbers.append(n)
         out.docs.append(None)  # filled below, once its length is known
-    ids = tok.encode_batch(texts)
+    slots = [i for i, d in enumerate(out.docs) if d is None]
+    ids, offsets = _encode(tok, texts, text_hashes, numbers, slots, out.docs)
     head = 0 if bos_id is None else 1
     parts: tuple[list, list] = ([], [])
     hashes: tuple[list, list] = ([], [])
     nbytes: tuple[list, list] = ([], [])
-    slots = (i for i, d in enumerate(out.docs) if d is None)
-    for slot, text, h, doc_ids in zip(slots, texts, text_hashes, ids):
+    for i, (slot, text, h) in enumerate(zip(slots, texts, text_hashes)):
+        doc_ids = ids[offsets[i]:offsets[i + 1]]
         split = int(splitter.is_val(h))
         parts[split].append(doc_ids)
         hashes[split].append(h)
@@ -61,6 +70,39 @@ def encode_batch(records: list[tuple[int, object]], tok: Tokenizer, splitter: Sp
     out.hashes = tuple(np.array(h, np.uint64) for h in hashes)
     out.text_bytes = tuple(np.array(n, np.int64) for n in nbytes)
     return out
+
+
+def _encode(tok: Tokenizer, texts: list, text_hashes: list, numbers: list, slots: list,
+            docs: list) -> tuple[np.ndarray, np.ndarray]:
+    """encode_flat over the texts. A text no engine can encode becomes an UNENCODABLE skip
+    (removed from the four lists in place); with the fast engine, the sampled documents are
+    re-encoded by the reference library and any difference stops the build."""
+    while True:
+        try:
+            ids, offsets = tok.encode_flat(texts)
+            break
+        except Unencodable as e:
+            docs[slots[e.index]] = Skip(UNENCODABLE, "no tokenizer engine could encode it")
+            for column in (texts, text_hashes, numbers, slots):
+                del column[e.index]
+    if tok.engine is not tok.reference:
+        picks = [i for i, h in enumerate(text_hashes) if h % SAMPLE_EVERY == 0]
+        bad = first_mismatch(tok.reference, texts, ids, offsets, picks)
+        if bad is not None:
+            raise EngineMismatch(numbers[bad], texts[bad], tok)
+    return ids, offsets
+
+
+class EngineMismatch(TokenizerError):
+    """The fast engine gave other ids than the reference library for a sampled document."""
+
+    def __init__(self, record: int, text: str, tok: Tokenizer):
+        fast, ref = tok.engine_identity(), tok.reference
+        super().__init__(
+            f"record {record} ({text[:40]!r}...): {fast['library']} {fast['version']} and "
+            f"{ref.library} {ref.version} give different ids for it with tokenizer {tok.name}; "
+            "nothing was written from it: re-run with --tokenizer-engine reference to resume")
+        self.record = record
 
 
 def _with_markers(docs: list[np.ndarray], dtype, bos_id: int | None, eos_id: int

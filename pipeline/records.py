@@ -16,8 +16,9 @@ BLANK_LINE = "blank_line"  # an empty line between JSON lines
 TRUNCATED_FILE = "truncated_file"  # a .gz/.zst that ends mid-stream: the rest of the file is lost
 CORRUPT_FILE = "corrupt_file"  # unreadable compression or parquet data: the rest of the file is lost
 BROKEN_LINK = "broken_link"  # a symlink found in an --input folder or glob whose target is gone
+UNENCODABLE = "unencodable"  # text that every tokenizer engine failed on (none known to date)
 REASONS = (BAD_JSON, INVALID_UTF8, MISSING_TEXT, EMPTY, BLANK_LINE, TRUNCATED_FILE, CORRUPT_FILE,
-           BROKEN_LINK)
+           BROKEN_LINK, UNENCODABLE)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@ the input documents.
 import base64
 import hashlib
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +21,14 @@ import numpy as np
 
 from pipeline.atomic import sha256_file
 from pipeline.errors import TokenizerError
+from pipeline.tokenizer_engines import (
+    ENGINES,
+    FastEngine,
+    ReferenceEngine,
+    _flat,
+    check_agreement,
+    gave_up,
+)
 
 ENDOFTEXT = "<|endoftext|>"
 
@@ -60,7 +70,8 @@ HF_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|bos|>
 
 @dataclass
 class Tokenizer:
-    """A loaded tokenizer: `encode_batch` for packing, `identity` for the manifest."""
+    """A loaded tokenizer: `encode_flat` for packing, `identity` for the manifest's fingerprint
+    (which never names the engine: the ids do not depend on it), `engine_identity` for the rest."""
 
     name: str
     kind: str  # "tiktoken" or "huggingface"
@@ -69,35 +80,109 @@ class Tokenizer:
     vocab_size: int  # every token id is < vocab_size
     eos_id: int
     bos_id: int | None
-    _impl: object = field(repr=False)
+    reference: ReferenceEngine = field(repr=False)
+    _load_fast: Callable[[], FastEngine] = field(repr=False)  # loads and checks fastokens
+    engine: FastEngine | ReferenceEngine | None = field(default=None, repr=False)
+    engine_note: str | None = None  # why --tokenizer-engine auto chose the reference
+    _fallback: FastEngine | ReferenceEngine | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def dtype(self) -> np.dtype:
         """The smallest unsigned dtype that holds every id: uint16 for GPT-2, uint32 for cl100k."""
         return np.dtype(np.uint16) if self.vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
+    def choose_engine(self, engine: str) -> None:
+        if engine not in ENGINES:
+            raise TokenizerError(f"--tokenizer-engine {engine!r}: choose one of {', '.join(ENGINES)}")
+        self.engine, self.engine_note = self.reference, None
+        if engine == "reference":
+            return
+        try:
+            self.engine = self._load_fast()
+        except (ImportError, TokenizerError) as e:
+            if engine == "fast":
+                raise TokenizerError(f"--tokenizer-engine fast: {e}") from None
+            self.engine_note = str(e)
+
+    def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids (uint32) of every text concatenated and the offsets (int64, len(texts) + 1) of each
+        text's ids; special-token strings are encoded as plain text. Releases the GIL inside the
+        tokenizer, so worker threads run in parallel. Raises UnicodeEncodeError for a lone
+        surrogate (encode.py finds those first). A text the engine gives up on (tiktoken's regex
+        gives up on ~1 MB whitespace runs with o200k's pattern) is encoded by the other engine;
+        `Unencodable` names a text neither can encode."""
+        engine = self.engine or self.reference
+        try:
+            return engine.encode_flat(texts)
+        except BaseException as e:
+            if not gave_up(e):
+                raise
+        parts = []
+        for i, text in enumerate(texts):
+            for candidate in (engine, self._other_engine()):
+                try:
+                    ids, _ = candidate.encode_flat([text]) if candidate else (None, None)
+                except BaseException as e:
+                    if not gave_up(e):
+                        raise
+                    continue
+                if ids is not None:
+                    break
+            else:
+                raise Unencodable(i)
+            parts.append(ids)
+        return _flat(parts)
+
+    def _other_engine(self):
+        """The engine a give-up falls back to, loaded once: fastokens when the reference
+        gave up (only where it loads and passes the agreement check), else the reference."""
+        if self.engine is not None and self.engine is not self.reference:
+            return self.reference
+        with self._lock:
+            if self._fallback is None:
+                try:
+                    self._fallback = self._load_fast()
+                except (ImportError, TokenizerError):
+                    self._fallback = False
+            return self._fallback or None
+
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
-        """Token ids (uint32) of each text, special-token strings encoded as plain text.
-        Releases the GIL inside the tokenizer, so worker threads run in parallel."""
-        if self.kind == "tiktoken":
-            return [self._impl.encode_to_numpy(t, disallowed_special=()) for t in texts]
-        encodings = self._impl.encode_batch_fast(texts, add_special_tokens=False)
-        return [np.asarray(e.ids, dtype=np.uint32) for e in encodings]
+        """Token ids (uint32) of each text: views into one `encode_flat` result."""
+        ids, offsets = self.encode_flat(texts)
+        return [ids[offsets[i]:offsets[i + 1]] for i in range(len(texts))]
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]
         if self.kind == "tiktoken":
-            return self._impl.decode(ids)
-        return self._impl.decode(ids, skip_special_tokens=False)
+            return self.reference.impl.decode(ids)
+        return self.reference.impl.decode(ids, skip_special_tokens=False)
 
     def identity(self) -> dict:
         return {"name": self.name, "kind": self.kind, "source": self.source,
                 "sha256": self.sha256, "vocab_size": self.vocab_size,
                 "eos_id": self.eos_id, "bos_id": self.bos_id, "dtype": self.dtype.name}
 
+    def engine_identity(self) -> dict:
+        """Which library encoded (for the manifest, outside the fingerprint)."""
+        engine = self.engine or self.reference
+        out = {"engine": engine.name, "library": engine.library, "version": engine.version}
+        if self.engine_note:
+            out["note"] = f"fastokens not used: {self.engine_note}"
+        return out
 
-def load_tokenizer(spec: str, bos: bool = False) -> Tokenizer:
-    """`spec` is a tiktoken encoding name, a `.tiktoken` ranks file, or a tokenizer.json."""
+
+class Unencodable(Exception):
+    """Text `index` of a batch could be encoded by no engine."""
+
+    def __init__(self, index: int):
+        super().__init__(index)
+        self.index = index
+
+
+def load_tokenizer(spec: str, bos: bool = False, engine: str = "reference") -> Tokenizer:
+    """`spec` is a tiktoken encoding name, a `.tiktoken` ranks file, or a tokenizer.json.
+    `engine` (auto, fast, reference) picks what encodes; the ids are the same whichever."""
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix == ".json":
@@ -118,6 +203,7 @@ def load_tokenizer(spec: str, bos: bool = False) -> Tokenizer:
             "EOS; drop --bos (documents are still separated by EOS)")
     if not bos:
         tok.bos_id = None
+    tok.choose_engine(engine)
     return tok
 
 
@@ -130,11 +216,21 @@ def _ranks_sha256(ranks: dict[bytes, int]) -> str:
     return h.hexdigest()
 
 
-def _tiktoken_tokenizer(enc, name: str, source: str, sha256: str) -> Tokenizer:
+def _tiktoken_tokenizer(enc, name: str, source: str, sha256: str, path: Path | None
+                        ) -> Tokenizer:
     if ENDOFTEXT not in enc._special_tokens:
         raise TokenizerError(f"tiktoken encoding {name} has no {ENDOFTEXT} token to end documents")
+    reference = ReferenceEngine(enc, "tiktoken")
+
+    def load_fast() -> FastEngine:
+        fast = FastEngine.load("tiktoken", path, None if path else enc._mergeable_ranks,
+                               enc._pat_str, enc._special_tokens)
+        check_agreement(fast, reference, name)
+        return fast
+
     return Tokenizer(name=name, kind="tiktoken", source=source, sha256=sha256,
-                     vocab_size=enc.n_vocab, eos_id=enc.eot_token, bos_id=None, _impl=enc)
+                     vocab_size=enc.n_vocab, eos_id=enc.eot_token, bos_id=None,
+                     reference=reference, _load_fast=load_fast)
 
 
 def _load_tiktoken_name(name: str) -> Tokenizer:
@@ -146,7 +242,7 @@ def _load_tiktoken_name(name: str) -> Tokenizer:
         raise TokenizerError(
             f"could not load tiktoken encoding {name!r} ({type(e).__name__}: no network?); pass "
             f"its ranks file instead, e.g. --tokenizer path/to/{name}.tiktoken") from None
-    return _tiktoken_tokenizer(enc, name, name, _ranks_sha256(enc._mergeable_ranks))
+    return _tiktoken_tokenizer(enc, name, name, _ranks_sha256(enc._mergeable_ranks), None)
 
 
 def _load_tiktoken_file(path: Path) -> Tokenizer:
@@ -170,7 +266,7 @@ def _load_tiktoken_file(path: Path) -> Tokenizer:
         raise TokenizerError(f"{path}: not a .tiktoken ranks file ({e})") from None
     enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks,
                             special_tokens=special_tokens)
-    return _tiktoken_tokenizer(enc, name, str(path), sha)
+    return _tiktoken_tokenizer(enc, name, str(path), sha, path)
 
 
 def _load_huggingface(path: Path) -> Tokenizer:
@@ -194,6 +290,19 @@ def _load_huggingface(path: Path) -> Tokenizer:
             f"{path}: no end-of-document token among its special tokens "
             f"(looked for {', '.join(HF_EOS_NAMES)})")
     bos = next((n for n in HF_BOS_NAMES if n in specials and n != eos), None)
+    reference = ReferenceEngine(impl, "huggingface")
+
+    def load_fast() -> FastEngine:
+        try:
+            fast = FastEngine.load("huggingface", path, None, "", {})
+        except ImportError:
+            raise
+        except Exception as e:  # a tokenizer.json fastokens does not support
+            raise TokenizerError(f"fastokens cannot load {path} ({e})") from None
+        check_agreement(fast, reference, path.name)
+        return fast
+
     return Tokenizer(name=path.stem, kind="huggingface", source=str(path),
                      sha256=sha256_file(path), vocab_size=max(vocab.values()) + 1,
-                     eos_id=vocab[eos], bos_id=vocab[bos] if bos else None, _impl=impl)
+                     eos_id=vocab[eos], bos_id=vocab[bos] if bos else None,
+                     reference=reference, _load_fast=load_fast)

@@ -219,7 +219,8 @@ def test_bad_input_is_counted_and_logged_with_file_and_line(tmp_path, byte_token
     out, m = run(tmp_path, d, val_fraction=0.0)
     assert m["counts"]["skipped"] == {"bad_json": 1, "missing_text": 1, "empty": 1,
                                       "invalid_utf8": 2, "blank_line": 0, "truncated_file": 0,
-                                      "corrupt_file": 0, "broken_link": 0}
+                                      "corrupt_file": 0, "broken_link": 0,
+                                      "unencodable": 0}
     assert m["counts"]["documents"] == 2 and m["counts"]["records_read"] == 7
     log = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
     assert [(e["line"], e["reason"]) for e in log] == [
