@@ -4,10 +4,21 @@ A reader therefore sees either the old file, no file, or the complete new file: 
 half-written one, whatever kills the process (Ctrl+C, kill -9, a full disk).
 """
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
+
+from pipeline.errors import OutputError
+
+TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp\d+")  # what temp_name gives, for any pid
+
+_REMEDY = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
+           errno.EROFS: "make it writable", errno.EACCES: "make it writable",
+           errno.EPERM: "make it writable"}
 
 
 def temp_name(path: Path) -> Path:
@@ -15,21 +26,37 @@ def temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
 
 
+@contextlib.contextmanager
+def writing(path: Path):
+    """Turn an OSError while writing `path` into an OutputError naming it: a full disk's
+    write() error names no file at all. Every partial write is either undone (temp files) or
+    cut back to the last checkpoint on resume (write-ahead files, skipped.jsonl), so the same
+    command, re-run once the disk is fixed, resumes."""
+    try:
+        yield
+    except OSError as e:
+        remedy = _REMEDY.get(e.errno, "fix it")
+        raise OutputError(f"cannot write {path}: {e.strerror or e}; {remedy}, then re-run the "
+                          "same command to resume from the last checkpoint") from e
+
+
 def write_bytes(path: Path, data: bytes | memoryview, fsync: bool = False) -> None:
     """Write `data` to `path` atomically. On any error the temp file is removed and the
     error re-raised, so nothing is left under either name."""
     path = Path(path)
     tmp = temp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with writing(path):
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):  # a read-only disk refuses even this
+                tmp.unlink(missing_ok=True)
+            raise
 
 
 def write_json(path: Path, obj, fsync: bool = False) -> None:

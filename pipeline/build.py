@@ -15,7 +15,6 @@ the same command resumes from it and produces the same bytes as an uninterrupted
 import io
 import json
 import os
-import shutil
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -26,11 +25,13 @@ import numpy as np
 from pipeline import manifest as manifest_mod
 from pipeline.atomic import write_bytes, write_json
 from pipeline.catalog import expand_inputs, file_format, get_dataset
-from pipeline.config import WORK_DIR, BuildConfig
+from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.encode import encode_batch
 from pipeline.errors import InputError, SettingsError
 from pipeline.hub import HubFiles, HuggingFaceHub
 from pipeline.inputs import LocalFiles, describe_hub, read_batches
+from pipeline.output_dir import Journal, prepare_output, remove_work_files
+from pipeline.output_lock import OutputLock
 from pipeline.pack import RowPacker
 from pipeline.progress import Progress
 from pipeline.records import BLANK_LINE, REASONS, Skip
@@ -38,9 +39,7 @@ from pipeline.split import Splitter
 from pipeline.tokenizer import load_tokenizer
 from pipeline.writers import ShardSink
 
-SPLITS = ("train", "val")
 CHECKPOINT_SECONDS = 10.0
-OUTPUT_NAMES = {"train", "val", "manifest.json", "skipped.jsonl", WORK_DIR}
 
 
 def _open_inputs(cfg: BuildConfig, dataset, hub_client):
@@ -51,56 +50,6 @@ def _open_inputs(cfg: BuildConfig, dataset, hub_client):
         raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
     hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
     return hub, describe_hub(hub)
-
-
-def _differences(old: dict, new: dict) -> str:
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if a == b:
-            continue
-        if key == "settings":
-            out += [f"--{k.replace('_', '-')} {a.get(k)} -> {b.get(k)}" for k in sorted(a)
-                    if a.get(k) != b.get(k)]
-        else:
-            out.append(f"{key} changed")
-    return "; ".join(out)
-
-
-def _prepare_output(out: Path, fingerprint: dict, overwrite: bool):
-    """Returns 'complete' (this very build is already there), a checkpoint to resume, or None."""
-    work = out / WORK_DIR
-    manifest_path, fp_path = out / "manifest.json", work / "fingerprint.json"
-    existing = None
-    if manifest_path.exists():
-        existing = json.loads(manifest_path.read_text()).get("fingerprint")
-    elif fp_path.exists():
-        existing = json.loads(fp_path.read_text())
-    entries = set(os.listdir(out)) if out.is_dir() else set()
-    if existing is None and entries - OUTPUT_NAMES:
-        raise SettingsError(f"{out} is not empty and holds no longpack build; refusing to write "
-                            "into it: choose a new or empty --out")
-    if existing is not None and existing != fingerprint and not overwrite:
-        raise SettingsError(f"{out} holds a build with different settings "
-                            f"({_differences(existing, fingerprint)}); re-run with the same "
-                            "settings to resume it, or pass --overwrite to replace it")
-    if overwrite or existing != fingerprint:
-        for name in OUTPUT_NAMES & entries:
-            path = out / name
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-    if manifest_path.exists():
-        shutil.rmtree(work, ignore_errors=True)  # left by a build killed while cleaning up
-        return "complete"
-    work.mkdir(parents=True, exist_ok=True)
-    write_json(fp_path, fingerprint)
-    ckpt = work / "checkpoint.npz"
-    if not ckpt.exists():
-        return None
-    with np.load(ckpt) as z:
-        arrays = {k: z[k] for k in z.files}
-    state = json.loads(bytes(arrays.pop("state")).decode())
-    state["arrays"] = arrays
-    return state
 
 
 class _Stop(Exception):
@@ -143,7 +92,8 @@ class Build:
         compression = None if cfg.compression == "none" else cfg.compression
         self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
                                    cfg.shard_rows(dtype.itemsize), compression, cfg.shard_bytes,
-                                   state["splits"].get(s)) for s in SPLITS}
+                                   self.journal.claim, state["splits"].get(s)) for s in SPLITS}
+        self.journal.claim(self.out / "skipped.jsonl")
         self.skip_log = open(self.out / "skipped.jsonl", "ab")
         self.skip_log.truncate(state["skip_log_bytes"])
 
@@ -281,10 +231,20 @@ class Build:
         self._checkpoint()
 
     def run(self) -> dict:
-        state = _prepare_output(self.out, self.fingerprint, self.cfg.overwrite)
-        if state == "complete":
+        try:
+            with OutputLock(self.work):
+                state = prepare_output(self.out, self.fingerprint, self.cfg.overwrite)
+                if state == "complete":
+                    return json.loads((self.out / "manifest.json").read_text())
+                self.journal = Journal(self.out)
+                try:
+                    return self._run(state)
+                finally:
+                    self.journal.close()
+        finally:
             self.files.close()
-            return json.loads((self.out / "manifest.json").read_text())
+
+    def _run(self, state: dict | None) -> dict:
         self._restore(state)
         self.t_first = self.t_last = None
         self.last_checkpoint = time.monotonic()
@@ -296,7 +256,6 @@ class Build:
             indexes = self._finish()
         finally:
             self.skip_log.close()
-            self.files.close()
         return self._write_manifest(indexes)
 
     def _finish(self) -> dict:
@@ -321,8 +280,9 @@ class Build:
                    "resumed": self.resumed, "runs": self.runs}
         m = manifest_mod.make_manifest(self.cfg, self.fingerprint, self.tok, self.inputs,
                                        self.counts, indexes, self.out, timings)
+        self.journal.claim(self.out / "manifest.json")
         write_json(self.out / "manifest.json", m, fsync=True)
-        shutil.rmtree(self.work, ignore_errors=True)
+        remove_work_files(self.out)  # the lock goes last, when run() lets it go
         return m
 
 

@@ -7,6 +7,7 @@ from pipeline.errors import SettingsError
 
 SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (MDS's default size)
 WORK_DIR = ".longpack-build"  # OUT/WORK_DIR exists only while a build is unfinished
+SPLITS = ("train", "val")  # OUT/train, OUT/val
 FORMATS = ("mds", "memmap")
 LAST_ROW_POLICIES = ("pad", "drop")
 

@@ -5,9 +5,11 @@ they are packed: disk writes are sequential and memory holds no shard. When a sh
 rows is there, the shard is encoded from those files and renamed into OUT/<split>/ whole. The
 checkpoint records how many rows and segments of the partial files are valid, so a resumed build
 truncates them to that and carries on; a partial file is deleted only after a checkpoint that
-no longer needs it.
+no longer needs it. Each file is claimed (output_dir.Journal) before it is created in
+OUT/<split>/, so a later build can prove it wrote it.
 """
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +24,9 @@ SEGMENT_BYTES = 3 * 8
 class ShardSink:
     def __init__(self, fmt: str, split_dir: Path, work_dir: Path, split: str, seq: int,
                  dtype: np.dtype, rows_per_shard: int, compression: str | None,
-                 size_limit: int, state: dict | None = None):
+                 size_limit: int, claim: Callable[[Path], None], state: dict | None = None):
         self.fmt, self.split_dir, self.work_dir, self.split = fmt, split_dir, work_dir, split
+        self.claim = claim
         self.seq, self.dtype, self.rows_per_shard = seq, np.dtype(dtype), rows_per_shard
         self.mds_config = write_mds.shard_config(seq, dtype, compression, size_limit)
         state = state or {"shards": [], "partial_rows": 0, "partial_segments": 0}
@@ -77,6 +80,7 @@ class ShardSink:
         else:
             files, entry = write_memmap.encode_shard(number, rows, segs)
         for name, data in files.items():
+            self.claim(self.split_dir / name)
             write_bytes(self.split_dir / name, data, fsync=True)
         self.entries.append(entry)
         self.obsolete += [rows_path, segs_path]
@@ -107,5 +111,6 @@ class ShardSink:
             index = write_mds.index_json(self.entries)
         else:
             index = write_memmap.index_json(self.entries, self.seq, self.dtype)
+        self.claim(self.split_dir / "index.json")
         write_json(self.split_dir / "index.json", index, fsync=True)
         return index

@@ -1,0 +1,214 @@
+"""What a build may remove or replace in --out: only files it can prove it wrote.
+
+A build writes OUT/manifest.json, OUT/skipped.jsonl, shards and index.json in OUT/train/ and
+OUT/val/, and its work folder OUT/.longpack-build/. A file there is the build's own when
+  - a finished build's manifest.json lists it (manifest.json itself, skipped.jsonl, each split's
+    index.json, and the shards that index.json lists);
+  - an unfinished build's journal lists it: `.longpack-build/outputs.txt` records every path
+    outside the work folder before the file is created, so a build killed in between leaves
+    no file unlisted;
+  - it is in the work folder under a name the build gives its files there;
+  - it is `.NAME.tmpPID` (atomic.temp_name) of one of those: left by a killed write. With the
+    lock held no other writer can own it, so it is removed before the build goes on, and a
+    resumed build's tree equals an uninterrupted one's, hidden files included.
+Everything else in OUT, OUT/train and OUT/val is foreign. While anything foreign is there a
+build refuses to write (with or without --overwrite), naming the first such path, so it never
+deletes or replaces a file it did not write. Only re-running a finished build, which writes
+nothing, tolerates foreign files.
+"""
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.atomic import TEMP_NAME, write_json, writing
+from pipeline.config import SPLITS, WORK_DIR
+from pipeline.errors import SettingsError
+from pipeline.output_lock import LOCK_NAME
+
+JOURNAL = "outputs.txt"
+FINGERPRINT, CHECKPOINT = "fingerprint.json", "checkpoint.npz"
+_WORK_FILE = re.compile(rf"{re.escape(FINGERPRINT)}|{re.escape(CHECKPOINT)}|{JOURNAL}|"
+                        rf"{LOCK_NAME}|({'|'.join(SPLITS)})\.\d{{5}}\.(rows|segs)")
+
+
+class Journal:
+    """OUT/.longpack-build/outputs.txt: OUT-relative paths, one a line, each recorded (and
+    fsynced) before the file is created."""
+
+    def __init__(self, out: Path):
+        self.out, self.path = out, out / WORK_DIR / JOURNAL
+        self.listed = _read_journal(out)
+        with writing(self.path):
+            self.file = open(self.path, "a", encoding="utf-8")
+
+    def claim(self, path: Path) -> None:
+        rel = path.relative_to(self.out).as_posix()
+        if rel in self.listed:
+            return
+        with writing(self.path):
+            self.file.write(rel + "\n")
+            self.file.flush()
+            os.fsync(self.file.fileno())
+        self.listed.add(rel)
+
+    def close(self) -> None:
+        try:
+            self.file.close()
+        except OSError:
+            pass  # what did not reach the disk was never claimed: nothing was created after it
+
+
+def _read_journal(out: Path) -> set[str]:
+    path = out / WORK_DIR / JOURNAL
+    return set(path.read_text(encoding="utf-8").splitlines()) if path.is_file() else set()
+
+
+def _read_manifest(out: Path) -> dict | None:
+    """A finished longpack build's manifest, or None (absent, or not one of ours)."""
+    try:
+        m = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return m if isinstance(m, dict) and isinstance(m.get("fingerprint"), dict) else None
+
+
+def _listed_by_manifest(out: Path, m: dict) -> set[str]:
+    listed = {"manifest.json", m.get("skipped_log", "skipped.jsonl")}
+    for split in m.get("splits", {}).values():
+        folder = split.get("path", "")
+        try:
+            index = json.loads((out / folder / "index.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # its shards cannot be proven ours: they will show up as foreign
+        listed.add(f"{folder}/index.json")
+        for shard in index.get("shards", []):
+            for key in ("raw_data", "zip_data", "tokens", "docs"):
+                if isinstance(shard.get(key), dict):
+                    listed.add(f"{folder}/{shard[key]['basename']}")
+    return listed
+
+
+@dataclass
+class Survey:
+    """Everything in OUT, sorted into the build's own files, stale temp files and the rest."""
+    fingerprint: dict | None = None  # the build found there: finished or not
+    complete: bool = False
+    own: list[Path] = field(default_factory=list)
+    temps: list[Path] = field(default_factory=list)
+    foreign: list[Path] = field(default_factory=list)
+
+    def sort(self, path: Path, is_own) -> None:
+        temp = TEMP_NAME.fullmatch(path.name)
+        if path.is_file() and not path.is_symlink() and is_own(path.name):
+            self.own.append(path)
+        elif path.is_file() and temp and is_own(temp["name"]):
+            self.temps.append(path)
+        else:
+            self.foreign.append(path)
+
+
+def survey(out: Path) -> Survey:
+    s = Survey()
+    m = _read_manifest(out)
+    listed = _read_journal(out)
+    if m is not None:
+        s.fingerprint, s.complete = m["fingerprint"], True
+        listed |= _listed_by_manifest(out, m)
+    elif (out / WORK_DIR / FINGERPRINT).is_file():
+        s.fingerprint = json.loads((out / WORK_DIR / FINGERPRINT).read_text(encoding="utf-8"))
+    if not out.is_dir():
+        return s
+    for entry in sorted(out.iterdir()):
+        if entry.name == WORK_DIR and entry.is_dir() and not entry.is_symlink():
+            for path in sorted(entry.iterdir()):
+                s.sort(path, _WORK_FILE.fullmatch)
+        elif entry.name in SPLITS and entry.is_dir() and not entry.is_symlink():
+            for path in sorted(entry.iterdir()):
+                s.sort(path, lambda name, d=entry.name: f"{d}/{name}" in listed)
+        else:
+            s.sort(entry, lambda name: name in listed)
+    return s
+
+
+def _differences(old: dict, new: dict) -> str:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if key == "settings":
+            out += [f"--{k.replace('_', '-')} {a.get(k)} -> {b.get(k)}" for k in sorted(a)
+                    if a.get(k) != b.get(k)]
+        else:
+            out.append(f"{key} changed")
+    return "; ".join(out)
+
+
+def _base_name(name: str) -> str:
+    temp = TEMP_NAME.fullmatch(name)
+    return temp["name"] if temp else name
+
+
+def _remove(paths: list[Path]) -> None:
+    """Proven files before their proof (manifest.json, the journal), so a removal cut short
+    leaves nothing unproven; the held lock stays (output_lock.py removes it last)."""
+    def proof_last(path: Path):
+        return path.name in ("manifest.json", JOURNAL), path.parent.name == WORK_DIR
+
+    for path in sorted(paths, key=proof_last):
+        if path.name != LOCK_NAME or path.parent.name != WORK_DIR:
+            with writing(path):
+                path.unlink(missing_ok=True)
+
+
+def remove_work_files(out: Path) -> None:
+    """The finished build's last step: its work folder goes, all but the held lock."""
+    work = out / WORK_DIR
+    if work.is_dir():
+        _remove([p for p in work.iterdir() if _WORK_FILE.fullmatch(_base_name(p.name))])
+
+
+def prepare_output(out: Path, fingerprint: dict, overwrite: bool):
+    """With the lock held: returns 'complete' (this very build is already there), a checkpoint
+    to resume, or None (start afresh). Raises SettingsError rather than touch a foreign file."""
+    s = survey(out)
+    if s.fingerprint is None and s.foreign:
+        raise SettingsError(f"{out} is not empty and holds no longpack build ({s.foreign[0]} "
+                            "is not one of its files); refusing to write into it: choose a "
+                            "new or empty --out")
+    if s.fingerprint is not None and s.fingerprint != fingerprint and not overwrite:
+        raise SettingsError(f"{out} holds a build with different settings "
+                            f"({_differences(s.fingerprint, fingerprint)}); re-run with the "
+                            "same settings to resume it, or pass --overwrite to replace it")
+    if s.complete and not overwrite:
+        remove_work_files(out)  # left by a build killed while cleaning up
+        return "complete"
+    if s.foreign:
+        raise SettingsError(f"{s.foreign[0]} is not a file of the longpack build in {out}: a "
+                            "build never deletes or replaces a file it did not write; move it "
+                            "away and re-run")
+    _remove(s.temps)
+    work = out / WORK_DIR
+    if overwrite or s.fingerprint != fingerprint:  # replace a build, or debris of one
+        _remove(s.own)
+        for split in SPLITS:
+            if (out / split).is_dir():
+                with writing(out / split):
+                    (out / split).rmdir()  # empty now: nothing foreign was in it
+        s.fingerprint = None
+    if s.fingerprint is None:
+        write_json(work / FINGERPRINT, fingerprint)
+        return None
+    ckpt = work / CHECKPOINT
+    if not ckpt.exists():
+        return None
+    with np.load(ckpt) as z:
+        arrays = {k: z[k] for k in z.files}
+    state = json.loads(bytes(arrays.pop("state")).decode())
+    state["arrays"] = arrays
+    return state

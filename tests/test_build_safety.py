@@ -1,0 +1,179 @@
+"""`pack build`'s output safety: it never removes a file it did not write, one writer per --out,
+no debris after a kill, one-line errors for a full or read-only disk, Ctrl+C at any moment."""
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import make_texts, write_jsonl
+from pipeline.build import build
+from pipeline.cli import pack
+from pipeline.config import WORK_DIR, BuildConfig
+from pipeline.errors import SettingsError
+
+
+@pytest.fixture
+def corpus(tmp_path, byte_tokenizer) -> Path:
+    return write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(120)])
+
+
+def settings(tmp_path, corpus, out="out", **kw) -> BuildConfig:
+    kw = {"tokenizer": str(tmp_path / "gpt2.tiktoken"), "seq": 64, "val_fraction": 0.2,
+          "shard_bytes": 64 * 2 * 4, **kw}
+    return BuildConfig(out=str(tmp_path / out), dataset="jsonl", inputs=(str(corpus),), **kw)
+
+
+def cli_args(tmp_path, corpus, out="out") -> list[str]:
+    return ["build", "--dataset", "jsonl", "--input", str(corpus), "--tokenizer",
+            str(tmp_path / "gpt2.tiktoken"), "--seq", "64", "--val-fraction", "0.2",
+            "--shard-bytes", str(64 * 2 * 4), "--workers", "1", "--out", str(tmp_path / out)]
+
+
+def tree(out: Path) -> dict[str, bytes]:
+    """Every file under `out`, hidden ones included; manifest.json without its timings."""
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+             if p.is_file()}
+    files.pop("manifest.json", None)
+    return files
+
+
+# -- 1. a build never removes or replaces a file it did not write -----------------------------
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_foreign_files_in_split_folders_are_never_removed(tmp_path, corpus, overwrite):
+    out = tmp_path / "out"
+    (out / "train").mkdir(parents=True)
+    (out / "val").mkdir()
+    (out / "train" / "notes.txt").write_text("mine")
+    with pytest.raises(SettingsError, match=r"not empty and holds no longpack build \(.*"
+                                            r"train/notes\.txt is not one of its files"):
+        build(settings(tmp_path, corpus, overwrite=overwrite), show_progress=False)
+    assert (out / "train" / "notes.txt").read_text() == "mine"
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == [
+        "train", "train/notes.txt", "val"]  # and no debris of the refused build
+
+
+def test_the_cli_names_the_first_foreign_path_in_one_line(tmp_path, corpus):
+    out = tmp_path / "out"
+    (out / "val").mkdir(parents=True)
+    (out / "val" / "a.txt").write_text("mine")
+    r = CliRunner().invoke(pack, cli_args(tmp_path, corpus))
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output.startswith("Error: ") and len(r.output.strip().splitlines()) == 1
+    assert str(out / "val" / "a.txt") in r.output
+    assert (out / "val" / "a.txt").exists()
+
+
+def test_overwrite_replaces_a_previous_build_but_never_a_foreign_file(tmp_path, corpus):
+    out = tmp_path / "out"
+    build(settings(tmp_path, corpus), show_progress=False)
+    before = tree(out)
+    (out / "val" / "notes.txt").write_text("mine")
+    with pytest.raises(SettingsError, match=r"val/notes\.txt is not a file of the longpack build"):
+        build(settings(tmp_path, corpus, seq=128, overwrite=True), show_progress=False)
+    assert (out / "val" / "notes.txt").read_text() == "mine"
+    assert tree(out) == {**before, "val/notes.txt": b"mine"}  # the old build untouched
+    (out / "val" / "notes.txt").unlink()
+    m = build(settings(tmp_path, corpus, seq=128, overwrite=True), show_progress=False)
+    build(settings(tmp_path, corpus, "clean", seq=128), show_progress=False)
+    assert m["seq"] == 128 and tree(out) == tree(tmp_path / "clean")  # no old shard is left
+
+
+def test_an_unfinished_build_with_a_foreign_file_is_not_resumed(tmp_path, corpus, monkeypatch):
+    import pipeline.build as build_mod
+    monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr("pipeline.inputs.BATCH_CHARS", 2000)
+    with monkeypatch.context() as mp:
+        mp.setattr(build_mod.Build, "_finish", lambda self: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            build(settings(tmp_path, corpus), show_progress=False)
+    out = tmp_path / "out"
+    shard = sorted((out / "train").glob("shard.*"))[0]
+    (out / "train" / "extra.bin").write_bytes(b"x")
+    with pytest.raises(SettingsError, match=r"train/extra\.bin is not a file of the longpack"):
+        build(settings(tmp_path, corpus), show_progress=False)
+    with pytest.raises(SettingsError, match=r"train/extra\.bin"):
+        build(settings(tmp_path, corpus, overwrite=True), show_progress=False)
+    assert shard.exists() and (out / WORK_DIR / "checkpoint.npz").exists()
+    (out / "train" / "extra.bin").unlink()
+    m = build(settings(tmp_path, corpus), show_progress=False)
+    assert m["timings"]["resumed"] and not (out / WORK_DIR).exists()
+
+
+# -- 2. one writer per --out -------------------------------------------------------------------
+
+PAUSING_BUILD = """
+import sys, time
+from pathlib import Path
+import pipeline.build as build_mod
+from pipeline.cli import pack
+
+ready, go, where = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+original = getattr(build_mod.Build if where == "_consume" else build_mod, where)
+
+def pause_once(*args):
+    result = original(*args) if where == "remove_work_files" else None
+    if not ready.exists():
+        ready.write_text("paused")
+        while not go.exists():
+            time.sleep(0.02)
+    return original(*args) if where == "_consume" else result
+
+setattr(build_mod.Build if where == "_consume" else build_mod, where, pause_once)
+pack(sys.argv[4:])
+"""
+
+
+def start_paused(tmp_path, args, where) -> subprocess.Popen:
+    """A real `pack build` process that holds the lock, paused in `where` until go is created."""
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    ready.unlink(missing_ok=True)
+    go.unlink(missing_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", PAUSING_BUILD, str(ready), str(go), where,
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the first build never reached its pause"
+        time.sleep(0.02)
+    return proc
+
+
+@pytest.mark.parametrize("where", ["_consume", "remove_work_files"])
+def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path, corpus, where):
+    """Paused mid-build, and paused after the work folder is emptied (all but the lock): both
+    times a second `pack build` process is refused in one line naming the first one's PID."""
+    args = cli_args(tmp_path, corpus)
+    first = start_paused(tmp_path, args, where)
+    try:
+        t0 = time.monotonic()
+        second = subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
+                                text=True, timeout=120)
+        assert time.monotonic() - t0 < 30
+        assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+        assert second.stderr.startswith("Error: ") and len(second.stderr.splitlines()) == 1
+        assert f"PID {first.pid} " in second.stderr and "another pack build" in second.stderr
+    finally:
+        (tmp_path / "go").write_text("go")
+        _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    out = tmp_path / "out"
+    assert not (out / WORK_DIR).exists()  # no lock file is left behind
+    build(settings(tmp_path, corpus, "clean"), show_progress=False)
+    assert tree(out) == tree(tmp_path / "clean")
+
+
+def test_the_lock_of_a_killed_build_is_not_stale(tmp_path, corpus):
+    args = cli_args(tmp_path, corpus)
+    first = start_paused(tmp_path, args, "_consume")
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=60)
+    out = tmp_path / "out"
+    assert (out / WORK_DIR / "lock").exists()
+    m = build(settings(tmp_path, corpus), show_progress=False)
+    assert m["counts"]["documents"] == 120 and not (out / WORK_DIR).exists()
