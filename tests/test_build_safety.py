@@ -177,3 +177,39 @@ def test_the_lock_of_a_killed_build_is_not_stale(tmp_path, corpus):
     assert (out / WORK_DIR / "lock").exists()
     m = build(settings(tmp_path, corpus), show_progress=False)
     assert m["counts"]["documents"] == 120 and not (out / WORK_DIR).exists()
+
+
+# -- 3. no orphan temp files after a kill -9 ---------------------------------------------------
+
+KILLED_WHILE_WRITING = """
+import os, signal, sys
+from pathlib import Path
+from pipeline.cli import pack
+
+target, real_replace = sys.argv[1], os.replace
+
+def replace(src, dst):  # the temp file is complete: die just before it is renamed
+    if Path(dst).name == target:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst)
+
+os.replace = replace
+pack(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("target", ["shard.00002.mds.zstd", "index.json", "manifest.json",
+                                    "checkpoint.npz"])
+def test_a_resumed_build_removes_the_temp_file_of_a_killed_write(tmp_path, corpus, target):
+    args = cli_args(tmp_path, corpus)
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, target, *args],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    out = tmp_path / "out"
+    orphans = list(out.rglob(f".{target}.tmp*"))
+    assert len(orphans) == 1
+    r = CliRunner().invoke(pack, args)  # another process id than the killed one
+    assert r.exit_code == 0, r.output
+    build(settings(tmp_path, corpus, "clean"), show_progress=False)
+    assert tree(out) == tree(tmp_path / "clean")  # hidden files included
+    assert not orphans[0].exists()
