@@ -193,6 +193,31 @@ def _read_whole(path: Path) -> np.ndarray:
     return array.reshape(shape[::-1]).T if fortran_order else array.reshape(shape)
 
 
+# What each shard entry of an index.json must have for this reader (and pack stats) to use it.
+ENTRY_KEYS = {"mds": ("samples", "raw_data", "zip_data", "column_names", "column_encodings",
+                      "column_sizes"),
+              "memmap": ("rows", "tokens", "docs")}
+
+
+def _read_index(path: Path) -> tuple[dict, str]:
+    """(index, "mds" or "memmap") of a split's index.json; ShardError naming it when it is not
+    JSON or not an index this reader can use, so no reader of it fails on a missing key."""
+    try:
+        index = json.loads(path.read_bytes())
+    except OSError as e:
+        raise ShardError(path, f"unreadable ({e.strerror})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise ShardError(path, f"not valid JSON ({e})") from None
+    if not isinstance(index, dict) or not isinstance(index.get("shards"), list):
+        raise ShardError(path, "has no list of shards: not an MDS or longpack-memmap index")
+    kind = "memmap" if index.get("format") == MEMMAP_FORMAT else "mds"
+    for i, entry in enumerate(index["shards"]):
+        lacks = [k for k in ENTRY_KEYS[kind] if not isinstance(entry, dict) or k not in entry]
+        if lacks:
+            raise ShardError(path, f"shard {i} of its {kind} index has no {', '.join(lacks)}")
+    return index, kind
+
+
 def starts_from_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
     if eos_id is None:
         return np.zeros(1, np.uint32)
@@ -205,13 +230,11 @@ class SplitReader:
         self.path, self.eos_id = Path(path), eos_id
         index_path = self.path / "index.json"
         if index_path.exists():
-            self.index = json.loads(index_path.read_text())
-            self.kind = "memmap" if self.index.get("format") == MEMMAP_FORMAT else "mds"
+            self.index, self.kind = _read_index(index_path)
         elif sorted(self.path.glob("*.npy")):
             self.index, self.kind = None, "npy"
         else:
-            raise LongpackError(f"{self.path}: no index.json and no .npy files; is this a "
-                                "pack build output split (OUT/train or OUT/val)?")
+            raise ShardError(self.path, "no index.json and no .npy files")
         self._files: tuple[Path, ...] | None = None
 
     def shard_files(self) -> tuple[Path, ...]:
@@ -348,6 +371,9 @@ class SplitReader:
 
 
 class ShardError(LongpackError):
+    """A file of a split (a shard, its index.json) or the split's folder that cannot be used:
+    `path` names it, `what` says why, so a caller can report it and go on."""
+
     def __init__(self, path: Path, what: str):
         super().__init__(f"{path}: {what}")
         self.path, self.what = Path(path), what

@@ -1,5 +1,7 @@
 """`pack stats`: what a build holds, whether it is sound, and what it will train.
 
+    open_output (stats_files.py)         the build's folder, manifest and splits, or a one-line
+                                         error saying what the folder lacks
 One pass over each split, shard by shard (memory: the few shards in flight, not the split):
 
     SplitReader.read_blocks (shards.py)  a shard's rows block by block + its segments, or a
@@ -12,22 +14,19 @@ One pass over each split, shard by shard (memory: the few shards in flight, not 
                                          id < vocab_size
       -> report                          per split + total, checks, recommendations (text or JSON)
 
-Cheap checks always run (index present, every shard file present with the size its index gives,
-counts agree with the manifest); --verify adds checksums and the row-level checks. The val split
-is scanned first so that the train scan can check that no document is in both (by hash).
+Cheap checks always run (index present and readable, every shard file present with the size its
+index gives (stats_files.py), counts agree with the manifest); --verify adds checksums and the
+row-level checks. The val split is scanned first so that the train scan can check that no
+document is in both (by hash).
 docs/STATS.md documents the JSON keys.
 """
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.atomic import sha256_file
-from pipeline.config import WORK_DIR
-from pipeline.errors import LongpackError
-from pipeline.shards import ShardBlocks, SplitReader
+from pipeline.shards import ShardBlocks
 from pipeline.split import PAD_HASH
 
 SPLITS = ("train", "val")
@@ -202,6 +201,9 @@ class SplitScan:
             self.lost_shard()
             return
         self.dtype = np.dtype(shard.dtype).name
+        if segments is not None and len(segments) and not self._segments_usable(name, n,
+                                                                                 segments):
+            segments = None
         if segments is not None and len(segments):
             self.has_segments = True
             self.padding += n * seq - d.real
@@ -238,50 +240,59 @@ class SplitScan:
         self.rows += n
         self.shards += 1
 
+    def _segments_usable(self, name: str, n: int, segments: np.ndarray) -> bool:
+        """Segments sorted by row, each in one of the shard's rows: what the fold relies on."""
+        rows = segments[:, 0]
+        if (rows[1:] < rows[:-1]).any() or int(rows[-1]) >= n:
+            what = ("segments not sorted by row" if (rows[1:] < rows[:-1]).any()
+                    else f"a segment of row {int(rows[-1]):,}, the shard has {n:,} rows")
+            self.problems.append(Problem(name, what))
+            return False
+        return True
+
     def lost_shard(self):
         """A shard could not be folded in: the next shard's first row has no row before it."""
         self._prev_token = self._prev_hash = None
 
     def _true_starts(self, name: str, last: np.ndarray, segments: np.ndarray) -> np.ndarray:
-        """Hashes of the documents that begin in this shard (not continuations, not padding):
-        a segment at offset 0 begins a document only if the token before the row (the last
-        of the row before, `last`) is EOS. With --verify, also checks each continuation."""
-        before_row = np.empty(len(last), np.int64)
-        before_row[1:] = last[:-1]
-        before_row[0] = self.eos_id if self._prev_token is None else self._prev_token
-        rows = segments[:, 0].astype(np.int64)
-        opens_doc = (segments[:, 1] != 0) | (before_row[rows] == self.eos_id)
-        if self.verify and self.eos_id is not None:
-            self._check_continuations(name, before_row != self.eos_id, segments)
-        self._prev_token, self._prev_hash = int(last[-1]), int(segments[-1, 2])
-        return segments[opens_doc & (segments[:, 2] != PAD_HASH), 2]
-
-    def _check_continuations(self, name: str, continued: np.ndarray, segments: np.ndarray):
-        """A row whose token before it is not EOS opens with the rest of the previous row's
-        last document, so its segment at offset 0 must carry that document's hash (the previous
-        shard's last row for row 0). Rows without a segment at 0 are _check_segments' to name."""
-        n = len(continued)
+        """Hashes of the documents that begin in this shard (not continuations, not padding).
+        A row continues the previous row's last document when the token before it (the last of
+        the row before, `last`) is not EOS; then its segment at offset 0 must carry that
+        document's hash, which --verify checks. Without an EOS id, a row whose segment at 0
+        repeats the previous row's last hash is taken for a continuation (an identical text
+        right after, the one thing this misses, is in the same split anyway)."""
+        n = len(last)
         bounds = np.searchsorted(segments[:, 0], np.arange(n + 1, dtype=np.uint64))
-        has = bounds[1:] > bounds[:-1]
+        has = bounds[1:] > bounds[:-1]  # a row without segments is _check_segments' to name
         first = np.minimum(bounds[:-1], len(segments) - 1)
         first_hash = segments[first, 2]
-        last_hash = segments[np.maximum(bounds[1:] - 1, 0), 2]
-        before_hash = np.empty(n, np.uint64)
-        before_hash[1:] = last_hash[:-1]
+        at_0 = has & (segments[first, 1] == 0)
+        before_hash = np.zeros(n, np.uint64)  # the previous row's last segment's hash
+        before_hash[1:] = segments[np.maximum(bounds[1:-1] - 1, 0), 2]
         before_known = np.empty(n, bool)
         before_known[1:] = has[:-1]
         before_known[0] = self._prev_hash is not None
         before_hash[0] = self._prev_hash or 0
-        wrong = np.flatnonzero(continued & has & (segments[first, 1] == 0) & before_known
-                               & (first_hash != before_hash))
-        if len(wrong):
-            r = int(wrong[0])
-            before = "the previous shard's last row" if r == 0 else f"row {r - 1}"
-            more = f" ({len(wrong) - 1:,} more rows of this shard alike)" if len(wrong) > 1 else ""
-            self.problems.append(Problem(
-                name, f"the row continues the last document of {before} "
-                      f"({int(before_hash[r]):016x}) but its first segment's hash is "
-                      f"{int(first_hash[r]):016x}{more}", row=r))
+        repeats = at_0 & before_known & (first_hash == before_hash)
+        if self.eos_id is None:
+            continued = repeats
+        else:
+            before_row = np.empty(n, np.int64)
+            before_row[1:] = last[:-1]
+            before_row[0] = self.eos_id if self._prev_token is None else self._prev_token
+            continued = before_row != self.eos_id
+            wrong = np.flatnonzero(continued & at_0 & before_known & ~repeats)
+            if self.verify and len(wrong):
+                r = int(wrong[0])
+                before = "the previous shard's last row" if r == 0 else f"row {r - 1}"
+                more = f" ({len(wrong) - 1:,} more rows of this shard alike)" if len(wrong) > 1 else ""
+                self.problems.append(Problem(
+                    name, f"the row continues the last document of {before} "
+                          f"({int(before_hash[r]):016x}) but its first segment's hash is "
+                          f"{int(first_hash[r]):016x}{more}", row=r))
+        self._prev_token, self._prev_hash = int(last[-1]), int(segments[-1, 2])
+        opens_doc = (segments[:, 1] != 0) | ~continued[segments[:, 0].astype(np.int64)]
+        return segments[opens_doc & (segments[:, 2] != PAD_HASH), 2]
 
     def _check_segments(self, name, n, seq, segments, inner, real):
         recorded = (segments[:, 0].astype(np.int64) * seq + segments[:, 1].astype(np.int64))
@@ -332,53 +343,3 @@ class SplitScan:
                          "fraction": float(self.freq[t]) / total,
                          "text": tokenizer.decode([int(t)]) if tokenizer else None}
                         for t in top if self.freq[t]]}
-
-
-def file_checks(split: str, reader: SplitReader, verify: bool) -> list[Problem]:
-    """Every shard named in the index is present, has its size, and (verify) its checksum."""
-    problems = []
-    if reader.kind == "npy":
-        return problems
-    for entry in reader.index["shards"]:
-        files = ([entry["tokens"], entry["docs"]] if reader.kind == "memmap"
-                 else [entry["zip_data"] or entry["raw_data"]])
-        for info in files:
-            path = reader.path / info["basename"]
-            name = f"{split}/{info['basename']}"
-            if not path.exists():
-                problems.append(Problem(name, "missing"))
-                continue
-            size = path.stat().st_size
-            if size != info["bytes"]:
-                what = "truncated" if size < info["bytes"] else "longer than its index says"
-                problems.append(Problem(name, f"{what} ({size:,} bytes, index.json says "
-                                              f"{info['bytes']:,})"))
-            elif verify:
-                want = info["sha256"] if "sha256" in info else info["hashes"].get("sha256")
-                if want and sha256_file(path) != want:
-                    problems.append(Problem(name, "checksum mismatch (sha256): the file changed "
-                                                  "after it was written"))
-    return problems
-
-
-def open_output(path: Path) -> tuple[dict | None, dict[str, Path]]:
-    """(manifest or None, {split name: directory}) for OUT, OUT/train, or a plain shard dir."""
-    if not path.exists():
-        raise LongpackError(f"{path}: no such directory")
-    if not path.is_dir():
-        raise LongpackError(f"{path}: not a directory (pass the --out of pack build)")
-    if (path / WORK_DIR).exists() and not (path / "manifest.json").exists():
-        raise LongpackError(f"{path}: an unfinished build (no manifest.json yet); re-run the same "
-                            "pack build command to finish it")
-    root, splits = path, {s: path / s for s in SPLITS if (path / s).is_dir()}
-    if not splits:  # one split directory, or a directory of shards
-        splits = {path.name: path}
-        if path.name in SPLITS and (path.parent / "manifest.json").exists():
-            root = path.parent
-    manifest = None
-    if (root / "manifest.json").exists():
-        try:
-            manifest = json.loads((root / "manifest.json").read_text())
-        except (OSError, ValueError) as e:
-            raise LongpackError(f"{root}/manifest.json: unreadable ({e})") from None
-    return manifest, splits

@@ -14,7 +14,8 @@ import numpy as np
 from pipeline.errors import LongpackError
 from pipeline.shards import ShardError, SplitReader
 from pipeline.split import PAD_HASH
-from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest, file_checks, open_output
+from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest
+from pipeline.stats_files import file_checks, open_output
 
 TOKENS_PER_PARAM = 20  # compute-optimal training (Hoffmann et al. 2022, "Chinchilla")
 MAX_READ_THREADS = 4  # each thread holds the compressed and decompressed bytes of its shard
@@ -36,10 +37,13 @@ def _tokenizer(manifest: dict | None, not_checked: list):
 
 def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_checked, tokenizer,
           other_hashes) -> tuple[dict, SplitScan] | None:
+    if not path.is_dir():
+        problems.append(Problem(name, "missing (manifest.json lists this split)"))
+        return None
     try:
         reader = SplitReader(path, eos_id)
-    except LongpackError as e:
-        problems.append(Problem(name, str(e)))
+    except ShardError as e:
+        problems.append(Problem(name if e.path == path else f"{name}/{e.path.name}", e.what))
         return None
     problems += file_checks(name, reader, verify)
     # Only val keeps its document hashes (train is checked against them as it streams by); a
@@ -182,8 +186,8 @@ def recommendations(train_tokens: int, throughput: float | None, budget: float |
 
 def collect(path: Path, verify: bool = False, throughput: float | None = None,
             budget: float | None = None, eos_id: int | None = None) -> dict:
-    manifest, split_dirs = open_output(Path(path))
-    problems: list[Problem] = []
+    manifest, split_dirs, lost = open_output(Path(path))
+    problems: list[Problem] = [lost] if lost else []
     not_checked: list[str] = []
     tok_info = manifest["tokenizer"] if manifest else None
     if tok_info:
@@ -322,7 +326,7 @@ def render(r: dict) -> str:
 
 def find_row(path: Path, split: str, row: int, eos_id):
     """(tokens, starts, hashes) of row `row` of a split, reading only the shard that holds it."""
-    manifest, split_dirs = open_output(Path(path))
+    manifest, split_dirs, _ = open_output(Path(path))
     if split not in split_dirs:
         raise LongpackError(f"{path}: no split {split!r} (has: {', '.join(split_dirs)})")
     reader = SplitReader(split_dirs[split], eos_id)

@@ -303,6 +303,89 @@ def test_missing_directory_is_one_line(tmp_path):
     assert r.exit_code == 1 and r.output.strip().count("\n") == 0 and "no such directory" in r.output
 
 
+def failed_cleanly(r) -> str:
+    """The output of a `pack stats` run that exited 1 on purpose (no exception escaped)."""
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.exception
+    return r.output
+
+
+@pytest.mark.parametrize("content,what", [
+    (b'{"version": 2, "shards": [', "not valid JSON (Expecting value: line 1 column 27"),
+    (b"\xff\xfe", "not valid JSON ("),
+    (b"[1, 2]", "has no list of shards: not an MDS or longpack-memmap index"),
+    (b'{"shards": [{"samples": 3}]}', "shard 0 of its mds index has no raw_data, zip_data, "
+                                      "column_names, column_encodings, column_sizes")])
+def test_an_index_json_that_cannot_be_used_is_named(tmp_path, byte_tokenizer, texts, content,
+                                                    what):
+    out = make_build(tmp_path, texts)
+    (out / "val" / "index.json").write_bytes(content)
+    output = failed_cleanly(run_stats(out))
+    problem = next(line for line in output.splitlines() if "val/index.json" in line)
+    assert problem.strip().startswith(f"val/index.json: {what}"), problem
+    assert str(out) not in problem  # the file once, as the build names it
+    assert "train" in json.loads(run_stats(out, "--json").output)["splits"]  # the rest is read
+    assert failed_cleanly(run_stats(out, "--decode", "0", "--split", "val")).startswith(
+        "Error: ") and "val/index.json" in output
+
+
+@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.parametrize("verify", [[], ["--verify"]])
+def test_a_build_without_its_manifest_is_a_problem_not_a_crash(tmp_path, byte_tokenizer, texts,
+                                                               fmt, verify):
+    out = make_build(tmp_path, texts, fmt)
+    (out / "manifest.json").unlink()
+    for path in (out / "train", out):
+        output = failed_cleanly(run_stats(path, *verify))
+        assert (f"manifest.json: missing from {out}, which holds a build's other outputs (it is "
+                "written last); re-run the same pack build command to rebuild it") in output
+        assert "1 PROBLEMS" in output
+    # with --eos-id the documents are counted as with the manifest
+    r = json.loads(run_stats(out / "train", "--eos-id", str(EOS), "--json", *verify).output)
+    assert r["splits"]["train"]["documents"] == expected(texts, "train")["documents"]
+
+
+@pytest.mark.parametrize("holds", [[], ["notes.txt"], ["a", "b.csv"]])
+def test_a_folder_that_is_no_build_says_what_it_lacks_in_one_line(tmp_path, holds):
+    folder = tmp_path / "nothing"
+    folder.mkdir()
+    for name in holds:
+        (folder / name).write_text("x")
+    output = failed_cleanly(run_stats(folder))
+    assert output == (f"Error: {folder}: no manifest.json, no train/ or val/ folder, no "
+                      "index.json and no .npy files\n")
+
+
+def test_a_split_the_manifest_lists_but_is_gone_is_a_problem(tmp_path, byte_tokenizer, texts):
+    import shutil
+
+    out = make_build(tmp_path, texts)
+    shutil.rmtree(out / "val")
+    output = failed_cleanly(run_stats(out))
+    assert "val: missing (manifest.json lists this split)" in output
+    (out / "val").mkdir()
+    output = failed_cleanly(run_stats(out))
+    assert "val: no index.json and no .npy files; re-run the same pack build" in output
+
+
+def test_segments_outside_the_shards_rows_are_a_problem(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts, fmt="memmap")
+    docs = sorted((out / "train").glob("*.docs.npy"))[0]
+    rewrite_memmap_docs(docs, lambda d: d.__setitem__((-1, 0), 99))
+    output = failed_cleanly(run_stats(out))
+    tokens = docs.name.replace("docs", "tokens")
+    assert f"train/{tokens}: a segment of row 99, the shard has 16 rows" in output
+
+
+def test_a_manifest_that_is_not_longpacks_is_one_line(tmp_path, byte_tokenizer, texts):
+    out = make_build(tmp_path, texts)
+    m = json.loads((out / "manifest.json").read_text())
+    del m["tokenizer"]["eos_id"], m["splits"]["val"]["rows"]
+    (out / "manifest.json").write_text(json.dumps(m))
+    output = failed_cleanly(run_stats(out))
+    assert output == (f"Error: {out}/manifest.json: not a longpack manifest (no tokenizer.eos_id, "
+                      "splits.val.rows); re-run the pack build that wrote it\n")
+
+
 def test_json_keys_are_stable(tmp_path, byte_tokenizer, texts):
     out = make_build(tmp_path, texts)
     r = json.loads(run_stats(out, "--json").output)
@@ -655,6 +738,7 @@ def test_train_keeps_no_document_hashes_with_or_without_val(tmp_path, byte_token
     assert kept["train"] == 0 and kept["val"] == expected(texts, "val")["documents"]
     shutil.rmtree(out / "val")
     (out / "manifest.json").unlink()
+    (out / "skipped.jsonl").unlink()  # no trace of a build left: shards of no manifest
     scans.clear()
     report = collect(out, eos_id=EOS)
     assert report["checks"]["ok"] and report["splits"]["train"]["documents"] > 0

@@ -1,0 +1,103 @@
+"""What `pack stats` is pointed at: the build's folder (OUT, one split, or a folder of shards),
+its manifest, and the presence, size and checksum of every shard file its indexes name.
+
+Everything here is read before a split is scanned, so a folder that holds nothing to read, an
+unfinished build or a manifest that is not longpack's is one line (LongpackError), and a build
+that lost its manifest or a split is a listed problem.
+"""
+
+import json
+from pathlib import Path
+
+from pipeline.atomic import sha256_file
+from pipeline.config import WORK_DIR
+from pipeline.errors import LongpackError
+from pipeline.shards import SplitReader
+from pipeline.stats import SPLITS, Problem
+
+
+def file_checks(split: str, reader: SplitReader, verify: bool) -> list[Problem]:
+    """Every shard named in the index is present, has its size, and (verify) its checksum."""
+    problems = []
+    if reader.kind == "npy":
+        return problems
+    for entry in reader.index["shards"]:
+        files = ([entry["tokens"], entry["docs"]] if reader.kind == "memmap"
+                 else [entry["zip_data"] or entry["raw_data"]])
+        for info in files:
+            path = reader.path / info["basename"]
+            name = f"{split}/{info['basename']}"
+            if not path.exists():
+                problems.append(Problem(name, "missing"))
+                continue
+            size = path.stat().st_size
+            if size != info["bytes"]:
+                what = "truncated" if size < info["bytes"] else "longer than its index says"
+                problems.append(Problem(name, f"{what} ({size:,} bytes, index.json says "
+                                              f"{info['bytes']:,})"))
+            elif verify:
+                want = info["sha256"] if "sha256" in info else info["hashes"].get("sha256")
+                if want and sha256_file(path) != want:
+                    problems.append(Problem(name, "checksum mismatch (sha256): the file changed "
+                                                  "after it was written"))
+    return problems
+
+
+def open_output(path: Path) -> tuple[dict | None, dict[str, Path], Problem | None]:
+    """(manifest or None, {split name: directory}, a problem of the build as a whole or None)
+    for OUT, OUT/train, or a plain shard dir. A build's splits are those its manifest lists
+    (a missing one is then reported, not skipped); a folder holding nothing to read is an error
+    that says what it lacks."""
+    if not path.exists():
+        raise LongpackError(f"{path}: no such directory")
+    if not path.is_dir():
+        raise LongpackError(f"{path}: not a directory (pass the --out of pack build)")
+    root, splits = path, {s: path / s for s in SPLITS if (path / s).is_dir()}
+    if not splits and not _is_build_root(path):  # one split directory, or a directory of shards
+        if not (path / "index.json").exists() and not any(path.glob("*.npy")):
+            raise LongpackError(f"{path}: no manifest.json, no train/ or val/ folder, no "
+                                "index.json and no .npy files")
+        splits = {path.name: path}
+        if path.name in SPLITS and _is_build_root(path.parent):
+            root = path.parent
+    if (root / WORK_DIR).exists() and not (root / "manifest.json").exists():
+        raise LongpackError(f"{root}: an unfinished build (no manifest.json yet); re-run the same "
+                            "pack build command to finish it")
+    if not (root / "manifest.json").exists():
+        lost = (Problem("manifest.json", f"missing from {root}, which holds a build's other "
+                                         "outputs (it is written last)",
+                        fix="re-run the same pack build command to rebuild it")
+                if _is_build_root(root) else None)
+        return None, splits, lost
+    manifest = _read_manifest(root / "manifest.json")
+    if root == path:
+        splits = {s: path / s for s in manifest["splits"]}
+    return manifest, splits, None
+
+
+def _is_build_root(path: Path) -> bool:
+    """pack build writes manifest.json last and skipped.jsonl first: either marks its --out."""
+    return (path / "manifest.json").exists() or (path / "skipped.jsonl").exists()
+
+
+# What pack stats reads from a manifest (docs/FORMAT.md), checked before it is read.
+MANIFEST_KEYS = {"format": str, "seq": int, "tokenizer": dict, "splits": dict}
+TOKENIZER_KEYS = ("name", "source", "sha256", "vocab_size", "eos_id")
+SPLIT_KEYS = ("rows", "shards", "padding_tokens", "tokens", "documents")
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (OSError, ValueError) as e:
+        raise LongpackError(f"{path}: unreadable ({e})") from None
+    lacks = ([k for k, kind in MANIFEST_KEYS.items() if not isinstance(manifest.get(k), kind)]
+             if isinstance(manifest, dict) else ["everything: it is not a JSON object"])
+    if not lacks:
+        lacks = [f"tokenizer.{k}" for k in TOKENIZER_KEYS if k not in manifest["tokenizer"]]
+        lacks += [f"splits.{s}.{k}" for s, split in manifest["splits"].items() for k in SPLIT_KEYS
+                  if not isinstance(split, dict) or k not in split]
+    if lacks:
+        raise LongpackError(f"{path}: not a longpack manifest (no {', '.join(lacks)}); re-run "
+                            "the pack build that wrote it")
+    return manifest
