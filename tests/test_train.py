@@ -7,10 +7,13 @@ import torch
 from click.testing import CliRunner
 
 import archs
+from conftest import write_jsonl
 from training import checkpoint
 from training.cli import train as train_cli
 from training.config import TrainConfig
-from training.loop import TrainingError, train
+from training.data import open_build
+from training.distributed import launched
+from training.loop import TrainingError, evaluate, train
 from training.schedule import lr_at
 
 
@@ -23,6 +26,83 @@ def config(shards, out, **kw):
 def weights(run):
     state, _ = checkpoint.load_latest(run)
     return state["model"]
+
+
+def padded_build(tmp_path, byte_tokenizer, val_text_bytes=20):
+    """A build whose rows are mostly padding, where an average of per-batch means goes wrong.
+
+    train: one document of 70 tokens -> a full 65-token row and a row of 5 real tokens (4 real
+    targets of 64). val: one document of val_text_bytes + 1 tokens in one padded row. The texts
+    are picked by the build's own splitter (val_fraction 0.5)."""
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+    from pipeline.split import Splitter, doc_hash
+
+    splitter = Splitter(0.5, 0)
+    texts = (f"{i:04d}" + "v" * (val_text_bytes - 4) for i in range(100))
+    val = next(t for t in texts if splitter.is_val(doc_hash(t)))
+    texts = (f"{i:04d}" + "t" * 65 for i in range(100))
+    train_doc = next(t for t in texts if not splitter.is_val(doc_hash(t)))
+    write_jsonl(tmp_path / "p.jsonl", [{"text": train_doc}, {"text": val}])
+    out = tmp_path / "padded"
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "p.jsonl"),),
+                      tokenizer=byte_tokenizer, seq=65, val_fraction=0.5), show_progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["rows"] == 2 and manifest["splits"]["val"]["rows"] == 1
+    return out
+
+
+def test_val_loss_is_the_mean_over_real_targets_whatever_the_batching(tmp_path, byte_tokenizer):
+    # One val row of 21 real tokens cut into 5 windows of 13: windows 2-4 are all padding.
+    shards = padded_build(tmp_path, byte_tokenizer)
+    build = open_build(str(shards), tmp_path / "cache", "1gb", seq=13)
+    torch.manual_seed(0)
+    model = archs.build("neox-tiny", vocab_size=50257)
+    rows = [build.val.get(i) for i in range(len(build.val))]
+    assert len(rows) == 5
+    from training.batch import make_batch
+
+    batch = make_batch(rows)
+    with torch.no_grad():
+        logits = model(batch["input_ids"], batch["doc_starts"])
+    real = batch["targets"] != -100
+    assert int(real.sum()) == 12 + 7  # window 0: 12 targets; window 1: 7, then padding
+    expected = torch.nn.functional.cross_entropy(logits[real], batch["targets"][real]).item()
+    for batch_size, eval_batches in ((1, 5), (2, 3), (5, 1)):
+        cfg = config(shards, tmp_path / "r", seq=13, batch_size=batch_size,
+                     eval_batches=eval_batches)
+        got = evaluate(model, build, cfg, launched())
+        assert got["val_loss"] == pytest.approx(expected, rel=1e-5), (batch_size, eval_batches)
+        assert got["val_targets"] == 19
+
+
+@pytest.mark.slow
+def test_a_step_of_padding_only_trains_on_and_records_no_loss(tmp_path, byte_tokenizer):
+    # --seq 13: the second train row (5 real tokens, then padding) gives 4 windows of padding
+    # only; with one sample per step, 4 of the epoch's 10 steps have nothing to predict.
+    shards = padded_build(tmp_path, byte_tokenizer)
+    history = train(config(shards, tmp_path / "r", seq=13, batch_size=1, max_steps=10,
+                           save_every=100, workers=0), log=lambda m: None)
+    empty = [h for h in history if h["targets"] == 0]
+    assert len(empty) == 4 and all(h["loss"] is None for h in empty)
+    assert all(h["loss"] > 0 for h in history if h["targets"])
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert sum(json.loads(line)["loss"] is None for line in lines) == 4
+
+
+@pytest.mark.slow
+def test_grad_accum_splits_the_step_without_changing_its_loss(tmp_path, byte_tokenizer):
+    # Each step is the two train rows: 64 real targets and 4. One micro-batch of both, or two
+    # of one each, must be the same objective: the mean over the step's 68 real targets.
+    shards = padded_build(tmp_path, byte_tokenizer)
+    whole = train(config(shards, tmp_path / "a", batch_size=2, grad_accum=1, max_steps=4,
+                         workers=0), log=lambda m: None)
+    split = train(config(shards, tmp_path / "b", batch_size=1, grad_accum=2, max_steps=4,
+                         workers=0), log=lambda m: None)
+    assert [h["loss"] for h in split] == pytest.approx([h["loss"] for h in whole], rel=1e-5)
+    assert [h["targets"] for h in split] == [68] * 4
+    a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
 
 
 def test_resume_is_exact(tmp_path, shards):

@@ -85,8 +85,9 @@ def train(ctx, list_models, config_file, dry_run, resume, **settings):
     except (ValueError, LongpackError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     if history and distributed.launched().main:
-        click.echo(f"done: step {history[-1]['step'] + 1}, loss {history[-1]['loss']:.4f}; "
-                   f"checkpoints in {cfg.out}")
+        losses = [h["loss"] for h in history if h["loss"] is not None]  # None: padding only
+        loss = f", loss {losses[-1]:.4f}" if losses else ""
+        click.echo(f"done: step {history[-1]['step'] + 1}{loss}; checkpoints in {cfg.out}")
 
 
 def load_settings(path: str) -> dict:

@@ -127,21 +127,29 @@ def _train(cfg, resume, log, stop_at, procs):
             t0 = time.perf_counter()
             lr = lr_at(step, cfg)
             set_lr(optimizers, lr)
-            total, waited = 0.0, 0.0
-            for micro in range(cfg.grad_accum):
-                t_data = time.perf_counter()
-                batch = model_inputs(next(stream), device)
-                waited += time.perf_counter() - t_data
-                # DDP averages gradients on the last micro-step only.
+            t_data = time.perf_counter()
+            micro_batches = [model_inputs(next(stream), device) for _ in range(cfg.grad_accum)]
+            waited = time.perf_counter() - t_data
+            # The step's loss is the mean over the real (not padding) targets of the whole
+            # global batch, however it is cut into micro-batches and ranks: a micro-batch weighs
+            # by its real targets, so one of padding counts for nothing.
+            counts = torch.stack([(b["targets"] != -100).sum() for b in micro_batches]).tolist()
+            targets = round(summed(sum(counts), procs))
+            loss_sum = 0.0
+            for micro, (batch, count) in enumerate(zip(micro_batches, counts)):
+                # DDP averages gradients on the last micro-step only, over the ranks: x world
+                # undoes that average, so the gradient is of the global mean.
                 sync = ddp is None or micro == cfg.grad_accum - 1
                 with contextlib.nullcontext() if sync else ddp.no_sync():
                     with autocast(cfg, device):
                         out = net(batch["input_ids"], batch["targets"],
                                   batch["doc_starts"] if cfg.doc_mask else None)
-                    scaler.scale(out["loss"] / cfg.grad_accum).backward()
-                total += out["loss"].item() / cfg.grad_accum
-            total = distributed.mean(total, procs)
-            if not math.isfinite(total):
+                    weight = count * procs.world / max(targets, 1)
+                    scaler.scale(out["loss"] * weight).backward()
+                loss_sum += out["loss"].item() * count
+            # None: no real target in the step (windows of padding); the gradients were zero.
+            total = summed(loss_sum, procs) / targets if targets else None
+            if total is not None and not math.isfinite(total):
                 raise TrainingError(f"loss is {total} at step {step}; the last good checkpoint "
                                     f"is in {run} (resume from it with a lower --lr)")
             for opt in optimizers:
@@ -152,7 +160,8 @@ def _train(cfg, resume, log, stop_at, procs):
                 opt.zero_grad(set_to_none=True)
             scaler.update()
             seconds = time.perf_counter() - t0
-            record = {"step": step, "loss": total, "lr": lr, "grad_norm": float(norm),
+            record = {"step": step, "loss": total, "targets": targets, "lr": lr,
+                      "grad_norm": float(norm),
                       "tokens": (step + 1) * step_tokens, "batch": batch_hash(order.step_rows(step)),
                       "seconds": seconds, "data_seconds": waited,
                       "tokens_per_second": step_tokens / seconds}
@@ -243,15 +252,17 @@ def autocast(cfg: TrainConfig, device: torch.device):
 
 
 def evaluate(model, build: Build, cfg: TrainConfig, procs) -> dict | None:
-    """Mean loss and perplexity over the first eval_batches * batch_size samples of val; the
-    batches are shared out over the processes."""
+    """Loss and perplexity over the first eval_batches * batch_size samples of val: the sum of
+    the loss of every real target over their number (all processes together; padding counts
+    for nothing), so it does not depend on how the samples are batched. The batches are shared
+    out over the processes. None without val rows, or if those samples are padding only."""
     if build.val is None:
         return None
     n = min(len(build.val), cfg.eval_batches * cfg.batch_size)
     starts = range(0, n, cfg.batch_size)
     was_training = model.training
     model.eval()
-    loss_sum = 0.0
+    loss_sum, targets = 0.0, 0
     with torch.no_grad():
         for i in starts[procs.rank::procs.world]:
             rows = [build.val.get(r) for r in range(i, min(i + cfg.batch_size, n))]
@@ -259,15 +270,26 @@ def evaluate(model, build: Build, cfg: TrainConfig, procs) -> dict | None:
             with autocast(cfg, procs.device):
                 out = model.loss(batch["input_ids"], batch["targets"],
                                  batch["doc_starts"] if cfg.doc_mask else None)
-            loss_sum += out["ce"].item()
+            count = int((batch["targets"] != -100).sum())
+            loss_sum += out["ce"].item() * count  # ce is the mean over these targets
+            targets += count
     model.train(was_training)
-    loss = distributed.mean(loss_sum, procs) * procs.world / len(starts)
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+    loss_sum, targets = summed(loss_sum, procs), round(summed(targets, procs))
+    if not targets:
+        return None
+    loss = loss_sum / targets
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_targets": targets}
+
+
+def summed(value: float, procs) -> float:
+    """The sum of a number over all processes."""
+    return distributed.mean(value, procs) * procs.world
 
 
 def console_line(r: dict) -> str:
     extra = f" val {r['val_loss']:.4f}" if "val_loss" in r else ""
     extra += f" mfu {100 * r['mfu']:.1f}%" if "mfu" in r else ""
     extra += f" mem {r['memory_gib']:.1f} GiB" if "memory_gib" in r else ""
-    return (f"step {r['step']:>6} loss {r['loss']:.4f} lr {r['lr']:.2e} grad {r['grad_norm']:.2f} "
+    loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"  # "-": padding only
+    return (f"step {r['step']:>6} loss {loss} lr {r['lr']:.2e} grad {r['grad_norm']:.2f} "
             f"{r['tokens_per_second']:,.0f} tok/s{extra}")
