@@ -92,6 +92,12 @@ class TrainConfig:
             raise ValueError("--seq must be at least 2")
         if self.warmup < 0:
             raise ValueError("--warmup must not be negative")
+        import archs  # here, not at the top: torch loads only once a run is being set up
+
+        try:
+            archs.config(self.model)
+        except KeyError as e:  # the registry's message lists the choices
+            raise ValueError(f"--model: {e.args[0]}") from None
 
     def to_dict(self) -> dict:
         return asdict(self)

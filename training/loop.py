@@ -68,8 +68,12 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
 
 
 def _train(cfg, resume, log, stop_at, procs):
-    # -- data -------------------------------------------------------------------------------
     run = Path(cfg.out)
+    # -- resume point: read, and its model checked, before the data is opened ----------------
+    found = find_checkpoint(run, resume)
+    if found:
+        check_model(*found, cfg)
+    # -- data -------------------------------------------------------------------------------
     build = open_build(cfg.shards, Path(cfg.cache or run / "shard-cache"), cfg.cache_limit,
                        cfg.seq)
     cfg = resolve_steps(cfg, build.seq, procs.world)
@@ -88,13 +92,15 @@ def _train(cfg, resume, log, stop_at, procs):
     metrics = MetricsLog(run, cfg.log, cfg.to_dict()) if procs.main else None
     step, history = 0, []
     # -- resume -----------------------------------------------------------------------------
-    found = checkpoint.load_latest(run) if resume == "auto" else None
-    if resume not in ("auto", "never"):
-        found = checkpoint.load(Path(resume))
     if found:
         state, path = found
         check_resume(state, path, build, order)
-        model.load_state_dict(state["model"])
+        try:
+            model.load_state_dict(state["model"])
+        except RuntimeError as e:  # same name, other shapes: archs/ changed since
+            raise TrainingError(f"{path}: its weights do not fit --model {cfg.model} as "
+                                f"archs/ builds it now ({str(e).splitlines()[0]}); pass "
+                                "--resume never or another --out to start afresh") from None
         for opt, s in zip(optimizers, state["optimizers"]):
             opt.load_state_dict(s)
         scaler.load_state_dict(state["scaler"])
@@ -212,6 +218,25 @@ def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1) -> TrainConfig:
         raise TrainingError(f"--warmup {cfg.warmup} is longer than the run ({cfg.max_steps} "
                             "steps)")
     return cfg
+
+
+def find_checkpoint(run: Path, resume: str) -> tuple[dict, Path] | None:
+    """--resume auto: the newest sound checkpoint in the run, if any; never: none; else the
+    checkpoint directory named."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return checkpoint.load_latest(run)
+    return checkpoint.load(Path(resume))
+
+
+def check_model(state: dict, path: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a checkpoint of another model (its weights would not load)."""
+    was = state["config"]["model"]
+    if was != cfg.model:
+        raise TrainingError(f"{path} holds a {was} model and this run asks for --model "
+                            f"{cfg.model}; pass --model {was} to resume it, or --resume never "
+                            "or another --out to start a new run")
 
 
 def check_resume(state: dict, path: Path, build: Build, order: GlobalOrder) -> None:
