@@ -1,29 +1,46 @@
 """MoE: a decoder with grouped-query attention and top-k routed SwiGLU experts.
 
 Routing (per token): softmax over `n_experts` router logits, the top `top_k` experts, their
-probabilities renormalised as mixing weights. Experts run batched: each sequence's (token,
-choice) pairs are ranked in token order and placed in a [experts, capacity] buffer, one bmm per
-weight matrix for all experts at once, no Python loop over tokens. Capacity per sequence is
-ceil(capacity_factor * top_k * T / n_experts); a choice past it is dropped (its token keeps the
-residual) and counted. Ranking in token order within each sequence keeps the model causal: a
-token's slots depend only on earlier tokens of its own sequence.
+probabilities renormalised as mixing weights. Routing is dropless: every token reaches its
+top_k experts, so a token's output depends on its own hidden state alone, never on the other
+tokens of its row or batch (documents stay apart; causal without any ordering rule). The B*T*k
+(token, expert) pairs are sorted by expert (stable: token order within an expert) and each
+expert runs on its contiguous slice, then index_add returns the outputs, weighted, to their
+tokens; nothing loops over tokens. In bf16 (autocast on GPUs) the slices go through one grouped
+GEMM per weight matrix (`F.grouped_mm`), each expert's slice padded to a multiple of 8 rows (the
+kernels' 16-byte alignment; the padding rows are zeros); in other dtypes, for which grouped_mm
+has no kernel, through a loop over the experts, which reads the experts' sizes on the host (one
+sync per layer, a graph break under torch.compile).
 
-Auxiliary losses: load balancing (Switch Transformer: n_experts * sum_e f_e * P_e, with f_e the
-share of choices routed to e and P_e its mean router probability; 1.0 at uniform routing, its
-minimum) and the router z-loss (ST-MoE: mean logsumexp(logits)^2).
+`capacity_factor` (default None: dropless) reproduces capacity-bound routing (GShard, Switch) for
+ablations: each document (a whole row without doc_starts) gives each expert
+ceil(capacity_factor * top_k * n / n_experts) slots for its n tokens, filled in token order (a
+token's first choice before its second); a choice past them is dropped (its token keeps the
+residual) and counted in `dropped`. Counted per document, earlier tokens first, a choice's fate
+depends only on earlier tokens of its own document and on that document's length. Dropped
+choices are still computed, weighted 0: the cost stays the dropless one (top_k expert MLPs per
+token, less than a capacity buffer's capacity_factor * top_k) and the shapes static.
+
+Auxiliary losses, over every token of the batch: load balancing (Switch Transformer: n_experts *
+sum_e f_e * P_e, with f_e the share of choices routed to e and P_e its mean router probability;
+1.0 at uniform routing, its minimum) and the router z-loss (ST-MoE: mean logsumexp(logits)^2).
+They shape gradients only; no token's output depends on them.
 
 Multi-token prediction (`n_pred_tokens` > 1): head j predicts token t + 1 + j from position t
 through its own projection and the shared unembedding; its target is ignored (-100) wherever
 token t + 1 + j is in another document than token t, so no target crosses a document boundary.
 
 Mixture-of-Depths (`mod_capacity` = c, on every second block): a router scores each token and
-only a fraction c of the tokens of each sequence goes through the block (attention among those
-tokens only, then the experts); the rest skip it on the residual. The block's output is scaled
-by sigmoid(score) so the router learns. Training picks the top c*T scores of the sequence, which
-is not causal (a token's fate depends on later tokens). Generation stays causal through a small
-learned predictor that sees only the token's own hidden state: it is trained (BCE, on detached
-inputs, part of `aux`) to tell whether the token would be in the top c*T, and in eval mode
-(`model.eval()`) it alone decides which tokens a block processes.
+only floor(c * n) (at least 1) of the n tokens of each document (a whole row without doc_starts)
+go through the block (attention among those tokens, still per document, then the experts); the
+rest skip it on the residual. The block's output is scaled by sigmoid(score) so the router
+learns. Training picks each document's top scores, which is not causal within the document (a
+token's fate depends on later tokens of its document) but never looks at another document.
+Generation stays causal through a small learned predictor that sees only the token's own hidden
+state: it is trained (BCE, on detached inputs, part of `aux`) to tell whether the token would be
+among its document's top scores, and in eval mode (`model.eval()`) it alone decides which tokens
+a block processes. The chosen tokens of all rows go through the block as one sequence whose
+documents are the rows' documents, so no Python loop runs over rows or tokens.
 """
 
 import math
@@ -46,7 +63,7 @@ class MoEConfig:
     n_experts: int = 8
     top_k: int = 2
     d_expert: int = 2816  # SwiGLU hidden width of one expert
-    capacity_factor: float = 1.25
+    capacity_factor: float | None = None  # None = dropless; a number: slots per document, above
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 1e-3
     n_pred_tokens: int = 1  # 1 = next token only; k > 1 adds k - 1 multi-token heads
@@ -66,6 +83,8 @@ class MoEConfig:
             raise ValueError(f"top_k must be in 1..n_experts ({self.n_experts})")
         if self.mod_capacity is not None and not 0 < self.mod_capacity <= 1:
             raise ValueError("mod_capacity must be in (0, 1]")
+        if self.capacity_factor is not None and not self.capacity_factor > 0:
+            raise ValueError("capacity_factor must be > 0 (or None: dropless)")
 
 
 class RMSNorm(nn.Module):
@@ -101,37 +120,102 @@ class Experts(nn.Module):
         E, d, f = cfg.n_experts, cfg.d_model, cfg.d_expert
         self.cfg = cfg
         self.router = nn.Linear(d, E, bias=False)
-        self.w_gate = nn.Parameter(torch.empty(E, d, f))
+        self.w_gate = nn.Parameter(torch.empty(E, d, f))  # expert e computes x @ w[e]
         self.w_up = nn.Parameter(torch.empty(E, d, f))
         self.w_down = nn.Parameter(torch.empty(E, f, d))
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def forward(self, x: torch.Tensor, doc_starts: torch.Tensor | None = None):
         cfg = self.cfg
         B, T, d = x.shape
         E, k = cfg.n_experts, cfg.top_k
         logits = self.router(x).float()  # (B, T, E)
         probs = logits.softmax(-1)
         top_p, top_e = probs.topk(k, dim=-1)  # (B, T, k)
-        mix = (top_p / top_p.sum(-1, keepdim=True)).to(x.dtype)
-        capacity = math.ceil(cfg.capacity_factor * k * T / E)
-        choice_e = top_e.reshape(B, T * k)  # token-major: token t's choices after all of t-1's
-        rank = (F.one_hot(choice_e, E).cumsum(1) - 1).gather(2, choice_e[..., None])[..., 0]
-        keep = rank < capacity  # (B, T*k)
-        b_idx = torch.arange(B, device=x.device)[:, None].expand(B, T * k)
-        t_idx = torch.arange(T, device=x.device).repeat_interleave(k)[None].expand(B, T * k)
-        buf = x.new_zeros(B, E, capacity, d)
-        buf[b_idx[keep], choice_e[keep], rank[keep]] = x[b_idx[keep], t_idx[keep]]
-        h = buf.transpose(0, 1).reshape(E, B * capacity, d)  # every expert in one bmm
-        h = torch.bmm(F.silu(torch.bmm(h, self.w_gate)) * torch.bmm(h, self.w_up), self.w_down)
-        h = h.view(E, B, capacity, d).transpose(0, 1)  # (B, E, C, d)
-        y = x.new_zeros(B, T, d)
-        weighted = h[b_idx[keep], choice_e[keep], rank[keep]] * mix.reshape(B, T * k)[keep, None]
-        y.index_put_((b_idx[keep], t_idx[keep]), weighted, accumulate=True)
+        weight = (top_p / top_p.sum(-1, keepdim=True)).reshape(-1)  # (B*T*k,) token-major
+        choice_e = top_e.reshape(-1)
+        dropped = logits.new_zeros(())
+        if cfg.capacity_factor is not None:
+            kept = within_capacity(choice_e, document_ids(doc_starts, B, T, x.device), cfg)
+            weight = weight * kept
+            dropped = (~kept).float().mean()
+        order = choice_e.argsort(stable=True)  # grouped by expert, token order within each
+        token = order // k  # (B*T*k,) the token each sorted choice belongs to
+        h = self.expert_mlps(x.reshape(B * T, d).index_select(0, token), choice_e[order])
+        y = h.new_zeros(B * T, d).index_add_(0, token, h * weight[order, None].to(h.dtype))
         share = F.one_hot(top_e, E).float().mean((0, 1, 2))  # f_e
         stats = {"balance": E * (share * probs.mean((0, 1))).sum(),
                  "z": torch.logsumexp(logits, -1).pow(2).mean(),
-                 "dropped": (~keep).float().mean()}
-        return y, stats
+                 "dropped": dropped}
+        return y.view(B, T, d), stats
+
+    def expert_mlps(self, h: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        """SwiGLU of each row of h through its expert; h (n, d) sorted by expert (n,)."""
+        E, f = self.cfg.n_experts, self.cfg.d_expert
+        device = h.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+        h = h.to(dtype)
+        weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
+        counts = torch.zeros(E, dtype=torch.long, device=h.device).index_add_(
+            0, expert, torch.ones_like(expert))
+        if dtype == torch.bfloat16 and h.shape[1] % 8 == 0 and f % 8 == 0:
+            return grouped_swiglu(h, expert, counts, *weights)
+        sizes = counts.tolist()  # the slices' sizes, on the host: one sync
+        parts = [F.silu(part @ gate) * (part @ up) @ down for part, gate, up, down
+                 in zip(h.split(sizes), *(w.unbind(0) for w in weights))]
+        return torch.cat(parts)
+
+
+def grouped_swiglu(h, expert, counts, w_gate, w_up, w_down) -> torch.Tensor:
+    """The experts' SwiGLU as three grouped GEMMs, no host sync. Each expert's rows move to a
+    slice starting at a multiple of 8 (16 bytes in bf16, what the kernels' loads need, also for
+    the weight gradients whose sum runs over the rows); the padding rows are zeros, and the last
+    slice runs to the end of the buffer, so every row is in some slice and none is garbage."""
+    n, d = h.shape
+    E = counts.shape[0]
+    padded = (counts + 7) // 8 * 8
+    start = padded.cumsum(0) - padded  # where each expert's slice begins
+    rows = (n + 7 * E + 7) // 8 * 8  # >= the padded total for any counts: a static size
+    shift = start - (counts.cumsum(0) - counts)  # padded start - packed start, per expert
+    slot = torch.arange(n, device=h.device) + shift[expert]  # (n,) row of each input
+    buf = h.new_zeros(rows, d).index_copy(0, slot, h)
+    offs = torch.cat([start[1:], start.new_tensor([rows])]).to(torch.int32)  # slice ends
+    a = F.silu(F.grouped_mm(buf, w_gate, offs=offs)) * F.grouped_mm(buf, w_up, offs=offs)
+    return F.grouped_mm(a, w_down, offs=offs)[slot]
+
+
+def document_ids(doc_starts: torch.Tensor | None, batch: int, seq: int,
+                 device: torch.device) -> torch.Tensor:
+    """[B, T] number of each token's document, unique across the batch and nondecreasing in
+    row-major order (row b's documents are numbered b*T, b*T + 1, ...); a row without
+    doc_starts is one document."""
+    base = torch.arange(batch, device=device)[:, None] * seq
+    if doc_starts is None:
+        return base.expand(batch, seq)
+    return base + segment_ids(doc_starts, seq)
+
+
+def document_lengths(doc: torch.Tensor) -> torch.Tensor:
+    """The length of each token's document, shaped like `doc` (ids from document_ids)."""
+    flat = doc.reshape(-1)
+    return torch.zeros_like(flat).index_add_(0, flat, torch.ones_like(flat))[flat].view(doc.shape)
+
+
+def within_capacity(choice_e: torch.Tensor, doc: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
+    """Which of the token-major choices (B*T*k,) fit their expert's capacity in their document:
+    ceil(capacity_factor * top_k * n / n_experts) slots for a document of n tokens, taken in
+    token order. Sorting by (document, expert), stably, lines each document's choices of one
+    expert up in token order; a choice's rank is its distance from the start of its run."""
+    E, k = cfg.n_experts, cfg.top_k
+    length = document_lengths(doc).reshape(-1)  # (B*T,)
+    capacity = torch.ceil(cfg.capacity_factor * k * length.double() / E).repeat_interleave(k)
+    key = doc.reshape(-1).repeat_interleave(k) * E + choice_e
+    order = key.argsort(stable=True)
+    i = torch.arange(len(key), device=key.device)
+    run_start = torch.ones_like(key, dtype=torch.bool)
+    run_start[1:] = key[order][1:] != key[order][:-1]
+    first = torch.where(run_start, i, 0).cummax(0).values
+    rank = torch.empty_like(i).index_copy_(0, order, i - first)
+    return rank < capacity
 
 
 class Block(nn.Module):
@@ -144,7 +228,7 @@ class Block(nn.Module):
 
     def forward(self, x, pos, doc_starts):
         x = x + self.attn(self.norm1(x), pos, doc_starts)
-        y, stats = self.experts(self.norm2(x))
+        y, stats = self.experts(self.norm2(x), doc_starts)
         return x + y, stats
 
 
@@ -159,36 +243,48 @@ class DepthRouted(nn.Module):
         self.predictor = nn.Linear(cfg.d_model, 1)  # causal stand-in for the top-k at inference
 
     def forward(self, x, pos, doc_starts):
-        B, T, _ = x.shape
+        B, T, d = x.shape
         score = self.router(x)[..., 0]  # (B, T)
         guess = self.predictor(x.detach())[..., 0]
+        doc = document_ids(doc_starts, B, T, x.device)
         stats = {}
         if self.training:
-            k = max(1, int(self.capacity * T))
-            chosen = torch.zeros_like(score, dtype=torch.bool)
-            chosen.scatter_(1, score.topk(k, dim=1).indices, True)  # sees the whole sequence
+            chosen = top_share_per_document(score, doc, pos, self.capacity)
             stats["mod_predictor"] = F.binary_cross_entropy_with_logits(guess, chosen.float())
         else:
             chosen = guess > 0  # each token decides from its own state: causal
-        seg = segment_ids(doc_starts, T) if doc_starts is not None else None
-        out = x.clone()
-        for b in range(B):
-            idx = chosen[b].nonzero()[:, 0]  # (k_b,) in time order
-            if len(idx) == 0:
-                continue
-            starts = None
-            if seg is not None:  # documents of the chosen tokens, renumbered from 0
-                s = seg[b, idx]
-                starts = torch.cat([s.new_zeros(1), (s[1:] != s[:-1]).nonzero()[:, 0] + 1])[None]
-            y, st = self.block(x[b:b + 1, idx], pos[b:b + 1, idx], starts)
-            gate = torch.sigmoid(score[b, idx])[None, :, None]
-            out[b, idx] = (x[b:b + 1, idx] + gate * (y - x[b:b + 1, idx]))[0]
-            for key, v in st.items():
-                stats[key] = stats.get(key, 0) + v / B
+        flat = x.reshape(B * T, d)
+        idx = chosen.reshape(-1).nonzero()[:, 0]  # (K,) the chosen tokens, row by row
+        if len(idx):
+            # One sequence of every row's chosen tokens; its documents are the rows' documents.
+            doc = doc.reshape(-1)[idx]
+            new_doc = torch.ones_like(doc, dtype=torch.bool)
+            new_doc[1:] = doc[1:] != doc[:-1]
+            starts = new_doc.nonzero()[:, 0][None]  # (1, documents)
+            x_in = flat[idx]
+            y, stats_in = self.block(x_in[None], pos.reshape(-1)[idx][None], starts)
+            gate = torch.sigmoid(score.reshape(-1)[idx])[:, None]
+            flat = flat.index_copy(0, idx, x_in + gate * (y[0] - x_in))
+            stats.update(stats_in)
         stats.setdefault("balance", x.new_ones(()))
         stats.setdefault("z", x.new_zeros(()))
         stats.setdefault("dropped", x.new_zeros(()))
-        return out, stats
+        return flat.view(B, T, d), stats
+
+
+def top_share_per_document(score: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
+                           share: float) -> torch.Tensor:
+    """[B, T] bool: the floor(share * n) (at least 1) highest scores of each document of n
+    tokens. Sorting each row by score, then stably by document, lists every document's tokens
+    from the best down, from the document's own start offset (t - pos[t]) on."""
+    B, T = score.shape
+    by_score = score.argsort(dim=1, descending=True, stable=True)
+    order = by_score.gather(1, doc.gather(1, by_score).argsort(dim=1, stable=True))  # (B, T)
+    quota = torch.floor(share * document_lengths(doc).double()).clamp(min=1)
+    slot = torch.arange(T, device=score.device).expand(B, T)
+    start = (slot - pos).gather(1, order)  # start offset of the document of each listed token
+    chosen = torch.zeros_like(score, dtype=torch.bool)
+    return chosen.scatter_(1, order, slot - start < quota.gather(1, order))
 
 
 class MoE(nn.Module):

@@ -9,9 +9,6 @@ import archs
 from archs.layers import attention, chunked_cross_entropy, positions, segment_ids
 
 FAMILY_TINY = ["neox-tiny", "resonance-tiny", "moe-tiny"]
-# MoE capacity is per sequence, so a document alone gets other capacity than inside a packed
-# row; with capacity_factor = n_experts / top_k no choice is ever dropped and routing matches.
-NO_DROP = {"moe-tiny": {"capacity_factor": 2.0}}
 
 
 def neox_params(V, d, L, f):
@@ -39,10 +36,12 @@ def test_changing_future_tokens_never_changes_past_logits(name):
     assert not torch.allclose(a[:, 30:], b[:, 30:])
 
 
+@pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("name", FAMILY_TINY)
-def test_a_packed_row_equals_each_document_on_its_own(name):
+def test_a_packed_row_equals_each_document_on_its_own(name, mode):
+    """Each model with its default settings (MoE's other settings: tests/test_moe.py)."""
     torch.manual_seed(0)
-    model = archs.build(name, **NO_DROP.get(name, {})).eval()
+    model = archs.build(name).train(mode == "train")
     lengths = [7, 20, 1, 12]
     docs = [torch.randint(0, model.cfg.vocab_size, (n,)) for n in lengths]
     row = torch.cat(docs)[None]
@@ -126,116 +125,6 @@ def test_resonance_long_convolution_is_linear_not_circular():
     x = torch.zeros(1, d, L)
     x[..., -1] = 1.0  # an impulse at the last step must not wrap around to the start
     assert fft_causal_conv(x, spec, L)[..., :-1].abs().max() < 1e-5
-
-
-def moe_params(c):
-    hd = c.d_model // c.n_heads
-    per_layer = (2 * c.d_model * c.d_model + 2 * c.n_kv_heads * hd * c.d_model + 2 * c.d_model
-                 + c.d_model * c.n_experts + 3 * c.n_experts * c.d_model * c.d_expert)
-    return (c.n_layers * per_layer + 2 * c.vocab_size * c.d_model + c.d_model
-            + (c.n_pred_tokens - 1) * c.d_model * c.d_model)
-
-
-@pytest.mark.parametrize("name", list(archs.moe.PRESETS))
-def test_moe_total_and_active_parameters(name):
-    model = archs.build(name, device="meta")
-    c = model.cfg
-    assert model.num_params() == moe_params(c)
-    unused = c.n_layers * (c.n_experts - c.top_k) * 3 * c.d_model * c.d_expert
-    assert model.active_params() == moe_params(c) - unused
-
-
-def test_moe_presets_have_the_stated_total_sizes():
-    for name, size in (("moe-500m", 0.5e9), ("moe-1b", 1e9), ("moe-1.5b", 1.5e9),
-                       ("moe-5b", 5e9)):
-        assert abs(archs.build(name, device="meta").num_params() / size - 1) < 0.02
-
-
-def tiny_experts(**overrides):
-    from archs.moe import Experts, MoEConfig
-
-    cfg = MoEConfig(d_model=16, n_heads=2, n_kv_heads=1, n_experts=4, top_k=2, d_expert=8,
-                    **overrides)
-    torch.manual_seed(0)
-    experts = Experts(cfg)
-    for w in (experts.w_gate, experts.w_up, experts.w_down):
-        torch.nn.init.normal_(w, std=0.1)
-    return experts
-
-
-def test_routing_uses_top_k_experts_within_capacity():
-    """Against a token-by-token reference: top-k choices, ranked in token order, past capacity
-    dropped, each kept choice's expert output mixed with its renormalised probability."""
-    import torch.nn.functional as F
-
-    experts = tiny_experts(capacity_factor=1.0)
-    x = torch.randn(2, 24, 16)
-    with torch.no_grad():
-        experts.router.weight[0] += 2.0 * experts.router.weight[1]  # crowd onto few experts
-        y, stats = experts(x)
-        probs = experts.router(x).float().softmax(-1)
-        top_p, top_e = probs.topk(2, dim=-1)
-        capacity = int(1.0 * 2 * 24 / 4)
-        expected, dropped = torch.zeros_like(x), 0
-        for b in range(2):
-            used = [0] * 4
-            for t in range(24):
-                for j in range(2):
-                    e = int(top_e[b, t, j])
-                    if used[e] >= capacity:
-                        dropped += 1
-                        continue
-                    used[e] += 1
-                    h = x[b, t] @ experts.w_gate[e], x[b, t] @ experts.w_up[e]
-                    out = (F.silu(h[0]) * h[1]) @ experts.w_down[e]
-                    expected[b, t] += out * top_p[b, t, j] / top_p[b, t].sum()
-    assert dropped > 0, "the test should exercise the capacity limit"
-    assert stats["dropped"] == pytest.approx(dropped / 96)
-    assert torch.allclose(y, expected, atol=1e-5)
-
-
-def test_load_balance_loss_is_minimal_for_uniform_routing():
-    experts = tiny_experts()
-    x = torch.randn(2, 24, 16)
-    with torch.no_grad():
-        experts.router.weight.zero_()
-        _, uniform = experts(x)
-        experts.router.weight[0, 0] = 20.0
-        _, skewed = experts(x.abs())  # expert 0 first for every token
-    assert uniform["balance"] == pytest.approx(1.0, abs=1e-6)
-    assert skewed["balance"] > 1.05
-    assert uniform["z"] == pytest.approx(torch.log(torch.tensor(4.0)).item() ** 2, rel=1e-5)
-
-
-def test_multi_token_targets_never_cross_a_document():
-    from archs.moe import mtp_targets
-
-    ids = torch.arange(10)[None]
-    starts = torch.tensor([[0, 4, 7, -1]])  # documents 0-3, 4-6, 7-9
-    t = mtp_targets(ids, starts, 1).tolist()[0]  # predicts token t + 2
-    assert t == [2, 3, -100, -100, 6, -100, -100, 9, -100, -100]
-
-
-def test_moe_with_multi_token_heads_trains():
-    torch.manual_seed(0)
-    model = archs.build("moe-tiny", n_pred_tokens=3)
-    x = torch.randint(0, 512, (2, 32))
-    out = model.loss(x, torch.roll(x, -1, 1), torch.tensor([[0, 10, -1], [0, -1, -1]]))
-    assert set(out) >= {"loss", "ce", "aux", "mtp", "balance", "z_loss", "dropped"}
-    out["loss"].backward()
-    assert all(p.grad is not None for p in model.mtp.parameters())
-
-
-def test_mixture_of_depths_is_causal_at_inference():
-    torch.manual_seed(0)
-    model = archs.build("moe-tiny", mod_capacity=0.5, n_layers=4).eval()
-    x = torch.randint(0, 512, (2, 40))
-    y = x.clone()
-    y[:, 25:] = torch.randint(0, 512, (2, 15))
-    starts = torch.tensor([[0, 12, -1], [0, -1, -1]])
-    with torch.no_grad():
-        a, b = model(x, starts), model(y, starts)
-    assert torch.allclose(a[:, :25], b[:, :25], atol=1e-5)
 
 
 def test_mixture_of_depths_trains_its_share_and_its_predictor():
@@ -373,7 +262,7 @@ def test_activation_checkpointing_changes_nothing_but_memory(name):
     grads = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        model = archs.build(name, checkpointing=checkpointing, **NO_DROP.get(name, {}))
+        model = archs.build(name, checkpointing=checkpointing)
         model.loss(x, torch.roll(x, -1, 1))["loss"].backward()
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
