@@ -1,6 +1,7 @@
 """longpack's model zoo: each architecture in one file, registered here by name with presets.
 
-    archs.list_models()                 -> [{name, family, params, active_params, ...}, ...]
+    archs.list_models(vocab_size=None)  -> [{name, family, vocab_size, params, active_params,
+                                            flops_per_token, seq, per_vocab_entry}, ...]
     archs.build("neox-tiny")            -> nn.Module; model(input_ids, doc_starts=None) -> logits
     archs.build("gpt-neox", n_layers=4) -> the family's default config with overrides
 
@@ -43,12 +44,24 @@ def build(name: str, device: str | torch.device | None = None, **overrides) -> t
         return FAMILIES[family][1](cfg)
 
 
-def list_models(seq: int = LIST_SEQ) -> list[dict]:
+def list_models(seq: int = LIST_SEQ, vocab_size: int | None = None) -> list[dict]:
+    """Every preset's true size at `vocab_size` (None: each preset's own; a build trains at its
+    tokenizer's vocab_size), FLOPs/token at `seq`, and what one more vocabulary entry adds
+    (`per_vocab_entry`: the embedding row and the untied head row, as the family counts them),
+    measured by building the preset at vocab_size + 1 too. Every size is linear in the
+    vocabulary, so torch-free readers of presets.json (`pack stats`) get any vocabulary's sizes
+    as size + per_vocab_entry * (V - vocab_size); tests check that against real builds."""
     out = []
     for name, family in PRESETS.items():
-        model = build(name, device="meta")
-        params = model.num_params()
-        active = model.active_params() if hasattr(model, "active_params") else params
-        out.append({"name": name, "family": family, "params": params, "active_params": active,
-                    "flops_per_token": model.flops_per_token(seq), "seq": seq})
+        vocab = config(name).vocab_size if vocab_size is None else vocab_size
+        sizes, more = _sizes(name, vocab, seq), _sizes(name, vocab + 1, seq)
+        out.append({"name": name, "family": family, "vocab_size": vocab, **sizes, "seq": seq,
+                    "per_vocab_entry": {k: more[k] - sizes[k] for k in sizes}})
     return out
+
+
+def _sizes(name: str, vocab_size: int, seq: int) -> dict:
+    model = build(name, device="meta", vocab_size=vocab_size)
+    params = model.num_params()
+    active = model.active_params() if hasattr(model, "active_params") else params
+    return {"params": params, "active_params": active, "flops_per_token": model.flops_per_token(seq)}

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import LongpackError
+from pipeline.recommend import recommendations
 from pipeline.shards import ShardError, SplitReader
 from pipeline.split import PAD_HASH
 from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest
 from pipeline.stats_files import file_checks, open_output
 
-TOKENS_PER_PARAM = 20  # compute-optimal training (Hoffmann et al. 2022, "Chinchilla")
 MAX_READ_THREADS = 4  # each thread holds the compressed and decompressed bytes of its shard
 DIGEST_BLOCK = 1 << 20  # bytes of rows digested at a time: a block stays in a 2 MiB L2 cache
 
@@ -156,34 +156,6 @@ def _total(splits: dict) -> dict:
     return total
 
 
-def _presets(params: float) -> list[dict]:
-    """Zoo presets within 0.5x-2x of `params`, from archs/presets.json (written by
-    `python -m archs --json`), so that stats never import torch."""
-    import importlib.util
-    import json
-
-    spec = importlib.util.find_spec("archs")
-    table = Path(spec.submodule_search_locations[0]) / "presets.json" if spec else None
-    if table is None or not table.exists():
-        return []
-    return [m for m in json.loads(table.read_text()) if 0.5 * params <= m["params"] <= 2 * params]
-
-
-def recommendations(train_tokens: int, throughput: float | None, budget: float | None) -> dict:
-    params = train_tokens / TOKENS_PER_PARAM
-    out = {"train_tokens": train_tokens, "tokens_per_param": TOKENS_PER_PARAM,
-           "compute_optimal_params": params, "presets": _presets(params)}
-    if budget:
-        out["budget_tokens"] = budget
-        out["epochs_for_budget"] = budget / train_tokens if train_tokens else None
-    if throughput:
-        out["throughput_tokens_per_second"] = throughput
-        out["epoch_seconds"] = train_tokens / throughput
-        if budget:
-            out["budget_seconds"] = budget / throughput
-    return out
-
-
 def collect(path: Path, verify: bool = False, throughput: float | None = None,
             budget: float | None = None, eos_id: int | None = None) -> dict:
     manifest, split_dirs, lost = open_output(Path(path))
@@ -230,7 +202,7 @@ def collect(path: Path, verify: bool = False, throughput: float | None = None,
             "checks": {"verified": verify, "ok": not problems,
                        "problems": [vars(p) for p in problems], "not_checked": not_checked},
             "recommendations": recommendations(train.get("real_tokens", 0), throughput,
-                                               budget)}
+                                               budget, vocab)}
 
 
 def _n(x, digits=2) -> str:
@@ -308,11 +280,14 @@ def render(r: dict) -> str:
     for note in c["not_checked"]:
         lines.append(f"    not checked: {note}")
     rec = r["recommendations"]
-    presets = ", ".join(f"{p['name']} ({_human(p['params'])})" for p in rec["presets"]) or (
-        "none in archs/ within 0.5x-2x")
+    presets = ", ".join(f"{p['name']} ({_human(p['params'])}" + (
+        f", {_human(p['active_params'])} active)" if p["active_params"] != p["params"] else ")")
+        for p in rec["presets"]) or "none in archs/ within 0.5x-2x"
+    vocab = (f"at vocab {rec['vocab_size']:,}" if rec["vocab_size"] is not None
+             else "each at its own vocab (no manifest)")
     lines.append("  recommend".ljust(24) + f"{_human(rec['compute_optimal_params'])} parameters"
                  f" is compute-optimal for {_human(rec['train_tokens'])} train tokens "
-                 f"({rec['tokens_per_param']} tokens/param); presets near it: {presets}")
+                 f"({rec['tokens_per_param']} tokens/param); presets near it, {vocab}: {presets}")
     if "epochs_for_budget" in rec and rec["epochs_for_budget"] is not None:
         lines.append(f"{'':24}a {_human(rec['budget_tokens'])}-token budget is "
                      f"{rec['epochs_for_budget']:.2f} epochs over train")

@@ -104,6 +104,8 @@ def test_recommendations_follow_from_the_train_tokens(tmp_path, byte_tokenizer, 
     assert r["epochs_for_budget"] == pytest.approx(1e6 / train)
     assert r["epoch_seconds"] == pytest.approx(train / 1000)
     assert r["budget_seconds"] == pytest.approx(1000)
+    assert r["vocab_size"] == 50257  # presets are sized at the build's vocabulary
+    assert "presets near it, at vocab 50,257: " in run_stats(out).output
 
 
 def run_stats(path, *args):
@@ -115,7 +117,7 @@ def first_shard(out, split="train", suffix=".mds.zstd"):
 
 
 def test_recommended_presets_come_from_the_zoo():
-    from pipeline.stats_report import recommendations
+    from pipeline.recommend import recommendations
 
     tiny = 165_632  # neox-tiny's parameters (archs/presets.json)
     presets = recommendations(20 * tiny, None, None)["presets"]
