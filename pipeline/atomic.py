@@ -37,7 +37,7 @@ def writing(path: Path):
     except OSError as e:
         remedy = _REMEDY.get(e.errno, "fix it")
         raise OutputError(f"cannot write {path}: {e.strerror or e}; {remedy}, then re-run the "
-                          "same command to resume from the last checkpoint") from e
+                          "same command: it resumes from its last checkpoint") from e
 
 
 def write_bytes(path: Path, data: bytes | memoryview, fsync: bool = False) -> None:

@@ -12,6 +12,7 @@ counters, each split's unfinished row and how much of its partial shard files is
 the same command resumes from it and produces the same bytes as an uninterrupted build.
 """
 
+import contextlib
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import manifest as manifest_mod
-from pipeline.atomic import write_bytes, write_json
+from pipeline.atomic import write_bytes, write_json, writing
 from pipeline.catalog import expand_inputs, file_format, get_dataset
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.encode import encode_batch
@@ -94,11 +95,13 @@ class Build:
                                    cfg.shard_rows(dtype.itemsize), compression, cfg.shard_bytes,
                                    self.journal.claim, state["splits"].get(s)) for s in SPLITS}
         self.journal.claim(self.out / "skipped.jsonl")
-        self.skip_log = open(self.out / "skipped.jsonl", "ab")
-        self.skip_log.truncate(state["skip_log_bytes"])
+        with writing(self.out / "skipped.jsonl"):
+            self.skip_log = open(self.out / "skipped.jsonl", "ab")
+            self.skip_log.truncate(state["skip_log_bytes"])
 
     def _checkpoint(self):
-        self.skip_log.flush()
+        with writing(self.out / "skipped.jsonl"):
+            self.skip_log.flush()
         state = {"cursor": list(self.cursor), "input_done": self.input_done, "runs": self.runs,
                  "skip_log_bytes": self.skip_log.tell(), "counts": self.counts,
                  "splits": {s: self.sinks[s].state() for s in SPLITS}}
@@ -121,7 +124,8 @@ class Build:
         where = {"row": n - 1} if parquet else {"line": n}
         record = {"file": self.files.uri(batch_file), **where, "reason": skip.reason,
                   "detail": skip.detail, "records": skip.records}
-        self.skip_log.write((json.dumps(record) + "\n").encode())
+        with writing(self.out / "skipped.jsonl"):
+            self.skip_log.write((json.dumps(record) + "\n").encode())
         if self.cfg.on_error == "fail" and skip.reason != BLANK_LINE:
             place = ", ".join(f"{k} {v}" for k, v in where.items())
             raise InputError(f"{record['file']}, {place}: {skip.reason}: {skip.detail} "
@@ -245,18 +249,31 @@ class Build:
             self.files.close()
 
     def _run(self, state: dict | None) -> dict:
-        self._restore(state)
-        self.t_first = self.t_last = None
-        self.last_checkpoint = time.monotonic()
-        self.bytes_done = sum(s for _, s in self.files.files[: self.cursor[0]])
-        self.tokens_at_start = self.counts["tokens"]
+        self.sinks, self.skip_log = {}, None
         try:
+            self._restore(state)
+            self.t_first = self.t_last = None
+            self.last_checkpoint = time.monotonic()
+            self.bytes_done = sum(s for _, s in self.files.files[: self.cursor[0]])
+            self.tokens_at_start = self.counts["tokens"]
             if not self.input_done:
                 self._read_all()
             indexes = self._finish()
-        finally:
-            self.skip_log.close()
+            with writing(self.out / "skipped.jsonl"):
+                self.skip_log.close()
+        except BaseException:
+            self._abandon()
+            raise
         return self._write_manifest(indexes)
+
+    def _abandon(self) -> None:
+        """After a failure, close every output file quietly: a full disk would refuse their
+        last buffers again, and a resume cuts each file back to the checkpoint anyway."""
+        if self.skip_log is not None:
+            with contextlib.suppress(OSError):
+                self.skip_log.close()
+        for sink in self.sinks.values():
+            sink.abandon()
 
     def _finish(self) -> dict:
         indexes = {}

@@ -9,13 +9,14 @@ no longer needs it. Each file is claimed (output_dir.Journal) before it is creat
 OUT/<split>/, so a later build can prove it wrote it.
 """
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from pipeline import write_mds, write_memmap
-from pipeline.atomic import write_bytes, write_json
+from pipeline.atomic import write_bytes, write_json, writing
 from pipeline.errors import SettingsError
 
 SEGMENT_BYTES = 3 * 8
@@ -33,7 +34,8 @@ class ShardSink:
         self.entries: list[dict] = list(state["shards"])
         self.partial_rows, self.partial_segments = state["partial_rows"], state["partial_segments"]
         self.obsolete: list[Path] = []
-        split_dir.mkdir(parents=True, exist_ok=True)
+        with writing(split_dir):
+            split_dir.mkdir(parents=True, exist_ok=True)
         self._open_partial(truncate_to=(self.partial_rows, self.partial_segments))
 
     def _paths(self) -> tuple[Path, Path]:
@@ -48,9 +50,10 @@ class ShardSink:
             if path.exists() and path.stat().st_size < size or not path.exists() and size:
                 raise SettingsError(f"resume state does not match {path} (shorter than its "
                                     "checkpoint); re-run with --overwrite to rebuild")
-            f = open(path, "ab")
-            f.truncate(size)
-            self._files.append(f)
+            with writing(path):
+                f = open(path, "ab")
+                self._files.append(f)
+                f.truncate(size)
 
     def append(self, rows: np.ndarray, segments: np.ndarray) -> None:
         """`segments` rows index into `rows` and are sorted."""
@@ -60,17 +63,29 @@ class ShardSink:
             take = min(self.rows_per_shard - self.partial_rows, len(rows) - i)
             seg = segments[bounds[i]:bounds[i + take]].copy()
             seg[:, 0] = seg[:, 0] - np.uint64(i) + np.uint64(self.partial_rows)
-            self._files[0].write(rows[i:i + take].tobytes())
-            self._files[1].write(seg.astype("<u8").tobytes())
+            for f, data in ((self._files[0], rows[i:i + take]), (self._files[1], seg.astype("<u8"))):
+                with writing(Path(f.name)):
+                    f.write(data.tobytes())
             self.partial_rows += take
             self.partial_segments += len(seg)
             i += take
             if self.partial_rows == self.rows_per_shard:
                 self._finish_shard()
 
-    def _finish_shard(self) -> None:
+    def _close_partial(self) -> None:
         for f in self._files:
-            f.close()
+            with writing(Path(f.name)):
+                f.close()
+
+    def abandon(self) -> None:
+        """After a failure: close the partial files, dropping what a full disk refuses (a
+        resume cuts them back to the checkpoint anyway), so nothing is reported twice."""
+        for f in self._files:
+            with contextlib.suppress(OSError):
+                f.close()
+
+    def _finish_shard(self) -> None:
+        self._close_partial()
         rows_path, segs_path = self._paths()
         rows = np.fromfile(rows_path, self.dtype).reshape(-1, self.seq)
         segs = np.fromfile(segs_path, "<u8").reshape(-1, 3)
@@ -90,7 +105,8 @@ class ShardSink:
     def state(self) -> dict:
         """Flush, and return what a checkpoint must record to resume this sink."""
         for f in self._files:
-            f.flush()
+            with writing(Path(f.name)):
+                f.flush()
         return {"shards": self.entries, "partial_rows": self.partial_rows,
                 "partial_segments": self.partial_segments}
 
@@ -103,8 +119,7 @@ class ShardSink:
         """Finish the last shard and write index.json; returns the index."""
         if self.partial_rows:
             self._finish_shard()
-        for f in self._files:
-            f.close()
+        self._close_partial()
         # The partial files stay until the work directory goes (after manifest.json is written):
         # a build killed before then resumes from its last checkpoint, which refers to them.
         if self.fmt == "mds":

@@ -1,6 +1,8 @@
 """`pack build`'s output safety: it never removes a file it did not write, one writer per --out,
 no debris after a kill, one-line errors for a full or read-only disk, Ctrl+C at any moment."""
 
+import errno
+import os
 import signal
 import subprocess
 import sys
@@ -213,3 +215,93 @@ def test_a_resumed_build_removes_the_temp_file_of_a_killed_write(tmp_path, corpu
     build(settings(tmp_path, corpus, "clean"), show_progress=False)
     assert tree(out) == tree(tmp_path / "clean")  # hidden files included
     assert not orphans[0].exists()
+
+
+# -- 4. a full or read-only disk: one line, and the same command resumes ------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real size-limited tmpfs; `remount(size, read_only)` changes it under the build."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(disk)],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip()}): needs root/CAP_SYS_ADMIN")
+
+    def remount(size: int, read_only: bool = False):
+        subprocess.run(["mount", "-o", f"remount,size={size},{'ro' if read_only else 'rw'}",
+                        str(disk)], check=True)
+
+    yield disk, remount
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+SLOW = pytest.mark.slow
+
+
+def one_line_error(r) -> str:
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output.startswith("Error: ") and len(r.output.strip().splitlines()) == 1, r.output
+    return r.output
+
+
+@pytest.mark.parametrize("fraction", [pytest.param(0.1, marks=pytest.mark.slow), 0.5,
+                                      pytest.param(0.9, marks=pytest.mark.slow)])
+def test_a_full_disk_then_a_read_only_one_end_in_one_line_and_the_build_resumes(
+        tmp_path, byte_tokenizer, small_disk, fraction):
+    """The disk fills at a different point of the build for each fraction of what it needs."""
+    corpus = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(400)])
+    disk, remount = small_disk
+    args = ["--compression", "none", *cli_args(tmp_path, corpus, str(disk / "out"))[1:]]
+    args[args.index("--shard-bytes") + 1] = str(64 * 2 * 32)
+    r = CliRunner().invoke(pack, ["build", *args[:-1], str(tmp_path / "clean")])
+    assert r.exit_code == 0, r.output
+    need = sum(-(-p.stat().st_size // 4096) * 4096 for p in (tmp_path / "clean").rglob("*"))
+    remount(int(need * fraction))
+    args = ["build", *args]
+    full = one_line_error(CliRunner().invoke(pack, args))
+    assert f"cannot write {disk / 'out'}" in full and "No space left on device" in full
+    assert "re-run the same command" in full
+    remount(4 * need, read_only=True)
+    read_only = one_line_error(CliRunner().invoke(pack, args))
+    assert f"cannot write {disk / 'out'}" in read_only and "Read-only file system" in read_only
+    remount(4 * need)
+    r = CliRunner().invoke(pack, args)
+    assert r.exit_code == 0, r.output
+    assert tree(disk / "out") == tree(tmp_path / "clean")
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, pytest.param(errno.EROFS, marks=SLOW)])
+@pytest.mark.parametrize("call,at", [
+    pytest.param("replace", "first", marks=SLOW), ("replace", "middle"),
+    pytest.param("replace", "last", marks=SLOW), pytest.param("fsync", "first", marks=SLOW),
+    pytest.param("fsync", "last", marks=SLOW)])
+def test_a_write_failing_at_any_step_is_one_line_and_the_build_resumes(
+        tmp_path, corpus, monkeypatch, call, at, error):
+    """The k-th rename into place (the fingerprint first, shards and checkpoints, manifest.json
+    last) or fsync (the journal first, manifest.json last) fails as a full or read-only disk's
+    would."""
+    real, calls = getattr(os, call), []
+
+    def failing(*args):
+        calls.append(args)
+        if len(calls) == k:
+            raise OSError(error, os.strerror(error))
+        return real(*args)
+
+    args = cli_args(tmp_path, corpus)
+    k = 0
+    with monkeypatch.context() as mp:
+        mp.setattr(os, call, failing)
+        assert CliRunner().invoke(pack, args[:-1] + [str(tmp_path / "clean")]).exit_code == 0
+    k = {"first": 1, "middle": len(calls) // 2, "last": len(calls)}[at]
+    calls.clear()
+    with monkeypatch.context() as mp:
+        mp.setattr(os, call, failing)
+        message = one_line_error(CliRunner().invoke(pack, args))
+    assert len(calls) == k
+    assert f"cannot write {tmp_path / 'out'}" in message and os.strerror(error) in message
+    r = CliRunner().invoke(pack, args)
+    assert r.exit_code == 0, r.output
+    assert tree(tmp_path / "out") == tree(tmp_path / "clean")
