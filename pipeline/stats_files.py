@@ -53,8 +53,10 @@ def open_output(path: Path) -> tuple[dict | None, dict[str, Path], Problem | Non
     if not path.is_dir():
         raise LongpackError(f"{path}: not a directory (pass the --out of pack build)")
     root, splits = path, {s: path / s for s in SPLITS if (path / s).is_dir()}
+    if not _is_build_root(path):  # a train/ or val/ of no build counts only if it holds shards
+        splits = {s: d for s, d in splits.items() if _holds_shards(d)}
     if not splits and not _is_build_root(path):  # one split directory, or a directory of shards
-        if not (path / "index.json").exists() and not any(path.glob("*.npy")):
+        if not _holds_shards(path):
             raise LongpackError(f"{path}: no manifest.json, no train/ or val/ folder, no "
                                 "index.json and no .npy files")
         splits = {path.name: path}
@@ -73,6 +75,10 @@ def open_output(path: Path) -> tuple[dict | None, dict[str, Path], Problem | Non
     if root == path:
         splits = {s: path / s for s in manifest["splits"]}
     return manifest, splits, None
+
+
+def _holds_shards(path: Path) -> bool:
+    return (path / "index.json").exists() or any(path.glob("*.npy"))
 
 
 def _is_build_root(path: Path) -> bool:

@@ -346,12 +346,16 @@ def test_a_build_without_its_manifest_is_a_problem_not_a_crash(tmp_path, byte_to
     assert r["splits"]["train"]["documents"] == expected(texts, "train")["documents"]
 
 
-@pytest.mark.parametrize("holds", [[], ["notes.txt"], ["a", "b.csv"]])
+@pytest.mark.parametrize("holds", [[], ["notes.txt"], ["a", "b.csv"], ["train/", "val/x.txt"]])
 def test_a_folder_that_is_no_build_says_what_it_lacks_in_one_line(tmp_path, holds):
     folder = tmp_path / "nothing"
     folder.mkdir()
     for name in holds:
-        (folder / name).write_text("x")
+        (folder / name).parent.mkdir(exist_ok=True)
+        if name.endswith("/"):
+            (folder / name).mkdir()
+        else:
+            (folder / name).write_text("x")
     output = failed_cleanly(run_stats(folder))
     assert output == (f"Error: {folder}: no manifest.json, no train/ or val/ folder, no "
                       "index.json and no .npy files\n")
