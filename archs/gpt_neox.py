@@ -69,6 +69,15 @@ class Block(nn.Module):
 
 
 class GPTNeoX(StackedLM):
+    PARAM_ROLES = (  # each parameter's optimizer role (archs.layers.OPTIMIZER_ROLES), by name
+        ("embed.weight", "embedding"),
+        ("head.weight", "head"),
+        ("ln_f.*", "norm"), ("blocks.*.ln1.*", "norm"), ("blocks.*.ln2.*", "norm"),
+        ("blocks.*.bias", "bias"),
+        ("blocks.*.attn.qkv.weight", "matrix"), ("blocks.*.attn.out.weight", "matrix"),
+        ("blocks.*.fc_in.weight", "matrix"), ("blocks.*.fc_out.weight", "matrix"),
+    )
+
     def __init__(self, cfg: GPTNeoXConfig):
         super().__init__(cfg, Block)
         self.apply(self._init)

@@ -1,12 +1,43 @@
-"""Pieces the zoo's models share: document masks and positions, rotary, attention, the loss.
+"""Pieces the zoo's models share: document masks and positions, rotary, attention, the loss,
+the optimizer roles of parameters.
 
 `doc_starts` is a LongTensor [B, K]: the offsets where documents (segments) start in each row, the
 first 0, padded at the end with -1 (what the loader builds from a row's `doc_starts` column).
 """
 
+from fnmatch import fnmatchcase
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+# What each parameter is, for the optimizer (training/optim.py decides what each role gets).
+# Each model file lists its parameters' roles by name; a parameter it does not list is an error.
+OPTIMIZER_ROLES = {
+    "matrix": "a hidden weight matrix [out, in] (attention, MLP, projections)",
+    "experts": "a stack of hidden weight matrices [experts, in, out], one per MoE expert",
+    "embedding": "the input embedding",
+    "head": "the output unembedding",
+    "norm": "a normalization's scale or shift",
+    "bias": "a bias",
+    "router": "a routing or gating vector (MoE router, MoD router and predictor)",
+    "kernel": "a convolution's parameters (resonance's kernels and taps)",
+}
+
+
+def param_roles(model: nn.Module, table: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """{parameter name: role}: each name takes the role of the first (fnmatch pattern, role) in
+    `table` that it matches. Raises KeyError for a parameter no pattern matches, so a new
+    parameter cannot silently fall out of its optimizer group."""
+    roles = {}
+    for name, _ in model.named_parameters():
+        role = next((r for pattern, r in table if fnmatchcase(name, pattern)), None)
+        if role not in OPTIMIZER_ROLES:
+            raise KeyError(f"{type(model).__name__} parameter {name!r} has no optimizer role "
+                           f"(got {role!r}); list it in its model file's PARAM_ROLES "
+                           f"(roles: {', '.join(OPTIMIZER_ROLES)})")
+        roles[name] = role
+    return roles
 
 
 def segment_ids(doc_starts: torch.Tensor, seq: int) -> torch.Tensor:
@@ -139,6 +170,10 @@ class StackedLM(nn.Module):
         """{'loss': mean next-token loss (targets -100 are ignored), 'ce', 'aux': 0}."""
         ce = chunked_cross_entropy(self.hidden(input_ids, doc_starts), self.head.weight, targets)
         return {"loss": ce, "ce": ce, "aux": ce.new_zeros(())}
+
+    def param_roles(self) -> dict[str, str]:
+        """{parameter name: optimizer role}, from the subclass's PARAM_ROLES table."""
+        return param_roles(self, self.PARAM_ROLES)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -50,7 +50,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import Rotary, attention, chunked_cross_entropy, positions, segment_ids
+from archs.layers import Rotary, attention, chunked_cross_entropy, param_roles, positions, segment_ids
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,19 @@ def top_share_per_document(score: torch.Tensor, doc: torch.Tensor, pos: torch.Te
 
 
 class MoE(nn.Module):
+    PARAM_ROLES = (  # each parameter's optimizer role (archs.layers.OPTIMIZER_ROLES), by name
+        ("embed.weight", "embedding"),
+        ("head.weight", "head"),
+        ("norm_f.weight", "norm"), ("blocks.*.norm1.weight", "norm"),
+        ("blocks.*.norm2.weight", "norm"),
+        ("blocks.*.router.weight", "router"), ("blocks.*.predictor.weight", "router"),
+        ("blocks.*.predictor.bias", "bias"),
+        ("blocks.*.attn.q.weight", "matrix"), ("blocks.*.attn.kv.weight", "matrix"),
+        ("blocks.*.attn.out.weight", "matrix"), ("mtp.*.weight", "matrix"),
+        ("blocks.*.experts.w_gate", "experts"), ("blocks.*.experts.w_up", "experts"),
+        ("blocks.*.experts.w_down", "experts"),
+    )
+
     def __init__(self, cfg: MoEConfig):
         super().__init__()
         self.cfg = cfg
@@ -348,6 +361,9 @@ class MoE(nn.Module):
             aux = aux + cfg.mtp_loss_coef * out["mtp"]
         out["aux"], out["loss"] = aux, ce + aux
         return out
+
+    def param_roles(self) -> dict[str, str]:
+        return param_roles(self, self.PARAM_ROLES)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -157,6 +157,16 @@ class Block(nn.Module):
 
 
 class Resonance(StackedLM):
+    PARAM_ROLES = (  # each parameter's optimizer role (archs.layers.OPTIMIZER_ROLES), by name
+        ("embed.weight", "embedding"),
+        ("head.weight", "head"),
+        ("ln_f.*", "norm"), ("blocks.*.ln1.*", "norm"), ("blocks.*.ln2.*", "norm"),
+        ("blocks.*.long.*", "kernel"), ("blocks.*.short.weight", "kernel"),
+        ("blocks.*.bias", "bias"),
+        ("blocks.*.inp.weight", "matrix"), ("blocks.*.out.weight", "matrix"),
+        ("blocks.*.fc_in.weight", "matrix"), ("blocks.*.fc_out.weight", "matrix"),
+    )
+
     def __init__(self, cfg: ResonanceConfig):
         super().__init__(cfg, Block)
         for m in self.modules():
