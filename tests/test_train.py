@@ -268,7 +268,7 @@ def test_metrics_jsonl_has_every_step_and_missing_loggers_say_what_to_install(tm
         import tensorboard  # noqa: F401
     except ImportError:
         with pytest.raises(ValueError, match="pip install tensorboard"):
-            train(config(shards, tmp_path / "t", max_steps=2, log=("tensorboard",)),
+            train(config(shards, tmp_path / "t", max_steps=2, report_to=("tensorboard",)),
                   log=lambda m: None)
 
 

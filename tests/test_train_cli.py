@@ -41,3 +41,45 @@ def test_resuming_with_another_model_names_both_and_the_fix(tmp_path, shards):
     r = run_cli("--shards", shards, "--out", run, "--model", "resonance-tiny", "--max-steps", "1",
                 "--warmup", "1", "--batch-size", "2", "--resume", "never")
     assert r.exit_code == 0, r.output  # the way out the message gives
+
+
+def test_no_flag_of_train_is_taken_by_torchrun():
+    # torchrun's argparse reads every --x on its line, the script's too, as a possible
+    # abbreviation of its own options: `--log` matched --log-dir and --logs-specs and was refused.
+    from torch.distributed.run import get_args_parser
+
+    theirs = [o for a in get_args_parser()._actions for o in a.option_strings]
+    ours = [o for p in train_cli.params if not p.hidden for o in (*p.opts, *p.secondary_opts)]
+    assert "--report-to" in ours and "--log" not in ours
+    assert [(o, t) for o in ours for t in theirs if t.startswith(o)] == []
+
+
+def test_report_to_takes_the_comma_form_help_shows(tmp_path, shards):
+    assert TrainConfig(shards="x", report_to="console,jsonl,tensorboard").report_to == (
+        "console", "jsonl", "tensorboard")
+    assert TrainConfig(shards="x", report_to=["jsonl"]).report_to == ("jsonl",)  # a TOML list
+    assert "[default: console,jsonl]" in " ".join(run_cli("--help").output.split())
+    args = ("--shards", shards, "--batch-size", 2, "--max-steps", 2, "--warmup", 1,
+            "--log-every", 1, "--workers", 0)
+    r = run_cli(*args, "--out", tmp_path / "a", "--report-to", "jsonl, console")
+    assert r.exit_code == 0, r.output
+    assert r.output.count(" loss ") == 2 + 1 and (tmp_path / "a" / "metrics.jsonl").is_file()
+    r = run_cli(*args, "--out", tmp_path / "b", "--report-to", "jsonl")
+    assert r.exit_code == 0 and " lr " not in r.output  # no console lines
+    r = run_cli(*args, "--out", tmp_path / "c", "--report-to", "console,jsnol")
+    one_line_error(r, "--report-to: unknown jsnol; choose from console, jsonl, tensorboard")
+    r = run_cli(*args, "--out", tmp_path / "d", "--log", "jsonl")
+    assert r.exit_code == 2 and "--log is now --report-to" in r.output
+
+
+def test_shards_is_marked_required_and_may_come_from_the_config_file(tmp_path, shards):
+    help_text = " ".join(run_cli("--help").output.split())
+    shards_help = help_text[help_text.index("--shards"):help_text.index("--seq")]
+    assert "[required]" in shards_help
+    r = run_cli("--out", tmp_path / "r")
+    assert r.exit_code == 2 and "Missing option '--shards'" in r.output
+    (tmp_path / "run.yaml").write_text(f"shards: {shards}\nbatch_size: 2\nreport_to: [jsonl]\n")
+    r = run_cli("--config", tmp_path / "run.yaml", "--out", tmp_path / "r", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert f"shards={shards}" in r.output and "report_to=('jsonl',)" in r.output
+    assert run_cli("--list-models").exit_code == 0  # needs no --shards

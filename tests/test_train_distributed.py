@@ -1,11 +1,13 @@
 """DDP under torchrun on 2 CPU processes (gloo): same global batch, same run; elastic resume."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from test_train import padded_build
 
 from training import checkpoint
 from training.config import TrainConfig
@@ -16,12 +18,12 @@ COMMON = dict(model="neox-tiny", max_steps=STEPS, warmup=2, lr=3e-3, save_every=
               eval_every=3, workers=0)
 
 
-def torchrun(shards, out, *extra):
+def torchrun(shards, out, *extra, batch=2):
     """`train` in 2 processes, batch 2 each: the global batch of 1 process x batch 2 x accum 2."""
     train_exe = str(Path(sys.executable).parent / "train")
-    args = ["--shards", str(shards), "--out", str(out), "--batch-size", "2", "--max-steps",
-            str(STEPS), "--warmup", "2", "--lr", "3e-3", "--save-every", "3", "--eval-every", "3",
-            "--workers", "1", "--log-every", "1", *extra]
+    args = ["--shards", str(shards), "--out", str(out), "--batch-size", str(batch),
+            "--max-steps", str(STEPS), "--warmup", "2", "--lr", "3e-3", "--save-every", "3",
+            "--eval-every", "3", "--workers", "1", "--log-every", "1", *extra]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            train_exe, *args]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -57,3 +59,32 @@ def test_resume_on_two_processes_continues_the_one_process_order(tmp_path, shard
     elastic = run_state(tmp_path / "b")["history"]
     assert [h["batch"] for h in elastic] == [h["batch"] for h in straight]
     assert [h["loss"] for h in elastic] == pytest.approx([h["loss"] for h in straight], rel=1e-5)
+
+
+def test_ranks_weigh_by_their_real_targets(tmp_path, byte_tokenizer):
+    # Each step is the build's two train rows, 64 real targets and 4: on 2 processes of one row
+    # each, the loss and gradient must still be the mean over the 68, as on 1 process.
+    shards = padded_build(tmp_path, byte_tokenizer)
+    one = train(TrainConfig(shards=str(shards), out=str(tmp_path / "one"), batch_size=2,
+                            **COMMON), log=lambda m: None)
+    torchrun(shards, tmp_path / "two", batch=1)
+    two = run_state(tmp_path / "two")["history"]
+    assert [h["targets"] for h in two] == [68] * STEPS
+    assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
+    assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], rel=1e-5)
+    a, b = run_state(tmp_path / "one")["model"], run_state(tmp_path / "two")["model"]
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
+
+
+def test_the_documented_torchrun_line_runs(tmp_path, shards):
+    # docs/TRAIN.md: torchrun --standalone --nproc-per-node N $(which train) ... --report-to ...
+    bin_dir = Path(sys.executable).parent
+    r = subprocess.run([str(bin_dir / "torchrun"), "--standalone", "--nproc-per-node", "1",
+                        str(bin_dir / "train"), "--shards", str(shards), "--model", "neox-tiny",
+                        "--out", str(tmp_path / "r"), "--report-to", "jsonl", "--batch-size",
+                        "2", "--max-steps", "2", "--warmup", "1", "--workers", "0"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "done: step 2" in r.stdout and " lr " not in r.stdout  # jsonl only: no step lines
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0, 1]

@@ -8,6 +8,16 @@ import click
 from training.config import TrainConfig
 
 
+class _Shards(click.Option):
+    """--shards: required (so `--help` says so), except by --list-models, which may go without
+    it. A value from --config counts (click's default_map)."""
+
+    def process_value(self, ctx, value):
+        if ctx.params.get("list_models") and self.value_is_missing(value):  # eager: seen first
+            return None
+        return super().process_value(ctx, value)
+
+
 def _config_options(func):
     """One click option per TrainConfig field, its help taken from the field's docstring."""
     import ast
@@ -24,33 +34,57 @@ def _config_options(func):
         flag = "--" + f.name.replace("_", "-")
         kinds = [t for t in (f.type, *get_args(f.type)) if t in (int, float, bool)]
         kind = kinds[0] if kinds else str  # `int | None` -> int
-        if f.name == "log":  # a tuple: repeat the flag
-            func = click.option(flag, f.name, multiple=True, default=f.default,
-                                show_default=True, help=docs.get(f.name))(func)
-        elif kind is bool:
+        if kind is bool:
             func = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=f.default,
                                 show_default=True, help=docs.get(f.name))(func)
-        else:
-            func = click.option(flag, f.name, type=kind,  # required ones checked in TrainConfig
-                                default=None if f.default is MISSING else f.default,
-                                show_default=f.default is not MISSING,
+        elif f.default is MISSING:
+            func = click.option(flag, f.name, cls=_Shards, type=kind, required=True,
+                                help=docs.get(f.name))(func)
+        else:  # a tuple (--report-to) is given comma-separated; TrainConfig splits it
+            default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+            func = click.option(flag, f.name, type=kind, default=default, show_default=True,
                                 help=docs.get(f.name))(func)
     return func
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
-@click.option("--list-models", is_flag=True, help="Print the model zoo's presets and exit.")
+def _read_config_file(ctx, _param, path):
+    """--config: the file's settings become the defaults of the flags (click's default_map),
+    so a flag on the command line wins and --shards may come from the file."""
+    if path is None:
+        return None
+    settings = load_settings(path)
+    names = {f.name for f in fields(TrainConfig)}
+    unknown = set(settings) - names
+    if unknown:
+        renamed = " (log is now report_to)" if "log" in unknown else ""
+        raise click.UsageError(f"{path}: unknown settings {', '.join(sorted(unknown))}{renamed}")
+    if isinstance(settings.get("report_to"), list):  # TOML/YAML list -> the flag's form
+        settings["report_to"] = ",".join(settings["report_to"])
+    ctx.default_map = {**(ctx.default_map or {}), **settings}
+    return path
+
+
+def _renamed_log(ctx, _param, value):
+    if value is not None:
+        raise click.UsageError("--log is now --report-to (torchrun takes --log for its own "
+                               "--log-dir), e.g. --report-to console,jsonl")
+
+
+@click.command()
+@click.option("--list-models", is_flag=True, is_eager=True,
+              help="Print the model zoo's presets and exit.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              is_eager=True, expose_value=False, callback=_read_config_file,
               help="TOML or YAML file of settings (keys as the flags, with _); flags given on "
                    "the command line override it.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (steps, epochs, FLOPs, memory, "
               "ETA from probe steps on this device) and exit.")
 @click.option("--resume", default="auto", show_default=True,
               help="auto (newest complete checkpoint in --out), never, or a checkpoint dir.")
+@click.option("--log", hidden=True, expose_value=False, callback=_renamed_log)
 @_config_options
 @click.version_option(package_name="longpack")
-@click.pass_context
-def train(ctx, list_models, config_file, dry_run, resume, **settings):
+def train(list_models, dry_run, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
     if list_models:
         import runpy
@@ -61,17 +95,6 @@ def train(ctx, list_models, config_file, dry_run, resume, **settings):
     from training import distributed
     from training.loop import train as run_training
 
-    if config_file:
-        from_file = load_settings(config_file)
-        unknown = set(from_file) - set(settings)
-        if unknown:
-            raise click.UsageError(f"{config_file}: unknown settings {', '.join(sorted(unknown))}")
-        given = {k for k in settings
-                 if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
-        settings.update({k: v for k, v in from_file.items() if k not in given})
-    if settings["shards"] is None:
-        raise click.UsageError("--shards is required: the --out of a pack build")
-    settings["log"] = tuple(settings["log"])
     try:
         cfg = TrainConfig(**settings)
         if dry_run:

@@ -5,6 +5,7 @@ from dataclasses import asdict, dataclass
 SCHEDULES = ("cosine", "wsd", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "muon")
+REPORT_TO = ("console", "jsonl", "tensorboard", "wandb")
 
 
 @dataclass(frozen=True)
@@ -65,12 +66,20 @@ class TrainConfig:
     """Steps between evaluations on the build's val split (and one at the end)."""
     eval_batches: int = 4
     """Batches of --batch-size val rows per evaluation (the first rows of val, in order)."""
-    log: tuple[str, ...] = ("console", "jsonl")
-    """Where metrics go: console, jsonl (always written), tensorboard, wandb."""
+    report_to: tuple[str, ...] = ("console", "jsonl")
+    """Where metrics go, comma-separated: console, jsonl (always written), tensorboard, wandb.
+    (Not --log: torchrun reads that as an abbreviation of its own --log-dir.)"""
     log_every: int = 10
     """Steps between console lines (metrics.jsonl gets every step)."""
 
     def __post_init__(self):
+        # "console,jsonl" from the command line or a config file; a list from a config file
+        names = self.report_to.split(",") if isinstance(self.report_to, str) else self.report_to
+        object.__setattr__(self, "report_to", tuple(n.strip() for n in names if n.strip()))
+        unknown = [n for n in self.report_to if n not in REPORT_TO]
+        if unknown:
+            raise ValueError(f"--report-to: unknown {', '.join(unknown)}; choose from "
+                             f"{', '.join(REPORT_TO)} (comma-separated)")
         positive = ("batch_size", "grad_accum", "max_steps", "save_every", "keep_last", "log_every",
                     "eval_every", "eval_batches")
         for name in positive:

@@ -33,7 +33,7 @@ from training.batch import make_batch, model_inputs
 from training.config import TrainConfig
 from training.data import Build, open_build
 from training.loader import StepBatches, batches
-from training.metrics import MetricsLog, peak_flops
+from training.metrics import MetricsLog, check_installed, peak_flops
 from training.optim import make_optimizers, set_lr
 from training.sampler import GlobalOrder, batch_hash
 from training.schedule import lr_at
@@ -69,6 +69,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
 
 def _train(cfg, resume, log, stop_at, procs):
     run = Path(cfg.out)
+    check_installed(cfg.report_to)
     # -- resume point: read, and its model checked, before the data is opened ----------------
     found = find_checkpoint(run, resume)
     if found:
@@ -89,7 +90,7 @@ def _train(cfg, resume, log, stop_at, procs):
     # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
     run.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(run, cfg.log, cfg.to_dict()) if procs.main else None
+    metrics = MetricsLog(run, cfg.report_to, cfg.to_dict()) if procs.main else None
     step, history = 0, []
     # -- resume -----------------------------------------------------------------------------
     if found:
@@ -181,7 +182,7 @@ def _train(cfg, resume, log, stop_at, procs):
             history.append(record)
             if metrics:
                 metrics.write(record)
-            if "console" in cfg.log and (step % cfg.log_every == 0 or "val_loss" in record):
+            if "console" in cfg.report_to and (step % cfg.log_every == 0 or "val_loss" in record):
                 log(console_line(record))
             step += 1
             stopping = distributed.anyone(signals["stop"], procs) or (

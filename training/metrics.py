@@ -6,33 +6,38 @@ from pathlib import Path
 
 from pipeline.atomic import write_bytes
 
-LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 # Dense bf16 peak FLOP/s by device name, for MFU (vendor datasheets).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
+def check_installed(kinds: tuple[str, ...]) -> None:
+    """Refuse --report-to tensorboard / wandb without the package (before a run makes anything)."""
+    for kind in ("tensorboard", "wandb"):
+        if kind in kinds:
+            _import(kind)
+
+
+def _import(kind: str):
+    try:
+        if kind == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+            return SummaryWriter
+        import wandb
+        return wandb
+    except ImportError:
+        raise ValueError(f"--report-to {kind} needs the {kind} package: pip install {kind}") \
+            from None
+
+
 class MetricsLog:
     def __init__(self, run: Path, kinds: tuple[str, ...], config: dict):
-        unknown = set(kinds) - set(LOGGERS)
-        if unknown:
-            raise ValueError(f"--log: unknown {', '.join(sorted(unknown))}; choose from "
-                             f"{', '.join(LOGGERS)}")
         self.path = run / "metrics.jsonl"
         self.tb = self.wandb = None
         if "tensorboard" in kinds:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ValueError("--log tensorboard needs the tensorboard package: "
-                                 "pip install tensorboard") from None
-            self.tb = SummaryWriter(str(run / "tensorboard"))
+            self.tb = _import("tensorboard")(str(run / "tensorboard"))
         if "wandb" in kinds:
-            try:
-                import wandb
-            except ImportError:
-                raise ValueError("--log wandb needs the wandb package: pip install wandb") from None
-            self.wandb = wandb.init(project="longpack", dir=str(run), config=config,
-                                    resume="allow")
+            self.wandb = _import("wandb").init(project="longpack", dir=str(run), config=config,
+                                               resume="allow")
 
     def truncate(self, step: int) -> None:
         """Keep the lines of steps before `step`: a resumed run writes the later ones again."""
