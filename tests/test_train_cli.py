@@ -83,3 +83,39 @@ def test_shards_is_marked_required_and_may_come_from_the_config_file(tmp_path, s
     assert r.exit_code == 0, r.output
     assert f"shards={shards}" in r.output and "report_to=('jsonl',)" in r.output
     assert run_cli("--list-models").exit_code == 0  # needs no --shards
+
+
+def tree(path):
+    return sorted(p.relative_to(path) for p in path.rglob("*"))
+
+
+def test_a_refused_run_leaves_nothing_under_out(tmp_path, shards):
+    out = tmp_path / "r"
+    refused = [
+        ("--shards", tmp_path / "nowhere"),  # no build there
+        ("--shards", shards, "--seq", 24),  # not a divisor of the build's rows
+        ("--shards", shards, "--model", "neox-tny"),
+        ("--shards", shards, "--report-to", "console,wandb"),  # not installed
+        ("--shards", shards, "--warmup", 20, "--max-steps", 10),  # known once the data is open
+        ("--shards", shards, "--batch-size", "many"),  # a bad flag (click: exit 2)
+    ]
+    for args in refused:
+        r = run_cli(*args, "--out", out)
+        assert r.exit_code in (1, 2), (args, r.output)
+        assert not out.exists(), (args, tree(out))
+
+
+def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path, shards):
+    import json
+
+    out = tmp_path / "r"
+    train(TrainConfig(shards=str(shards), out=str(out), batch_size=2, max_steps=2, warmup=1,
+                      workers=0), log=lambda m: None)
+    before = tree(out)
+    assert any(p.parts[0] == "shard-cache" for p in before)  # the MDS build was cached there
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["fingerprint"]["settings"]["seed"] = 99  # as if built with another seed
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    one_line_error(run_cli("--shards", shards, "--out", out, "--batch-size", 2),
+                   "trained on other shards")
+    assert tree(out) == before  # no shard-cache/FINGERPRINT of the refused shards

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import shutil
 import signal
 import threading
 import time
@@ -39,6 +40,7 @@ from training.sampler import GlobalOrder, batch_hash
 from training.schedule import lr_at
 
 RECENT_HASHES = 16
+SHARD_CACHE = "shard-cache"  # in the run directory, without --cache
 
 
 class TrainingError(LongpackError):
@@ -74,40 +76,46 @@ def _train(cfg, resume, log, stop_at, procs):
     found = find_checkpoint(run, resume)
     if found:
         check_model(*found, cfg)
-    # -- data -------------------------------------------------------------------------------
-    build = open_build(cfg.shards, Path(cfg.cache or run / "shard-cache"), cfg.cache_limit,
-                       cfg.seq)
-    cfg = resolve_steps(cfg, build.seq, procs.world)
-    order = GlobalOrder(len(build.train), cfg.batch_size * cfg.grad_accum * procs.world,
-                        cfg.seed, build.fingerprint)
-    # -- device and model -----------------------------------------------------------------
-    device = procs.device
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-    model = archs.build(cfg.model, vocab_size=build.manifest["tokenizer"]["vocab_size"]).to(device)
-    optimizers = make_optimizers(model, cfg)
-    # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
-    scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+    # -- data, model, resume: checked before the run starts; what a failure here made under
+    # --out (the shard cache) goes again, so a refused run leaves nothing behind --------------
+    with removed_on_failure(run):
+        build = open_build(cfg.shards, Path(cfg.cache or run / SHARD_CACHE), cfg.cache_limit,
+                           cfg.seq)
+        cfg = resolve_steps(cfg, build.seq, procs.world)
+        order = GlobalOrder(len(build.train), cfg.batch_size * cfg.grad_accum * procs.world,
+                            cfg.seed, build.fingerprint)
+        if found:
+            check_resume(*found, build, order)
+        # -- device and model -------------------------------------------------------------
+        device = procs.device
+        if device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+        model = archs.build(cfg.model,
+                            vocab_size=build.manifest["tokenizer"]["vocab_size"]).to(device)
+        optimizers = make_optimizers(model, cfg)
+        # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
+        scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        step, history = 0, []
+        # -- resume -------------------------------------------------------------------------
+        if found:
+            state, path = found
+            try:
+                model.load_state_dict(state["model"])
+            except RuntimeError as e:  # same name, other shapes: archs/ changed since
+                raise TrainingError(f"{path}: its weights do not fit --model {cfg.model} as "
+                                    f"archs/ builds it now ({str(e).splitlines()[0]}); pass "
+                                    "--resume never or another --out to start afresh") from None
+            for opt, s in zip(optimizers, state["optimizers"]):
+                opt.load_state_dict(s)
+            scaler.load_state_dict(state["scaler"])
+            set_rng_state(state["rng"])
+            step, history = state["step"], state["history"]
+    # -- the run starts: its directory and metrics ------------------------------------------
     run.mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(run, cfg.report_to, cfg.to_dict()) if procs.main else None
-    step, history = 0, []
-    # -- resume -----------------------------------------------------------------------------
     if found:
-        state, path = found
-        check_resume(state, path, build, order)
-        try:
-            model.load_state_dict(state["model"])
-        except RuntimeError as e:  # same name, other shapes: archs/ changed since
-            raise TrainingError(f"{path}: its weights do not fit --model {cfg.model} as "
-                                f"archs/ builds it now ({str(e).splitlines()[0]}); pass "
-                                "--resume never or another --out to start afresh") from None
-        for opt, s in zip(optimizers, state["optimizers"]):
-            opt.load_state_dict(s)
-        scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
-        step, history = state["step"], state["history"]
-        log(f"resumed from {path} at step {step}")
+        log(f"resumed from {found[1]} at step {step}")
     if metrics:
         metrics.truncate(step)  # lines of steps from here on (a crash, --resume never) go again
     net = LossOf(model)
@@ -207,6 +215,26 @@ def _train(cfg, resume, log, stop_at, procs):
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return history
+
+
+@contextlib.contextmanager
+def removed_on_failure(run: Path):
+    """If the block fails, remove what it made under the run directory: the directory itself,
+    or in an existing run the shard cache or a build's folder in it (shard-cache/FINGERPRINT of
+    other shards, before the resume refuses them). A --cache elsewhere may be shared with
+    other runs and is left alone."""
+    cache = run / SHARD_CACHE
+    made_run, made_cache = not run.exists(), not cache.exists()
+    before = set(cache.iterdir()) if cache.is_dir() else set()
+    try:
+        yield
+    except BaseException:
+        if made_run or made_cache:
+            shutil.rmtree(run if made_run else cache, ignore_errors=True)
+        elif cache.is_dir():
+            for path in set(cache.iterdir()) - before:
+                shutil.rmtree(path, ignore_errors=True)
+        raise
 
 
 def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1) -> TrainConfig:
