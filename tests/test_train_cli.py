@@ -1,5 +1,6 @@
 """`train`'s command line: refusals as one-line errors before anything is read or made, flags."""
 
+import pytest
 from click.testing import CliRunner
 
 from training.cli import train as train_cli
@@ -119,3 +120,40 @@ def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path, shards):
     one_line_error(run_cli("--shards", shards, "--out", out, "--batch-size", 2),
                    "trained on other shards")
     assert tree(out) == before  # no shard-cache/FINGERPRINT of the refused shards
+
+
+def test_dry_run_says_the_plan_at_once_then_each_probe_step(tmp_path, shards):
+    from training.plan import PROBE_STEPS, plan
+
+    said = []
+    plan(TrainConfig(shards=str(shards), batch_size=4, max_steps=10), say=said.append)
+    text = "\n".join(said)
+    # the static plan is one line said before the probe starts, then a line per probe step
+    assert "parameters" in said[0] and "tokens/step" in said[0] and "GiB" in said[0]
+    assert "probe" not in said[0] and "probe" in said[1]
+    steps = [line for line in said if "probe       step" in line]
+    assert len(steps) == PROBE_STEPS + 1 and "warm-up" in steps[0]
+    assert "4 x 64 tokens on cpu" in said[1] and "measured here" in text  # small: probed whole
+
+
+def test_a_cpu_probe_is_cut_to_a_few_seconds_and_scaled(tmp_path):
+    import torch
+
+    import archs
+    from training.plan import CPU_PROBE_FLOPS, probe_shape
+
+    fpt = archs.build("neox-tiny", device="meta", vocab_size=50257).flops_per_token
+    # the issue's run: seq 32768, batch 8 -- 23 TFLOPs a step; the CPU probe does ~3e10
+    rows, length = probe_shape(fpt, 32767, 8, torch.device("cpu"))
+    assert rows == 1 and 16 <= length < 32767
+    assert fpt(length) * length <= CPU_PROBE_FLOPS < fpt(32767) * 32767 * 8
+    assert probe_shape(fpt, 32767, 8, torch.device("cuda")) == (8, 32767)  # the real one
+    assert probe_shape(fpt, 64, 4, torch.device("cpu")) == (4, 64)  # small enough: whole
+
+
+@pytest.mark.slow
+def test_dry_run_of_a_large_model_on_cpu_says_what_it_probed(tmp_path, shards):
+    r = run_cli("--shards", shards, "--model", "neox-125m", "--batch-size", 8, "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "the run's micro-batch is 8 x 64: the time is scaled up by FLOPs" in r.output
+    assert "and scaled by FLOPs) -> ETA" in r.output

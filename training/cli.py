@@ -98,11 +98,10 @@ def train(list_models, dry_run, resume, **settings):
     try:
         cfg = TrainConfig(**settings)
         if dry_run:
-            from training.plan import plan, render
+            from training.plan import plan
 
-            report = render(plan(cfg))
-            if distributed.launched().main:  # torchrun: the first process speaks
-                click.echo(report)
+            # torchrun: the first process speaks
+            plan(cfg, say=click.echo if distributed.launched().main else lambda _: None)
             return
         history = run_training(cfg, resume=resume, log=click.echo)
     except (ValueError, LongpackError, FileNotFoundError) as e:

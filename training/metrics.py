@@ -57,6 +57,18 @@ class MetricsLog:
             self.wandb.log(numbers, step=record["step"])
 
 
+def duration(seconds: float) -> str:
+    """A time span as a person reads it: 45s, 12m 30s, 3h 05m, 2d 04h."""
+    s = round(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
 def _step(line: str) -> float:
     try:
         return json.loads(line)["step"]

@@ -1,10 +1,18 @@
 """`train --dry-run`: what a run will cost, before any GPU money is spent.
 
-Resolved config, parameters (total and active), tokens per step, steps, epochs over the shards,
-training FLOPs (model.flops_per_token), a memory estimate (weights + gradients + optimizer
-state: 16 bytes per parameter with AdamW in fp32, plus one loss chunk's fp32 logits and their
-gradient; activations are not counted) and an
-ETA from timing a few probe steps on this device (the first is a warm-up and not counted).
+First, at once, the static plan: resolved config, parameters (total and active, at the build's
+vocabulary), tokens per step, steps, epochs over the shards, training FLOPs
+(model.flops_per_token) and a memory estimate (weights + gradients + optimizer state: 16 bytes
+per parameter with AdamW in fp32, plus one loss chunk's fp32 logits and their gradient;
+activations are not counted). Then a probe, one line per probe step: a warm-up and
+PROBE_STEPS timed steps, each a forward and backward of one micro-batch and an optimizer step.
+
+On a GPU a probe step is one full micro-batch (batch_size x seq): the measurement is the run's.
+On a CPU that would take minutes (neox-tiny at seq 32768: 8 x 32767 tokens, ~23 TFLOPs a step,
+four of them were 13 minutes with nothing printed), so a CPU probe step is cut to about
+CPU_PROBE_FLOPS (fewer rows, then a shorter prefix of a row) and its time is scaled up by the
+ratio of FLOPs (model.flops_per_token at each length, so attention's growth with the length is
+counted); the output says what was probed and that it was scaled.
 """
 
 import tempfile
@@ -19,58 +27,108 @@ from training.batch import make_batch
 from training.config import TrainConfig
 from training.data import open_build
 from training.loop import autocast, resolve_steps
+from training.metrics import duration
 from training.optim import make_optimizers
 
-PROBE_STEPS = 3
+PROBE_STEPS = 2  # timed, after one warm-up
+CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
+MIN_PROBE_TOKENS = 16
 CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy
 
 
-def plan(cfg: TrainConfig) -> dict:
+def plan(cfg: TrainConfig, say=print) -> dict:
     # The probe reads a few rows; without --cache they go to a temporary one, so a dry run
     # leaves nothing behind.
     with tempfile.TemporaryDirectory(prefix="longpack-plan-") as tmp:
-        return _plan(cfg, Path(cfg.cache or tmp))
+        return _plan(cfg, Path(cfg.cache or tmp), say)
 
 
-def _plan(cfg: TrainConfig, cache: Path) -> dict:
+def _plan(cfg: TrainConfig, cache: Path, say) -> dict:
     build = open_build(cfg.shards, cache, cfg.cache_limit, cfg.seq)
     procs = distributed.launched()  # under torchrun: this rank's device, a larger global batch
-    world, device = procs.world, procs.device
-    cfg = resolve_steps(cfg, build.seq, world)
-    source = build.train
-    model = archs.build(cfg.model, vocab_size=build.manifest["tokenizer"]["vocab_size"]).to(device)
+    cfg = resolve_steps(cfg, build.seq, procs.world)
+    vocab = build.manifest["tokenizer"]["vocab_size"]
+    counted = archs.build(cfg.model, device="meta", vocab_size=vocab)  # sizes, no memory
     seq = build.seq - 1
-    rows_per_step = cfg.batch_size * cfg.grad_accum * world
-    tokens_per_step = rows_per_step * seq
-    params = model.num_params()
-    active = model.active_params() if hasattr(model, "active_params") else params
+    rows_per_step = cfg.batch_size * cfg.grad_accum * procs.world
+    params = counted.num_params()
+    p = {"config": cfg.to_dict(), "device": str(procs.device), "vocab_size": vocab,
+         "params": params,
+         "active_params": counted.active_params() if hasattr(counted, "active_params") else params,
+         "seq": seq, "tokens_per_step": rows_per_step * seq, "steps": cfg.max_steps,
+         "tokens": rows_per_step * seq * cfg.max_steps,
+         "epochs": cfg.max_steps * rows_per_step / len(build.train),
+         "flops": counted.flops_per_token(seq) * rows_per_step * seq * cfg.max_steps,
+         "memory_bytes_estimate": 16 * params + 8 * min(cfg.batch_size * seq, CE_CHUNK) * vocab}
+    say(render(p))
+    rows, length = probe_shape(counted.flops_per_token, seq, cfg.batch_size, procs.device)
+    p.update(probe(cfg, build, procs.device, vocab, rows, length, say))
+    say(render_time(p))
+    return p
+
+
+def probe_shape(flops_per_token, seq: int, batch_size: int, device) -> tuple[int, int]:
+    """(rows, predicted tokens per row) of a probe micro-batch: the real one on a GPU; on a CPU
+    cut to about CPU_PROBE_FLOPS, first in rows, then in length."""
+    if device.type != "cpu":
+        return batch_size, seq
+    tokens = max(MIN_PROBE_TOKENS, int(CPU_PROBE_FLOPS / flops_per_token(seq)))
+    if tokens >= seq:
+        return min(batch_size, tokens // seq), seq
+    return 1, min(tokens, seq)
+
+
+def probe(cfg: TrainConfig, build, device, vocab: int, rows: int, length: int, say) -> dict:
+    """Time PROBE_STEPS micro-batches of `rows` x `length` after a warm-up, and the optimizer
+    step; scale to the run's micro-batch by FLOPs and to its step by grad_accum."""
+    seq = build.seq - 1
+    scaled = (rows, length) != (cfg.batch_size, seq)
+    say(f"  probe       1 warm-up + {PROBE_STEPS} timed steps of {rows} x {length} tokens on "
+        f"{device}" + (f" (the run's micro-batch is {cfg.batch_size} x {seq}: the time is "
+                       "scaled up by FLOPs)" if scaled else ""))
+    model = archs.build(cfg.model, vocab_size=vocab).to(device)
     optimizers = make_optimizers(model, cfg)
-    batch = make_batch([source.get(i % len(source)) for i in range(cfg.batch_size)], device)
-    times = []
-    for _ in range(PROBE_STEPS + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(cfg.grad_accum):
-            with autocast(cfg, device):
-                loss = model.loss(batch["input_ids"], batch["targets"],
-                                  batch["doc_starts"] if cfg.doc_mask else None)["loss"]
-            loss.backward()
+    samples = [build.train.get(i % len(build.train)) for i in range(rows)]
+    batch = make_batch([_prefix(s, length + 1) for s in samples], device)
+    micro, opt_times = [], []
+    for i in range(PROBE_STEPS + 1):
+        t0 = _now(device)
+        with autocast(cfg, device):
+            loss = model.loss(batch["input_ids"], batch["targets"],
+                              batch["doc_starts"] if cfg.doc_mask else None)["loss"]
+        loss.backward()
+        t1 = _now(device)
         for opt in optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    step_seconds = sorted(times[1:])[len(times[1:]) // 2]
-    return {"config": cfg.to_dict(), "device": str(device), "params": params,
-            "active_params": active, "seq": seq, "tokens_per_step": tokens_per_step,
-            "steps": cfg.max_steps, "tokens": tokens_per_step * cfg.max_steps,
-            "epochs": cfg.max_steps * rows_per_step / len(source),
-            "flops": model.flops_per_token(seq) * tokens_per_step * cfg.max_steps,
-            "memory_bytes_estimate": 16 * params + 8 * min(cfg.batch_size * seq, CE_CHUNK)
-            * model.cfg.vocab_size,
+        t2 = _now(device)
+        micro.append(t1 - t0)
+        opt_times.append(t2 - t1)
+        say(f"  probe       step {i + 1}/{PROBE_STEPS + 1}: {t2 - t0:.3f} s"
+            + (" (warm-up, not counted)" if i == 0 else ""))
+    micro_seconds, opt_seconds = _median(micro[1:]), _median(opt_times[1:])
+    flops = model.flops_per_token
+    scale = (flops(seq) * cfg.batch_size * seq) / (flops(length) * rows * length)
+    step_seconds = micro_seconds * scale * cfg.grad_accum + opt_seconds
+    return {"probe_rows": rows, "probe_tokens": length, "probe_scaled": scaled,
             "probe_step_seconds": step_seconds, "eta_seconds": step_seconds * cfg.max_steps}
+
+
+def _prefix(sample, n: int):
+    """The first n tokens of a sample, with the segments that start in them."""
+    tokens, starts, hashes = sample
+    keep = int((starts < n).sum())
+    return tokens[:n], starts[:keep], None if hashes is None else hashes[:keep]
+
+
+def _now(device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
 
 
 def render(p: dict) -> str:
@@ -78,11 +136,17 @@ def render(p: dict) -> str:
     lines = ["train --dry-run: nothing is trained", "  config      " + ", ".join(
         f"{k}={v}" for k, v in c.items())]
     lines += [f"  model       {c['model']}: {p['params']:,} parameters ({p['active_params']:,} "
-              f"active) on {p['device']}",
+              f"active) at the build's vocabulary of {p['vocab_size']:,}, on {p['device']}",
               f"  data        {p['tokens_per_step']:,} tokens/step x {p['steps']:,} steps = "
               f"{p['tokens']:,} tokens, {p['epochs']:.2f} epochs over train",
               f"  compute     {p['flops']:.3g} FLOPs; memory ~{p['memory_bytes_estimate'] / 2**30:.2f}"
-              " GiB (weights, gradients, AdamW state, one loss chunk)",
-              f"  time        {p['probe_step_seconds']:.3f} s/step measured here -> ETA "
-              f"{p['eta_seconds'] / 3600:.2f} h"]
+              " GiB (weights, gradients, AdamW state, one loss chunk)"]
     return "\n".join(lines)
+
+
+def render_time(p: dict) -> str:
+    how = (f"probed at {p['probe_rows']} x {p['probe_tokens']} tokens and scaled by FLOPs"
+           if p["probe_scaled"] else "measured here")
+    return (f"  time        {p['probe_step_seconds']:.3f} s/step ({how}) -> ETA "
+            f"{duration(p['eta_seconds'])} for {p['steps']:,} steps")
+
