@@ -157,3 +157,32 @@ def test_dry_run_of_a_large_model_on_cpu_says_what_it_probed(tmp_path, shards):
     assert r.exit_code == 0, r.output
     assert "the run's micro-batch is 8 x 64: the time is scaled up by FLOPs" in r.output
     assert "and scaled by FLOPs) -> ETA" in r.output
+
+
+def test_console_and_records_say_progress_and_eta(tmp_path, shards):
+    import json
+
+    said = []
+    train(TrainConfig(shards=str(shards), out=str(tmp_path / "r"), batch_size=2, max_steps=4,
+                      warmup=1, log_every=1, workers=0), log=said.append)
+    lines = [line for line in said if line.startswith("step")]
+    assert [line.split(" loss")[0] for line in lines] == [
+        "step 1/4 ( 25.0%)", "step 2/4 ( 50.0%)", "step 3/4 ( 75.0%)", "step 4/4 (100.0%)"]
+    assert lines[0].endswith("ETA -") and lines[-1].endswith("ETA 0s")  # pace known from step 2
+    assert all(" ETA " in line and "s" in line.split(" ETA ")[1] for line in lines[1:])
+    records = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["progress"] for x in records] == [0.25, 0.5, 0.75, 1.0]
+    assert records[0]["eta_seconds"] is None and records[-1]["eta_seconds"] == 0.0
+    assert records[1]["eta_seconds"] > records[2]["eta_seconds"] > 0  # 2 steps left, then 1
+
+
+def test_eta_is_the_pace_after_the_first_step_times_the_steps_left():
+    import time
+
+    from training.loop import Eta
+
+    eta = Eta(total=10)
+    assert eta.after(3) == {"progress": 0.4, "eta_seconds": None}  # resumed at step 3
+    time.sleep(0.2)
+    after = eta.after(5)  # 2 steps in ~0.2 s, 4 left
+    assert after["progress"] == 0.6 and 0.35 < after["eta_seconds"] < 0.8

@@ -34,7 +34,7 @@ from training.batch import make_batch, model_inputs
 from training.config import TrainConfig
 from training.data import Build, open_build
 from training.loader import StepBatches, batches
-from training.metrics import MetricsLog, check_installed, peak_flops
+from training.metrics import MetricsLog, check_installed, duration, peak_flops
 from training.optim import make_optimizers, set_lr
 from training.sampler import GlobalOrder, batch_hash
 from training.schedule import lr_at
@@ -137,6 +137,7 @@ def _train(cfg, resume, log, stop_at, procs):
     stream = iter(batches(data, step, cfg.max_steps, cfg.workers))
     peak = peak_flops(device)
     step_tokens = order.global_batch * (build.seq - 1)
+    eta = Eta(cfg.max_steps)
     try:
         while step < cfg.max_steps:
             t0 = time.perf_counter()
@@ -187,11 +188,12 @@ def _train(cfg, resume, log, stop_at, procs):
                 record["memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps:
                 record.update(evaluate(model, build, cfg, procs) or {})
+            record.update(eta.after(step))
             history.append(record)
             if metrics:
                 metrics.write(record)
             if "console" in cfg.report_to and (step % cfg.log_every == 0 or "val_loss" in record):
-                log(console_line(record))
+                log(console_line(record, cfg.max_steps))
             step += 1
             stopping = distributed.anyone(signals["stop"], procs) or (
                 stop_at is not None and step >= stop_at)
@@ -340,10 +342,31 @@ def summed(value: float, procs) -> float:
     return distributed.mean(value, procs) * procs.world
 
 
-def console_line(r: dict) -> str:
+class Eta:
+    """Time left from the wall-clock pace of this process's steps (evaluations and checkpoint
+    saves included), leaving out its first step, which pays for warm-up and compilation."""
+
+    def __init__(self, total: int):
+        self.total, self.first_step, self.t_first = total, None, None
+
+    def after(self, step: int) -> dict:
+        """{progress, eta_seconds} once `step` (0-based) is done; eta None until the pace is
+        known (the first step of a process)."""
+        now = time.perf_counter()
+        if self.t_first is None:
+            self.first_step, self.t_first = step, now
+        done, left = step - self.first_step, self.total - (step + 1)
+        eta = 0.0 if not left else left * (now - self.t_first) / done if done else None
+        return {"progress": (step + 1) / self.total, "eta_seconds": eta}
+
+
+def console_line(r: dict, total: int) -> str:
     extra = f" val {r['val_loss']:.4f}" if "val_loss" in r else ""
     extra += f" mfu {100 * r['mfu']:.1f}%" if "mfu" in r else ""
     extra += f" mem {r['memory_gib']:.1f} GiB" if "memory_gib" in r else ""
+    eta = r.get("eta_seconds")
+    extra += f" ETA {'-' if eta is None else duration(eta)}"  # "-": known after one more step
     loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"  # "-": padding only
-    return (f"step {r['step']:>6} loss {loss} lr {r['lr']:.2e} grad {r['grad_norm']:.2f} "
+    return (f"step {r['step'] + 1:>{len(str(total))}}/{total} ({100 * r['progress']:5.1f}%) "
+            f"loss {loss} lr {r['lr']:.2e} grad {r['grad_norm']:.2f} "
             f"{r['tokens_per_second']:,.0f} tok/s{extra}")
