@@ -4,23 +4,33 @@
     tokens, starts, hashes = build.train.get(i)    # global row i
 
 - memmap shards (local): memory-mapped `.npy` files; a row is a slice (pipeline/shards.py).
-- MDS shards, local or at a URL mosaicml-streaming can read (s3://, gs://, ...): a
-  `streaming.StreamingDataset` in random-access mode. A shard is fetched (a local build is
-  copied) and decompressed into the cache when one of its rows is first asked for, and the
-  coldest shards are evicted beyond `cache_limit`. The build directory is never written to.
-  The cache lives under the build's fingerprint, so a cache left by other shards is never read.
+- MDS shards, local or at a URL mosaicml-streaming can read (s3://, gs://, ...; for an
+  S3-compatible store, S3_ENDPOINT_URL names it): a `streaming.StreamingDataset` in
+  random-access mode. A shard is fetched (a local build is copied) and decompressed into the
+  cache when one of its rows is first asked for, and the coldest shards are evicted beyond
+  `cache_limit`. The build directory is never written to. The cache lives under the build's
+  fingerprint, so a cache left by other shards is never read. The cache directory is made when
+  the first file is written into it (a memmap build never writes one), and when open_build
+  fails it removes what it made, so a failed run leaves nothing behind.
 - `seq` shorter than the build's rows: each row is cut into row_seq / seq windows; sample
   i is window i % k of row i // k. A document running into a window starts it (offset 0).
 
+Every shard is checked (its sha256 against index.json, its ids against the vocabulary) once per
+run, before any of its rows is returned: training/verify.py. A shard that fails, cannot be
+read, fetched or decompressed raises DataError naming it (and the row where known).
+
 Rows come as (tokens [seq], starts, hashes): segment starts (first 0) and document hashes
-(0 = padding), what training/batch.py turns into a model's batch.
+(0 = padding), what training/batch.py turns into a model's batch. `check(i)` checks the shard
+of row i without reading the row (the loader checks ahead with it); `unchecked()` says how many
+shards are left to check.
 """
 
 import bisect
 import hashlib
 import itertools
 import json
-import os
+import shutil
+import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +39,10 @@ import numpy as np
 
 from pipeline.errors import LongpackError
 from pipeline.shards import SplitReader
+from pipeline.streaming_compat import import_streaming
+from training.verify import DataError, ShardChecks, check_ids, file_problem, mds_token_blocks
 
-
-class DataError(LongpackError):
-    pass
+__all__ = ["Build", "DataError", "MemmapRows", "StreamingRows", "Windows", "open_build"]
 
 
 def is_remote(location: str) -> bool:
@@ -45,28 +55,29 @@ def dataset_fingerprint(manifest: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def read_manifest(location: str, cache: Path) -> dict:
-    """OUT/manifest.json, fetched into the cache first when OUT is remote."""
+def read_manifest(location: str) -> dict:
+    """OUT/manifest.json; a remote one is fetched into a temporary directory (the cache is not
+    made for it: see the module docstring)."""
     if is_remote(location):
-        from streaming.base.storage import CloudDownloader
-
-        # Always the remote's current one, under a name of this process's own (under torchrun
-        # every rank fetches it at once).
-        local = cache / f"manifest.{os.getpid()}.json"
-        try:
-            CloudDownloader.direct_download(location.rstrip("/") + "/manifest.json", str(local))
-            return json.loads(local.read_text())
-        except Exception as e:  # the cloud clients raise many kinds
-            raise DataError(f"cannot fetch {location}/manifest.json ({type(e).__name__}: {e}); "
-                            "check the URL and credentials, or copy the build locally") from None
-        finally:
-            local.unlink(missing_ok=True)
+        url = location.rstrip("/") + "/manifest.json"
+        downloader = import_streaming().base.storage.CloudDownloader
+        with tempfile.TemporaryDirectory(prefix="longpack-manifest.") as tmp:
+            try:
+                downloader.direct_download(url, str(Path(tmp) / "manifest.json"))
+                text = (Path(tmp) / "manifest.json").read_text()
+            except Exception as e:  # the cloud clients raise many kinds
+                raise DataError(f"cannot fetch {url} ({type(e).__name__}: {e}); check the URL "
+                                "and credentials, or copy the build locally") from None
     else:
-        path = Path(location) / "manifest.json"
-        if not path.is_file():
-            raise DataError(f"{path} not found: --shards must be the --out of a finished pack "
+        url = Path(location) / "manifest.json"
+        if not url.is_file():
+            raise DataError(f"{url} not found: --shards must be the --out of a finished pack "
                             "build")
-    return json.loads(path.read_text())
+        text = url.read_text()
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise DataError(f"{url}: not valid JSON ({e}); is the build complete?") from None
 
 
 class MemmapRows:
@@ -75,20 +86,46 @@ class MemmapRows:
 
     OPEN_SHARDS = 256
 
-    def __init__(self, split_dir: Path):
-        self.reader = SplitReader(split_dir)
+    def __init__(self, split_dir: Path, vocab_size: int):
+        try:
+            self.reader, self.vocab_size = SplitReader(split_dir), vocab_size
+        except LongpackError as e:  # ShardError: a missing or unusable index.json
+            raise DataError(str(e)) from None
         counts = [self.reader.rows_in_shard(k) for k in range(len(self.reader.shard_files()))]
         self.bounds = [0, *itertools.accumulate(counts)]
+        self.checks = ShardChecks(len(counts))
         self._open: OrderedDict = OrderedDict()
 
     def __len__(self) -> int:
         return self.bounds[-1]
 
+    def check(self, i: int) -> None:
+        self.checks.ensure(bisect.bisect_right(self.bounds, i) - 1, self._check)
+
+    def unchecked(self) -> int:
+        return self.checks.unchecked()
+
+    def _check(self, k: int) -> None:
+        entry = self.reader.index["shards"][k]
+        for part in ("tokens", "docs"):
+            path = self.reader.path / entry[part]["basename"]
+            problem = file_problem(path, entry[part]["bytes"], entry[part].get("sha256"))
+            if problem:
+                raise DataError(f"{path}: {problem}; rebuild it with pack build")
+        try:  # a map of its own: _open belongs to the thread that reads rows
+            tokens = self.reader.read_shard(k).tokens
+        except LongpackError as e:
+            raise DataError(str(e)) from None
+        check_ids(self.reader.shard_files()[k], [(0, tokens)], self.vocab_size)
+
     def _shard(self, k: int):
         if k in self._open:
             self._open.move_to_end(k)
             return self._open[k]
-        shard = self.reader.read_shard(k)
+        try:
+            shard = self.reader.read_shard(k)
+        except LongpackError as e:  # ShardError, one line naming the file
+            raise DataError(str(e)) from None
         # Plain ndarray views of the maps: np.memmap's own indexing costs microseconds a row.
         tokens, segments = np.asarray(shard.tokens), np.asarray(shard.segments)
         # Segments of row r: rows first[r] .. first[r + 1] of docs.npy (sorted by row).
@@ -100,30 +137,87 @@ class MemmapRows:
 
     def get(self, i: int):
         k = bisect.bisect_right(self.bounds, i) - 1
+        self.checks.ensure(k, self._check)
         (tokens, segments, first), r = self._shard(k), i - self.bounds[k]
         seg = segments[first[r]:first[r + 1]]
         return tokens[r], seg[:, 1].astype(np.int64), seg[:, 2]
 
 
 class StreamingRows:
-    def __init__(self, remote: str, local: Path, cache_limit: str):
-        from pipeline.streaming_compat import import_streaming
+    """Rows of an MDS split through mosaicml-streaming. The check of a shard (verify.py) is of
+    its decompressed copy in the cache: the bytes the rows are read from. A copy that fails is
+    fetched once more before the shard is blamed (the cache, or a fetch, may be what broke)."""
 
-        streaming = import_streaming()
+    def __init__(self, remote: str, local: Path, cache_limit: str, vocab_size: int):
+        self.remote, self.local, self.vocab_size = remote, local, vocab_size
         try:
-            self.dataset = streaming.StreamingDataset(
+            self.dataset = import_streaming().StreamingDataset(
                 remote=remote, local=str(local), shuffle=False, batch_size=1,
                 cache_limit=cache_limit, keep_zip=False)
         except (ValueError, FileNotFoundError) as e:
             raise DataError(f"mosaicml-streaming cannot open {remote} (cache {local}): {e}") \
                 from None
+        # streaming has put the split's index.json in the cache (it reads it from there too)
+        self.entries = json.loads((local / "index.json").read_text())["shards"]
+        self.checks = ShardChecks(len(self.entries))
 
     def __len__(self) -> int:
         # All rows of the split; len(StreamingDataset) is one rank's share of an epoch.
         return self.dataset.num_samples
 
+    def check(self, i: int) -> None:
+        self.checks.ensure(int(self.dataset.spanner[int(i)][0]), self._check)
+
+    def unchecked(self) -> int:
+        return self.checks.unchecked()
+
+    def source(self, k: int) -> str:
+        """Shard k's file in the build (a path or a URL)."""
+        entry = self.entries[k]
+        return f"{self.remote}/{(entry['zip_data'] or entry['raw_data'])['basename']}"
+
+    def _check(self, k: int) -> None:
+        entry, source, remote = self.entries[k], self.source(k), is_remote(self.remote)
+        if not remote:  # a local build: a truncated shard is named before streaming copies it
+            stored = entry["zip_data"] or entry["raw_data"]
+            size = Path(source).stat().st_size if Path(source).is_file() else None
+            if size != stored["bytes"]:
+                raise DataError(f"{source}: {'missing' if size is None else f'{size:,} bytes'}, "
+                                f"index.json says {stored['bytes']:,} (truncated or replaced); "
+                                "rebuild it with pack build")
+        raw = entry["raw_data"]
+        cached = self.local / raw["basename"]
+        for _ in range(2):  # a copy that fails is fetched once more
+            try:
+                self.dataset.prepare_shard(k)
+            except Exception as e:  # zstd, cloud and file errors
+                raise DataError(f"{source}: cannot be {'fetched or ' if remote else ''}"
+                                f"decompressed ({type(e).__name__}: {e}); the shard is damaged"
+                                f"{' or unreachable' if remote else ''}: rebuild it") from None
+            problem = file_problem(cached, raw["bytes"], raw["hashes"].get("sha256"))
+            if problem is None:
+                break
+            cached.unlink(missing_ok=True)  # fetched again by prepare_shard
+        else:
+            raise DataError(f"{source}: decompressed, {problem}, twice: the shard is damaged; "
+                            f"rebuild it{' (and upload it again)' if remote else ''}")
+        try:
+            blocks = mds_token_blocks(cached, entry)
+            check_ids(source, blocks, self.vocab_size)
+        except (ValueError, LongpackError) as e:
+            if isinstance(e, DataError):
+                raise
+            raise DataError(f"{source}: cannot be decoded ({e})") from None
+
     def get(self, i: int):
-        sample = self.dataset.get_item(int(i))
+        i = int(i)
+        k = int(self.dataset.spanner[i][0])
+        self.checks.ensure(k, self._check)
+        try:
+            sample = self.dataset.get_item(i)
+        except Exception as e:  # a shard evicted and fetched again, unreachable now
+            raise DataError(f"{self.source(k)}: row {i} cannot be read ({type(e).__name__}: "
+                            f"{e})") from None
         return (sample["tokens"], sample["doc_starts"].astype(np.int64),
                 sample["doc_hashes"])
 
@@ -136,6 +230,12 @@ class Windows:
 
     def __len__(self) -> int:
         return len(self.rows) * self.k
+
+    def check(self, i: int) -> None:
+        self.rows.check(i // self.k)
+
+    def unchecked(self) -> int:
+        return self.rows.unchecked()
 
     def get(self, i: int):
         tokens, starts, hashes = self.rows.get(i // self.k)
@@ -156,30 +256,47 @@ class Build:
 
 
 def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = None) -> Build:
-    cache.mkdir(parents=True, exist_ok=True)
-    manifest = read_manifest(location, cache)
+    manifest = read_manifest(location)
     fingerprint = dataset_fingerprint(manifest)
     row_seq = manifest["seq"]
     seq = seq or row_seq
     if seq < 2 or row_seq % seq:
         raise DataError(f"--seq {seq}: the build's rows are {row_seq} tokens; use a divisor of "
                         f"it (at least 2), or rebuild with pack build --seq {seq}")
-    splits = {}
-    for split in ("train", "val"):
-        path = manifest["splits"][split]["path"]
-        if manifest["splits"][split]["rows"] == 0:
-            if split == "train":
-                raise DataError(f"{location}: the train split has no rows")
-            splits[split] = None  # no evaluation
-            continue
-        if manifest["format"] == "mds":
-            remote = location.rstrip("/") + "/" + path if is_remote(location) \
-                else str(Path(location, path).resolve())
-            rows = StreamingRows(remote, cache / fingerprint / split, cache_limit)
-        elif is_remote(location):
-            raise DataError(f"{location}: memmap builds are read from local disk; copy it "
-                            "locally or build with --format mds to stream it")
-        else:
-            rows = MemmapRows(Path(location) / path)
-        splits[split] = Windows(rows, row_seq, seq) if seq != row_seq else rows
+    if manifest["format"] != "mds" and is_remote(location):
+        raise DataError(f"{location}: memmap builds are read from local disk; copy it "
+                        "locally or build with --format mds to stream it")
+    if manifest["splits"]["train"]["rows"] == 0:
+        raise DataError(f"{location}: the train split has no rows")
+    vocab_size = manifest["tokenizer"]["vocab_size"]
+    made = _first_missing(Path(cache))  # what to remove if this fails
+    try:
+        splits = {}
+        for split in ("train", "val"):
+            path = manifest["splits"][split]["path"]
+            if manifest["splits"][split]["rows"] == 0:
+                splits[split] = None  # no evaluation
+                continue
+            if manifest["format"] == "mds":
+                remote = location.rstrip("/") + "/" + path if is_remote(location) \
+                    else str(Path(location, path).resolve())
+                rows = StreamingRows(remote, Path(cache) / fingerprint / split, cache_limit,
+                                     vocab_size)
+            else:
+                rows = MemmapRows(Path(location) / path, vocab_size)
+            splits[split] = Windows(rows, row_seq, seq) if seq != row_seq else rows
+    except BaseException:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     return Build(manifest, fingerprint, seq, splits["train"], splits["val"])
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost directory of `path` that does not exist yet (None: it all exists)."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing = p
+    return missing

@@ -15,12 +15,24 @@ docs/BENCHMARKS.md). A slot is handed back when the trainer asks for the next ba
 must be used (moved to the device or copied) before then. On the same shards torch's DataLoader,
 which makes a new shared-memory segment per tensor, delivered 4-33x slower, and a thread pool,
 whose threads share one interpreter lock, 1.7x slower (tools/bench_loader.py).
+
+Errors: a typed error in a worker (a DataError naming a damaged shard, training/verify.py)
+reaches the trainer as the same error, its one line intact; anything else as a LoaderError with
+the worker's traceback. A worker that dies (killed) is reported whichever worker the trainer is
+waiting for, since its siblings may be waiting for it.
+
+Checking ahead: each worker runs a thread that checks the shards of its next CHECK_AHEAD items
+(the rows' `check`, training/data.py) while the worker itself waits for a free slot, so the
+first read of a shard rarely waits for its hash; it ends once every shard is checked.
 """
 
 import mmap
 import multiprocessing
 import os
+import pickle
 import signal
+import threading
+import time
 import traceback
 
 import numpy as np
@@ -31,6 +43,8 @@ from training.sampler import GlobalOrder
 
 PREFETCH = 4  # slots (batches in flight) per worker
 STOP_BYTES = 8  # each worker's memory starts with an int64: nonzero = stop
+CHECK_AHEAD = 2 * PREFETCH  # items of its own a worker's checking thread runs ahead
+TYPED, TRACEBACK = b"E", b"T"  # what a slot's error text holds: a pickled error, a traceback
 
 
 class LoaderError(LongpackError):
@@ -93,11 +107,18 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
                         break
                     raise LoaderError(f"loader worker {w} died (exit code {procs[w].exitcode}) "
                                       "building a batch; see its output above")
+                killed = [v for v, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if killed:  # w may be waiting for it (a shard it was checking)
+                    raise LoaderError(f"loader worker {killed[0]} died (exit code "
+                                      f"{procs[killed[0]].exitcode}); see its output above")
             tokens, meta = slots[w][(i // workers) % PREFETCH]
             width = int(meta[0])
             if width < 0:
+                kind, text = layout.error(meta)
+                if kind == TYPED:
+                    raise pickle.loads(text) from None
                 raise LoaderError(f"loader worker {w} failed on micro-batch {items[i]}:\n"
-                                  f"{layout.error(meta)}")
+                                  f"{text.decode(errors='replace')}")
             previous = w
             b = layout.batch
             yield {"tokens": tokens, "pad_from": meta[1:1 + b].copy(),  # copies: a few bytes
@@ -137,13 +158,28 @@ class SlotLayout:
         meta[1:1 + self.batch] = batch["pad_from"]
         meta[1 + self.batch:1 + self.batch + starts.size] = starts.ravel()
 
-    def write_error(self, meta: np.ndarray, text: str) -> None:
-        data = text.encode()[-8 * (self.meta_len - 1):]  # the end of a traceback says most
+    def write_error(self, meta: np.ndarray, error: BaseException) -> None:
+        """A typed error pickled when it fits and unpickles (the trainer raises it as it is);
+        else the traceback, its end when it is long (the end says most)."""
+        room = 8 * (self.meta_len - 1) - 1
+        data = None
+        if isinstance(error, LongpackError):
+            try:
+                data = pickle.dumps(error)
+                pickle.loads(data)  # an error whose __init__ takes other arguments does not
+                data = TYPED + data if len(data) <= room else None
+            except Exception:
+                data = None
+        if data is None:
+            text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            data = TRACEBACK + text.encode()[-room:]
         meta[0] = -1 - len(data)
         meta[1:].view(np.uint8)[:len(data)] = np.frombuffer(data, np.uint8)
 
-    def error(self, meta: np.ndarray) -> str:
-        return meta[1:].view(np.uint8)[:-1 - int(meta[0])].tobytes().decode(errors="replace")
+    def error(self, meta: np.ndarray) -> tuple[bytes, bytes]:
+        """(TYPED or TRACEBACK, what follows) of an error slot."""
+        data = meta[1:].view(np.uint8)[:-1 - int(meta[0])].tobytes()
+        return data[:1], data[1:]
 
 
 def _stop_flag(memory) -> np.ndarray:
@@ -155,6 +191,10 @@ def _work(dataset: StepBatches, items: range, memory, layout: SlotLayout, ready,
     slots = [layout.views(memory, p) for p in range(PREFETCH)]
     stop = _stop_flag(memory)
     j = 0
+    position = [0]  # the item this worker is at, read by its checking thread
+    if hasattr(dataset.rows, "check"):
+        threading.Thread(target=_check_ahead, args=(dataset, items, position),
+                         daemon=True).start()
     try:
         # Ctrl+C and a scheduler's SIGTERM reach the whole process group: the trainer finishes
         # its step and saves, which needs the workers alive; they exit when the trainer says
@@ -167,11 +207,28 @@ def _work(dataset: StepBatches, items: range, memory, layout: SlotLayout, ready,
                     return
             if stop[0]:
                 return
+            position[0] = j
             tokens, meta = slots[j % PREFETCH]
             layout.write(meta, dataset.build(k, out=tokens))  # tokens go straight into the slot
             ready.release()
-    except Exception:  # into the slot the trainer reads next from this worker
-        layout.write_error(slots[j % PREFETCH][1], traceback.format_exc())
+    except Exception as e:  # into the slot the trainer reads next from this worker
+        layout.write_error(slots[j % PREFETCH][1], e)
         ready.release()
     finally:
         os._exit(0)  # skip the atexit hooks inherited from the trainer
+
+
+def _check_ahead(dataset: StepBatches, items: range, position: list) -> None:
+    """Check the shards of the worker's items up to CHECK_AHEAD beyond the one it is at. A shard
+    that fails is left for the worker to meet, when its row is read, with the error."""
+    rows = dataset.rows
+    for j, k in enumerate(items):
+        while j > position[0] + CHECK_AHEAD:
+            time.sleep(0.005)
+        if rows.unchecked() == 0:
+            return
+        try:
+            for r in dataset.rows_of(k):
+                rows.check(int(r))
+        except Exception:
+            return

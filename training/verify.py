@@ -1,0 +1,173 @@
+"""Every shard is checked before any of its rows is trained on, once per run.
+
+Why: a zstd frame carries no checksum and a .npy file none at all, so one flipped byte in a
+shard, or ids rewritten by another tool, would otherwise train silently. What a check is:
+
+- the shard's files against the sha256 that its split's index.json records (docs/FORMAT.md):
+  memmap, `tokens` and `docs`; MDS, the decompressed shard in the cache (`raw_data`), which is
+  the very bytes the rows are read from, whether the build is local, remote, or left in the
+  cache by an earlier run (training/data.py);
+- its token ids against the vocabulary (the build's `tokenizer.vocab_size`, which is the
+  model's): an id beyond it would fail deep in the embedding, or worse, index a padded row.
+
+A failed check is a DataError naming the shard (and the row, for an id), which the loader
+forwards from its worker processes as the same one-line error.
+
+Once per run: the verdicts live in anonymous shared memory made when the build is opened, that
+is before the loader forks its workers, so the trainer and all its workers share one table.
+The first process that needs a shard claims it and checks it; the others wait for its verdict
+(a claim whose process has gone, a worker stopped or killed while checking, is taken over).
+Checks happen where rows are read, so in the loader's worker processes (training/loader.py),
+and each worker checks ahead, in a thread, the shards of its next items while it waits for the
+trainer to free a slot: hashing overlaps the training step instead of stalling it. The trainer
+itself checks only what it reads itself (val, and everything with --workers 0).
+
+Cost: one sequential read of every shard used (sha256 ~1.4 GB/s per core with SHA-NI, a
+max over the tokens ~3.5 GB/s), spread over the first epoch; then one byte read per row
+(tools/bench_loader.py, docs/BENCHMARKS.md). Not re-checked: an MDS shard the cache evicted
+and fetched again later in the run (from the same source, checked once).
+"""
+
+import mmap
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.atomic import sha256_file
+from pipeline.errors import LongpackError
+from pipeline.shards import MdsColumns
+
+UNCHECKED, CHECKING, GOOD, BAD = 0, 1, 2, 3
+MESSAGE_BYTES = 512  # per shard; a page is touched only when its shard's check fails
+WAIT_SECONDS = 0.001  # between looks at a shard another process is checking
+
+
+class DataError(LongpackError):
+    """The shards cannot be trained on; the message names the file (and row)."""
+
+
+class ShardChecks:
+    """The verdict on each of `count` shards, shared by the processes forked after it is made.
+    Memory: a state byte and the claiming process's id per shard, then a message per shard.
+    It holds no reference to the rows it checks: a cycle would keep a StreamingDataset alive
+    until a garbage collection, which may then run in a forked worker."""
+
+    def __init__(self, count: int):
+        self.count = count
+        # Anonymous and shared: a forked worker writes the very bytes the others read.
+        self._memory = mmap.mmap(-1, max(1, count * (1 + 4 + MESSAGE_BYTES)))
+        self._state = memoryview(self._memory)[:count]  # int reads, cheaper than numpy's
+        self._owner = np.ndarray(count, np.int32, buffer=self._memory, offset=count)
+        self._messages = 5 * count
+        self._lock = multiprocessing.get_context("fork").Lock()
+
+    def ensure(self, k: int, check: Callable[[int], None]) -> None:
+        """Return once shard k is known good; raise its DataError if it is bad. `check(k)`
+        checks it (raising DataError) when no process has."""
+        waited = 0
+        while (state := self._state[k]) != GOOD:
+            if state == BAD:
+                raise DataError(self._message(k))
+            if state == CHECKING:
+                waited += 1
+                if waited % 100 == 0:
+                    self._release_if_dead(k)
+                time.sleep(WAIT_SECONDS)
+                continue
+            with self._lock:
+                mine = self._state[k] == UNCHECKED
+                if mine:
+                    self._state[k], self._owner[k] = CHECKING, os.getpid()
+            if mine:
+                self._run(k, check)
+
+    def unchecked(self) -> int:
+        """How many shards are not yet known good."""
+        return self.count - self._memory[:self.count].count(GOOD)
+
+    def _run(self, k: int, check: Callable[[int], None]) -> None:
+        try:
+            check(k)
+        except BaseException as e:  # never leave a claim behind: the others would wait forever
+            text = str(e) if isinstance(e, LongpackError) else f"{type(e).__name__}: {e}"
+            at = self._messages + k * MESSAGE_BYTES
+            data = text.encode()[:MESSAGE_BYTES - 1]
+            self._memory[at:at + len(data)] = data
+            self._state[k] = BAD  # after the message: whoever sees BAD can read it
+            raise
+        self._state[k] = GOOD
+
+    def _release_if_dead(self, k: int) -> None:
+        """A worker stopped (or killed) while it checked shard k leaves its claim: free it."""
+        owner = int(self._owner[k])
+        if not _running(owner):
+            with self._lock:
+                if self._state[k] == CHECKING and self._owner[k] == owner:
+                    self._state[k] = UNCHECKED
+
+    def _message(self, k: int) -> str:
+        at = self._messages + k * MESSAGE_BYTES
+        return self._memory[at:at + MESSAGE_BYTES].split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # field 3 of /proc/PID/stat is the state; Z: exited, not yet reaped
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:  # no /proc: os.kill's answer stands
+        return True
+
+
+def file_problem(path: Path, size: int, sha256: str | None) -> str | None:
+    """What is wrong with a shard file given its size and sha256 in index.json, or None."""
+    if sha256 is None:
+        return "index.json records no sha256 for it, so it cannot be checked; rebuild it"
+    try:
+        got = path.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    if got != size:
+        return f"{got:,} bytes, index.json says {size:,} (truncated or replaced)"
+    if sha256_file(path) != sha256:
+        return ("its bytes differ from the sha256 in index.json (damaged: flipped bits, or "
+                "rewritten by another tool)")
+    return None
+
+
+def check_ids(name, blocks: Iterator[tuple[int, np.ndarray]], vocab_size: int) -> None:
+    """Raise DataError naming the first row of `blocks` ((first row, rows) in order) that holds
+    an id beyond the vocabulary."""
+    for first, rows in blocks:
+        if not len(rows):
+            continue
+        row_max = rows.max(axis=1)
+        bad = np.flatnonzero(row_max >= vocab_size)
+        if len(bad):
+            r = int(bad[0])
+            raise DataError(f"{name}: row {first + r} holds token id {int(row_max[r]):,}, beyond "
+                            f"the vocabulary ({vocab_size:,} ids, the build's "
+                            "tokenizer.vocab_size, which the model takes); this shard was not "
+                            "made with the build's tokenizer: rebuild it with pack build")
+
+
+def mds_token_blocks(path: Path, entry: dict, block_bytes: int = 1 << 20
+                     ) -> Iterator[tuple[int, np.ndarray]]:
+    """The `tokens` rows of a decompressed MDS shard (`entry`: its index.json entry), a block
+    of about `block_bytes` at a time (copied out of a read-only map of the file)."""
+    columns = MdsColumns(np.memmap(path, np.uint8, "r"), entry)
+    starts, seq, dtype = columns.row_starts("tokens")
+    k = max(1, block_bytes // max(1, seq * dtype.itemsize))
+    block = np.empty((k, seq), dtype)
+    for a in range(0, len(starts), k):
+        rows = block[:len(starts) - a]
+        columns.copy_rows(starts[a:a + k], rows)
+        yield a, rows
