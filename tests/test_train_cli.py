@@ -186,3 +186,21 @@ def test_eta_is_the_pace_after_the_first_step_times_the_steps_left():
     time.sleep(0.2)
     after = eta.after(5)  # 2 steps in ~0.2 s, 4 left
     assert after["progress"] == 0.6 and 0.35 < after["eta_seconds"] < 0.8
+
+
+def test_list_models_sizes_presets_at_the_build_vocabulary(shards):
+    import archs
+
+    def row(output, name):
+        return next(line.split() for line in output.splitlines() if line.startswith(name + " "))
+
+    at_build = run_cli("--list-models", "--shards", shards)
+    assert at_build.exit_code == 0, at_build.output
+    tiny = archs.build("neox-tiny", device="meta", vocab_size=50257)  # the byte build's vocab
+    assert row(at_build.output, "neox-tiny")[2:4] == ["50,257", f"{tiny.num_params():,}"]
+    assert f"at the vocabulary of {shards}: 50,257" in at_build.output
+    own = run_cli("--list-models")
+    assert row(own.output, "neox-tiny")[2] == f"{archs.config('neox-tiny').vocab_size:,}"
+    assert "each preset at its own vocabulary" in own.output
+    r = run_cli("--list-models", "--shards", shards.parent / "nowhere")
+    one_line_error(r, "manifest.json not found")

@@ -72,7 +72,8 @@ def _renamed_log(ctx, _param, value):
 
 @click.command()
 @click.option("--list-models", is_flag=True, is_eager=True,
-              help="Print the model zoo's presets and exit.")
+              help="Print the model zoo's presets and exit: sized at the build's vocabulary "
+                   "with --shards, else at each preset's own.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               is_eager=True, expose_value=False, callback=_read_config_file,
               help="TOML or YAML file of settings (keys as the flags, with _); flags given on "
@@ -86,16 +87,14 @@ def _renamed_log(ctx, _param, value):
 @click.version_option(package_name="longpack")
 def train(list_models, dry_run, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
-    if list_models:
-        import runpy
-
-        runpy.run_module("archs", run_name="__main__")
-        return
     from pipeline.errors import LongpackError
     from training import distributed
     from training.loop import train as run_training
 
     try:
+        if list_models:
+            click.echo(preset_table(settings["shards"], settings["seq"]))
+            return
         cfg = TrainConfig(**settings)
         if dry_run:
             from training.plan import plan
@@ -110,6 +109,22 @@ def train(list_models, dry_run, resume, **settings):
         losses = [h["loss"] for h in history if h["loss"] is not None]  # None: padding only
         loss = f", loss {losses[-1]:.4f}" if losses else ""
         click.echo(f"done: step {history[-1]['step'] + 1}{loss}; checkpoints in {cfg.out}")
+
+
+def preset_table(shards: str | None, seq: int | None) -> str:
+    """The zoo's presets sized at the build's vocabulary and FLOPs/token at its seq (or --seq)
+    when --shards is given; otherwise at each preset's own vocabulary, which the note says."""
+    from archs import list_models
+    from archs.__main__ import table
+    from training.data import read_manifest
+
+    if shards is None:
+        return (table(list_models()) + "\n(each preset at its own vocabulary; with --shards OUT, "
+                "at that build's)")
+    manifest = read_manifest(shards)
+    vocab, seq = manifest["tokenizer"]["vocab_size"], seq or manifest["seq"]
+    return (table(list_models(seq - 1, vocab_size=vocab)) + f"\n(at the vocabulary of {shards}: "
+            f"{vocab:,}; FLOPs/token at its {seq - 1} predictions per sample)")
 
 
 def load_settings(path: str) -> dict:
