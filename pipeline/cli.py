@@ -1,23 +1,72 @@
 """`pack`: the data-stage command line. Every flag is declared once, here."""
 
-import os
 import sys
-from pathlib import Path
 
-import click
+STARTING = "\ninterrupted while starting: nothing was written; re-run the command"
+INTERRUPTED = "\ninterrupted: re-run the same command to resume"
 
-from pipeline.catalog import DATASETS
-from pipeline.config import FORMATS, LAST_ROW_POLICIES, SHARD_BYTES, BuildConfig
-from pipeline.errors import LongpackError
+# Ctrl+C while the command line loads exits as it does later: 130, one line, no traceback.
+# Python's own start-up before this line (about 50 ms) and the few statements between loading
+# this module and click's first call are out of reach: there Python prints its traceback.
+try:
+    import contextlib
+    import os
+    from pathlib import Path
+
+    import click
+
+    from pipeline.catalog import DATASETS
+    from pipeline.config import FORMATS, LAST_ROW_POLICIES, SHARD_BYTES, BuildConfig
+    from pipeline.errors import LongpackError
+except KeyboardInterrupt:
+    sys.stderr.write(STARTING + "\n")
+    sys.exit(130)
 
 
-@click.group()
+@contextlib.contextmanager
+def _exit_130_on_interrupt(message: str):
+    try:
+        yield
+    except KeyboardInterrupt:
+        click.echo(message, err=True)
+        sys.exit(130)
+
+
+class _Group(click.Group):
+    """Ctrl+C during click's own start-up and the group's parsing exits 130 as it does while
+    the module loads (above), not with click's "Aborted!" and 1; each command's run is its own
+    (`pack build`'s: _ResumableCommand)."""
+
+    def main(self, *args, **kwargs):
+        with _exit_130_on_interrupt(STARTING):
+            return super().main(*args, **kwargs)
+
+    def make_context(self, *args, **kwargs):
+        with _exit_130_on_interrupt(STARTING):
+            return super().make_context(*args, **kwargs)
+
+
+class _ResumableCommand(click.Command):
+    """Ctrl+C at any moment of `pack build`, from parsing its flags and importing the pipeline
+    to printing the summary, exits 130 with the resume hint (click alone says "Aborted!" and
+    exits 1 for an interrupt outside the build itself)."""
+
+    def make_context(self, *args, **kwargs):
+        with _exit_130_on_interrupt(INTERRUPTED):
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _exit_130_on_interrupt(INTERRUPTED):
+            return super().invoke(ctx)
+
+
+@click.group(cls=_Group)
 @click.version_option(package_name="longpack")
 def pack():
     """Turn web-scale text into packed long-context training shards."""
 
 
-@pack.command()
+@pack.command(cls=_ResumableCommand)
 @click.option("--dataset", type=click.Choice(list(DATASETS)), default="fineweb-edu",
               show_default=True, help="Named dataset: text field, file patterns, hub location.")
 @click.option("--input", "inputs", multiple=True, metavar="PATH",
@@ -69,9 +118,6 @@ def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers
         manifest = run_build(cfg, show_progress=False if quiet else None)
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
-    except KeyboardInterrupt:
-        click.echo("\ninterrupted: re-run the same command to resume", err=True)
-        sys.exit(130)
     if not quiet:
         click.echo(summary(manifest, Path(out)))
 

@@ -305,3 +305,34 @@ def test_a_write_failing_at_any_step_is_one_line_and_the_build_resumes(
     r = CliRunner().invoke(pack, args)
     assert r.exit_code == 0, r.output
     assert tree(tmp_path / "out") == tree(tmp_path / "clean")
+
+
+# -- 5. Ctrl+C at any moment, the first second included ----------------------------------------
+
+@pytest.mark.parametrize("after_import", [pytest.param("click", marks=SLOW), "numpy",
+                                          pytest.param("pipeline.build", marks=SLOW),
+                                          pytest.param("tiktoken", marks=SLOW)])
+def test_ctrl_c_in_the_first_second_exits_130_with_the_resume_hint(tmp_path, byte_tokenizer,
+                                                                   after_import):
+    """A real SIGINT, sent as soon as the child reports (-X importtime) that it has imported a
+    module: while it loads the command line, parses flags, imports the pipeline, loads the
+    tokenizer. Each time: exit 130, one hint, no traceback, and the same command then builds."""
+    corpus = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(300)])
+    args = cli_args(tmp_path, corpus)
+    child = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "pipeline", *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in child.stderr:
+        seen.append(line)
+        if line.rsplit("|", 1)[-1].strip() == after_import:
+            child.send_signal(signal.SIGINT)
+            break
+    _, rest = child.communicate(timeout=120)
+    said = [line for line in ("".join(seen) + rest).splitlines()
+            if line and not line.startswith("import time:")]
+    assert child.returncode == 130, said
+    assert len(said) == 1 and said[0].startswith("interrupted"), said  # no traceback either
+    assert "re-run the" in said[0]
+    r = CliRunner().invoke(pack, args + ["--quiet"])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "manifest.json").exists()
