@@ -238,7 +238,8 @@ class Build:
         try:
             with OutputLock(self.work):
                 state = prepare_output(self.out, self.fingerprint, self.cfg.overwrite)
-                if state == "complete":
+                self.already_complete = state == "complete"
+                if self.already_complete:  # nothing to do: the finished build's manifest
                     return json.loads((self.out / "manifest.json").read_text())
                 self.journal = Journal(self.out)
                 try:

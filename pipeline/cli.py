@@ -100,13 +100,14 @@ def pack():
 @click.option("--shard-bytes", type=int, default=SHARD_BYTES, show_default=True,
               help="Token bytes per shard.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing build in --out.")
-@click.option("--quiet", is_flag=True, help="No progress bar and no summary.")
+@click.option("--quiet", is_flag=True, help="No progress bar and no summary. Re-running a "
+              "finished build does nothing and exits 0; without --quiet it says so.")
 def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers, val_fraction,
           seed, max_tokens, limit_docs, compression, on_error, bos, last_row, shard_bytes, overwrite,
           quiet):
     """Tokenize documents and pack them into rows of exactly --seq tokens."""
-    from pipeline.build import build as run_build
-    from pipeline.manifest import summary
+    from pipeline.build import Build
+    from pipeline.manifest import already_complete, summary
 
     try:
         cfg = BuildConfig(out=out, dataset=dataset, inputs=tuple(inputs), subset=subset,
@@ -115,10 +116,13 @@ def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers
                           max_tokens=max_tokens, limit_docs=limit_docs, compression=compression,
                           on_error=on_error, bos=bos, last_row=last_row,
                           shard_bytes=shard_bytes, overwrite=overwrite)
-        manifest = run_build(cfg, show_progress=False if quiet else None)
+        builder = Build(cfg, show_progress=False if quiet else None)
+        manifest = builder.run()
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
     if not quiet:
+        if builder.already_complete:
+            click.echo(already_complete(manifest, Path(out)))
         click.echo(summary(manifest, Path(out)))
 
 

@@ -4,6 +4,7 @@ Written last (atomically), so its presence means the build is complete. docs/FOR
 documents every field.
 """
 
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -60,6 +61,13 @@ def make_manifest(cfg, fingerprint: dict, tok, inputs: list[dict], counts: dict,
         "timings": timings,
         "fingerprint": fingerprint,
     }
+
+
+def already_complete(m: dict, out: Path) -> str:
+    """What a re-run of a finished build says before its summary: it wrote nothing."""
+    finished = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m["timings"]["finished"]))
+    return (f"pack build: {out} is already complete (finished {finished}): nothing to do; "
+            "the summary is that build's. --overwrite rebuilds it.")
 
 
 def summary(m: dict, out: Path) -> str:

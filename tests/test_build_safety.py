@@ -336,3 +336,20 @@ def test_ctrl_c_in_the_first_second_exits_130_with_the_resume_hint(tmp_path, byt
     r = CliRunner().invoke(pack, args + ["--quiet"])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "out" / "manifest.json").exists()
+
+
+# -- 6. re-running a finished build says so -----------------------------------------------------
+
+def test_rerunning_a_finished_build_says_it_is_already_complete(tmp_path, corpus):
+    args = cli_args(tmp_path, corpus)
+    first = CliRunner().invoke(pack, args)
+    assert first.exit_code == 0 and "already complete" not in first.output, first.output
+    manifest = (tmp_path / "out" / "manifest.json").read_bytes()
+    again = CliRunner().invoke(pack, args)
+    assert again.exit_code == 0, again.output
+    lines = again.output.splitlines()
+    assert lines[0].startswith(f"pack build: {tmp_path / 'out'} is already complete (finished ")
+    assert "nothing to do" in lines[0] and "--overwrite rebuilds it" in lines[0]
+    assert lines[1:] == first.output.splitlines()  # that build's summary, as it was
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == manifest
+    assert CliRunner().invoke(pack, args + ["--quiet"]).output == ""
