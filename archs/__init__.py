@@ -6,7 +6,8 @@
     archs.build("gpt-neox", n_layers=4) -> the family's default config with overrides
 
 Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
-`num_params()` and `flops_per_token(seq)` (MoE also `active_params()`).
+`num_params()`, `flops_per_token(seq)` and `param_roles()` (each parameter's role, which
+training/optim.py groups by; MoE also `active_params()`).
 """
 
 from dataclasses import replace
