@@ -120,18 +120,28 @@ def _flex_document_attention(q, k, v, doc_starts, enable_gqa):
     return flex_attention(q, k, v, block_mask=mask, enable_gqa=enable_gqa)
 
 
+# Full logits up to this size are kept for backward (one head matmul each way); beyond it they are
+# computed a chunk at a time and recomputed in backward. A 2k row at vocab 50k is 0.4 GB of fp32
+# logits (kept); a 32k row is 6.6 GB (chunked). Recomputing ran the head matmul twice as often as
+# needed, the gap to a nanoGPT-shaped step (docs/BENCHMARKS.md, bench_archs.py).
+LOGITS_BUDGET_BYTES = 2 << 30
+
+
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          chunk: int = 4096) -> torch.Tensor:
-    """Mean next-token loss of `hidden @ weight.T` against `targets` (-100 = ignore) without
-    materialising every logit: one 32k row at vocab 50k is 6.6 GB of fp32 logits. Each chunk's
-    logits are recomputed in backward (checkpoint) instead of kept."""
+                          chunk: int = 4096, budget: int = LOGITS_BUDGET_BYTES) -> torch.Tensor:
+    """Mean next-token loss of `hidden @ weight.T` against `targets` (-100 = ignore). When all
+    the fp32 logits would pass `budget` bytes, they are never materialised together: each
+    chunk's logits are recomputed in backward (checkpoint) instead of kept."""
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)
+    count = (t != -100).sum().clamp(min=1)
+    if h.shape[0] * weight.shape[0] * 4 <= budget:
+        return _chunk_loss(h, weight, t) / count
     total = h.new_zeros((), dtype=torch.float32)
     for i in range(0, h.shape[0], chunk):
         total = total + torch.utils.checkpoint.checkpoint(
             _chunk_loss, h[i:i + chunk], weight, t[i:i + chunk], use_reentrant=False)
-    return total / (t != -100).sum().clamp(min=1)
+    return total / count
 
 
 def _chunk_loss(h, weight, t):

@@ -77,11 +77,25 @@ def test_chunked_loss_equals_the_full_loss_and_ignores_minus_100():
     t = torch.randint(0, 30, (2, 10))
     t[0, 3] = -100
     full = torch.nn.functional.cross_entropy((h @ w.t()).reshape(-1, 30), t.reshape(-1))
-    chunked = chunked_cross_entropy(h, w, t, chunk=3)
-    assert torch.allclose(full, chunked, atol=1e-6)
     g_full = torch.autograd.grad(full, (h, w))
-    g_chunk = torch.autograd.grad(chunked, (h, w))
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_full, g_chunk))
+    for budget in (0, 20 * 30 * 4):  # chunked (past the budget), kept whole (just within it)
+        chunked = chunked_cross_entropy(h, w, t, chunk=3, budget=budget)
+        assert torch.allclose(full, chunked, atol=1e-6)
+        g_chunk = torch.autograd.grad(chunked, (h, w))
+        assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(g_full, g_chunk))
+
+
+def test_logits_are_recomputed_only_past_the_budget():
+    """Within the budget the head matmul runs once forward and twice backward; past it each
+    chunk's logits are recomputed in backward (a checkpoint): once more."""
+    h = torch.randn(1, 64, 8, requires_grad=True)
+    w = torch.randn(50, 8, requires_grad=True)
+    t = torch.randint(0, 50, (1, 64))
+    logits_bytes = 64 * 50 * 4
+    for budget, head_matmuls in ((logits_bytes, 3), (logits_bytes - 1, 4)):
+        with torch.profiler.profile() as prof:
+            chunked_cross_entropy(h, w, t, chunk=64, budget=budget).backward()
+        assert sum(e.count for e in prof.key_averages() if e.key == "aten::mm") == head_matmuls
 
 
 @pytest.mark.parametrize("name", list(archs.gpt_neox.PRESETS))
