@@ -27,7 +27,8 @@ class BuildConfig:
     tokenizer: str = "gpt2"
     """tiktoken name, .tiktoken ranks file, or Hugging Face tokenizer.json."""
     seq: int = 32768
-    """Tokens per row."""
+    """Tokens per row. MDS: at most what keeps one row below 4 GiB even when every token is a
+    document (about 268 million); memmap: at most 2**32 (document starts are uint32)."""
     format: str = "mds"
     """mds (mosaicml-streaming shards) or memmap (.npy arrays)."""
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
@@ -49,7 +50,8 @@ class BuildConfig:
     last_row: str = "pad"
     """Final partial row of each split: pad (with EOS, marked as padding) or drop."""
     shard_bytes: int = SHARD_BYTES
-    """Token bytes per shard (rows per shard = shard_bytes // row bytes, at least 1)."""
+    """Token bytes per shard (rows per shard = shard_bytes // row bytes, at least 1). MDS: at
+    most what keeps a shard below 4 GiB even when every token is a document (~610 MB)."""
     overwrite: bool = False
     """Replace an existing build in `out` instead of refusing."""
 
@@ -81,6 +83,50 @@ class BuildConfig:
         if self.format == "memmap" and self.compression != "none":
             raise SettingsError("memmap shards are uncompressed .npy files: drop --compression "
                                 "(or use --format mds)")
+        self._check_offsets()
+
+    def _check_offsets(self):
+        """Refuse up front a --seq or --shard-bytes whose shards no reader could open. MDS
+        stores sample positions as u32 (write_mds.MAX_SHARD_BYTES), and a row of one-token
+        documents carries a segment per token (12 bytes more per token): a shard must fit
+        even then. The tokenizer, which picks 2- or 4-byte tokens, is not loaded yet, so both
+        are checked. Memmap shards have no offsets; only doc_starts (uint32) bound --seq."""
+        if self.format == "memmap":
+            if self.seq > 1 << 32:
+                raise SettingsError(f"--seq {self.seq:,} is too long: document starts are uint32, "
+                                    f"so the largest --seq is {1 << 32:,}")
+            return
+        from pipeline import write_mds  # numpy: loaded by a build anyway, not by `pack --help`
+
+        compression = None if self.compression == "none" else self.compression
+        limit = write_mds.MAX_SHARD_BYTES
+
+        def largest(seq: int, itemsize: int, rows: int, size_limit: int) -> int:
+            config = write_mds.shard_config(seq, f"uint{8 * itemsize}", compression, size_limit)
+            return write_mds.max_raw_shard_bytes(seq, itemsize, rows, config)
+
+        if largest(self.seq, 4, 1, self.shard_bytes) > limit:
+            lo, hi = 2, self.seq  # the longest row that fits a shard alone, by bisection
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                fits = largest(mid, 4, 1, self.shard_bytes) <= limit
+                lo, hi = (mid, hi) if fits else (lo, mid - 1)
+            raise SettingsError(f"--seq {self.seq:,} is too long for MDS: a shard's sample "
+                                "offsets are 32-bit and one such row may take "
+                                f"{largest(self.seq, 4, 1, self.shard_bytes):,} bytes; the "
+                                f"largest --seq is {lo:,} (or use --format memmap)")
+        if any(largest(self.seq, i, self.shard_rows(i), self.shard_bytes) > limit for i in (2, 4)):
+            def most_bytes(itemsize: int, size_limit: int) -> int:
+                head = largest(self.seq, itemsize, 0, size_limit)
+                rows = (limit - head) // (write_mds.max_sample_bytes(self.seq, itemsize) + 4)
+                return (rows + 1) * self.seq * itemsize - 1
+
+            most = self.shard_bytes  # the config records the value itself: settle its length
+            for _ in range(3):
+                most = min(most_bytes(i, most) for i in (2, 4))
+            raise SettingsError(f"--shard-bytes {self.shard_bytes:,} is too large for MDS with "
+                                f"--seq {self.seq:,}: a shard's sample offsets are 32-bit; the "
+                                f"largest --shard-bytes is {most:,}")
 
     def shard_rows(self, itemsize: int) -> int:
         return max(1, self.shard_bytes // (self.seq * itemsize))

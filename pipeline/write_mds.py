@@ -25,6 +25,7 @@ import numpy as np
 import zstandard
 
 SHAPE_CODES = ((1 << 8, 0, np.uint8), (1 << 16, 1, np.uint16), (1 << 32, 2, np.uint32))
+MAX_SHARD_BYTES = (1 << 32) - 1  # offsets are u32 positions in the raw shard, offsets[n] its end
 
 
 def column_spec(seq: int, dtype: np.dtype) -> tuple[list[str], list[str], list[int | None]]:
@@ -39,6 +40,19 @@ def shard_config(seq: int, dtype: np.dtype, compression: str | None, size_limit:
     return {"version": 2, "format": "mds", "compression": compression, "hashes": ["sha256"],
             "size_limit": size_limit, "column_names": names, "column_encodings": encodings,
             "column_sizes": sizes}
+
+
+def max_sample_bytes(seq: int, itemsize: int) -> int:
+    """The largest sample a row can make: at most one segment per token (starts are distinct
+    offsets below seq), so each vector holds at most seq values."""
+    width = next((np.dtype(d).itemsize for limit, _, d in SHAPE_CODES if seq < limit), 8)
+    return 8 + (1 + width + 8 * seq) + (1 + width + 4 * seq) + seq * itemsize
+
+
+def max_raw_shard_bytes(seq: int, itemsize: int, rows: int, config: dict) -> int:
+    """The largest raw shard of `rows` rows; it must not pass MAX_SHARD_BYTES."""
+    config_bytes = len(json.dumps(config, sort_keys=True).encode("utf-8"))
+    return 4 + 4 * (rows + 1) + config_bytes + rows * max_sample_bytes(seq, itemsize)
 
 
 def _vector(values: np.ndarray) -> bytes:

@@ -353,3 +353,65 @@ def test_rerunning_a_finished_build_says_it_is_already_complete(tmp_path, corpus
     assert lines[1:] == first.output.splitlines()  # that build's summary, as it was
     assert (tmp_path / "out" / "manifest.json").read_bytes() == manifest
     assert CliRunner().invoke(pack, args + ["--quiet"]).output == ""
+
+
+# -- 7. settings whose MDS shards would overflow 32-bit offsets are refused up front -------------
+
+def worst_mds_shard(seq: int, itemsize: int, rows: int, shard_bytes: int) -> int:
+    """A raw MDS shard's size when every token is a document of its own, from the layout in
+    docs/FORMAT.md: u32 n, u32 offsets[n+1], the config, then per sample two u32 sizes, the
+    doc_hashes and doc_starts vectors (a dtype byte, the length, the values) and the tokens."""
+    import json
+
+    from pipeline.write_mds import shard_config
+    config = json.dumps(shard_config(seq, f"uint{8 * itemsize}", "zstd", shard_bytes),
+                        sort_keys=True)
+    width = 1 if seq < 256 else 2 if seq < 65536 else 4
+    sample = 4 + 4 + (1 + width + 8 * seq) + (1 + width + 4 * seq) + itemsize * seq
+    return 4 + 4 * (rows + 1) + len(config) + rows * sample
+
+
+def test_the_worst_case_bound_is_what_the_encoder_writes():
+    import numpy as np
+
+    from pipeline.write_mds import encode_raw_shard, max_raw_shard_bytes, shard_config
+    for seq in (40, 300):
+        rows = np.arange(3 * seq, dtype=np.uint32).reshape(3, seq)
+        segments = np.array([(r, p, 7) for r in range(3) for p in range(seq)], np.uint64)
+        config = shard_config(seq, "uint32", "zstd", 1 << 26)
+        raw = encode_raw_shard(rows, segments, config)
+        assert len(raw) == max_raw_shard_bytes(seq, 4, 3, config)
+        assert len(raw) == worst_mds_shard(seq, 4, 3, 1 << 26)
+
+
+def test_a_seq_whose_rows_overflow_mds_offsets_is_refused_naming_the_largest(tmp_path):
+    r = CliRunner().invoke(pack, ["build", "--seq", "2147483648", "--input", str(tmp_path),
+                                  "--out", str(tmp_path / "out")])
+    message = one_line_error(r)
+    assert "--seq 2,147,483,648 is too long for MDS" in message
+    largest = int(message.split("the largest --seq is ")[1].split(" ")[0].replace(",", ""))
+    shard_bytes = 1 << 26  # one row per shard at these lengths
+    assert worst_mds_shard(largest, 4, 1, shard_bytes) <= 2**32 - 1
+    assert worst_mds_shard(largest + 1, 4, 1, shard_bytes) > 2**32 - 1
+    BuildConfig(out=str(tmp_path), seq=largest)
+    with pytest.raises(SettingsError, match=f"the largest --seq is {largest:,}"):
+        BuildConfig(out=str(tmp_path), seq=largest + 1)
+    BuildConfig(out=str(tmp_path), seq=2147483648, format="memmap")
+    with pytest.raises(SettingsError, match="--seq .* document starts are uint32.* 4,294,967,296"):
+        BuildConfig(out=str(tmp_path), seq=2**32 + 1, format="memmap")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("seq", [32768, 1000])
+def test_shard_bytes_that_overflow_mds_offsets_are_refused_naming_the_largest(tmp_path, seq):
+    with pytest.raises(SettingsError, match="--shard-bytes 8,589,934,592 is too large") as e:
+        BuildConfig(out=str(tmp_path), seq=seq, shard_bytes=1 << 33)
+    largest = int(str(e.value).split("the largest --shard-bytes is ")[1].replace(",", ""))
+    for itemsize in (2, 4):  # 2-byte tokens give more rows per shard: the tighter bound
+        rows = largest // (seq * itemsize)
+        assert worst_mds_shard(seq, itemsize, rows, largest) <= 2**32 - 1
+    assert worst_mds_shard(seq, 2, (largest + 1) // (seq * 2), largest + 1) > 2**32 - 1
+    BuildConfig(out=str(tmp_path), seq=seq, shard_bytes=largest)
+    with pytest.raises(SettingsError, match=f"the largest --shard-bytes is {largest:,}"):
+        BuildConfig(out=str(tmp_path), seq=seq, shard_bytes=largest + 1)
+    BuildConfig(out=str(tmp_path), seq=seq, shard_bytes=1 << 33, format="memmap")
