@@ -13,12 +13,15 @@ What it measures, in one run:
    - loader: training.loader.batches (StepBatches over GlobalOrder, --workers processes writing
      into shared-memory slots), delivering what the trainer takes: the batch's tokens [batch,
      seq] in their stored dtype, where padding starts, and the document starts (the trainer
-     widens them to int64 on its device);
+     widens them to int64 on its device). Each run opens the build afresh, so it pays what a
+     training run pays once: every shard checked (sha256 against index.json, ids against the
+     vocabulary: training/verify.py) before its rows are used;
    - loader, 0 workers: the same built in this process (for reference, not judged).
 3. MDS (shards decompressed into each reader's own cache by one untimed warm-up epoch first):
    - streaming: a plain `streaming.StreamingDataset(shuffle=True)` in a torch DataLoader with the
      same --workers and --batch, collating only the `tokens` column;
-   - loader: training.loader as above, reading rows through StreamingDataset.get_item.
+   - loader: training.loader as above, reading rows through StreamingDataset.get_item (the
+     check hashes each decompressed shard in the cache once per run).
 Rates are rows (and tokens) delivered per second of wall clock.
 
 Targets: memmap loader >= 0.8 x raw; MDS loader >= 1.0 x plain StreamingDataset. It prints a
@@ -65,11 +68,12 @@ def raw_memmap(out: Path, order, steps: int):
     return run
 
 
-def our_loader(rows_source, order, steps: int, batch: int, workers: int):
+def our_loader(open_rows, order, steps: int, batch: int, workers: int):
+    """open_rows() opens the build's train rows: a run starts with no shard checked."""
     from training.loader import StepBatches, batches
 
     def run():
-        data = StepBatches(order, rows_source, rank=0, world=1, batch_size=batch, grad_accum=1)
+        data = StepBatches(order, open_rows(), rank=0, world=1, batch_size=batch, grad_accum=1)
         return sum(len(b["tokens"]) for b in batches(data, 0, steps, workers))
     return run
 
@@ -110,6 +114,10 @@ def main():
     from training.sampler import GlobalOrder
 
     outs = build_shared_corpus(work, args.seq)
+
+    def opener(fmt: str, cache: str):
+        return lambda: open_build(str(outs[fmt]), work / cache, "100gb").train
+
     mds = open_build(str(outs["mds"]), work / "cache-loader", "100gb")
     memmap = open_build(str(outs["memmap"]), work / "unused", "100gb")
     n = len(memmap.train)
@@ -119,15 +127,17 @@ def main():
 
     runs = {
         "memmap raw": raw_memmap(outs["memmap"], order, steps),
-        "memmap loader": our_loader(memmap.train, order, steps, args.batch, args.workers),
-        "memmap 0 workers": our_loader(memmap.train, order, steps, args.batch, 0),
+        "memmap loader": our_loader(opener("memmap", "unused"), order, steps, args.batch,
+                                    args.workers),
+        "memmap 0 workers": our_loader(opener("memmap", "unused"), order, steps, args.batch, 0),
         "mds streaming": plain_streaming(outs["mds"], work / "cache-plain", args.epochs,
                                          args.batch, args.workers),
-        "mds loader": our_loader(mds.train, mds_order, steps, args.batch, args.workers),
+        "mds loader": our_loader(opener("mds", "cache-loader"), mds_order, steps, args.batch,
+                                 args.workers),
     }
     # Warm-up (untimed): pages in, and each MDS reader decompresses into its cache.
     runs["mds streaming"](1)
-    our_loader(mds.train, mds_order, n // args.batch + 1, args.batch, 0)()
+    our_loader(lambda: mds.train, mds_order, n // args.batch + 1, args.batch, 0)()
     runs["memmap raw"]()
     best = {}
     for r in range(args.repeat):

@@ -40,7 +40,7 @@ import numpy as np
 from pipeline.errors import LongpackError
 from pipeline.shards import SplitReader
 from pipeline.streaming_compat import import_streaming
-from training.verify import DataError, ShardChecks, check_ids, file_problem, mds_token_blocks
+from training.verify import GOOD, DataError, ShardChecks, check_ids, file_problem, mds_token_blocks
 
 __all__ = ["Build", "DataError", "MemmapRows", "StreamingRows", "Windows", "open_build"]
 
@@ -137,7 +137,8 @@ class MemmapRows:
 
     def get(self, i: int):
         k = bisect.bisect_right(self.bounds, i) - 1
-        self.checks.ensure(k, self._check)
+        if self.checks.state[k] != GOOD:
+            self.checks.ensure(k, self._check)
         (tokens, segments, first), r = self._shard(k), i - self.bounds[k]
         seg = segments[first[r]:first[r + 1]]
         return tokens[r], seg[:, 1].astype(np.int64), seg[:, 2]

@@ -14,7 +14,8 @@ A failed check is a DataError naming the shard (and the row, for an id), which t
 forwards from its worker processes as the same one-line error.
 
 Once per run: the verdicts live in anonymous shared memory made when the build is opened, that
-is before the loader forks its workers, so the trainer and all its workers share one table.
+is before the loader forks its workers, so the trainer and all its workers share one table
+(under torchrun, each rank and its workers: a rank checks the shards its own rows come from).
 The first process that needs a shard claims it and checks it; the others wait for its verdict
 (a claim whose process has gone, a worker stopped or killed while checking, is taken over).
 Checks happen where rows are read, so in the loader's worker processes (training/loader.py),
@@ -60,7 +61,8 @@ class ShardChecks:
         self.count = count
         # Anonymous and shared: a forked worker writes the very bytes the others read.
         self._memory = mmap.mmap(-1, max(1, count * (1 + 4 + MESSAGE_BYTES)))
-        self._state = memoryview(self._memory)[:count]  # int reads, cheaper than numpy's
+        # state[k] == GOOD is the rows' fast path (an int read, cheaper than numpy's)
+        self.state = self._state = memoryview(self._memory)[:count]
         self._owner = np.ndarray(count, np.int32, buffer=self._memory, offset=count)
         self._messages = 5 * count
         self._lock = multiprocessing.get_context("fork").Lock()
