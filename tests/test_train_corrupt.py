@@ -294,6 +294,29 @@ def test_verdicts_are_shared_by_the_workers_and_the_trainer(tmp_path, byte_token
     assert b.train.unchecked() == 0
 
 
+def test_workers_check_the_shards_of_their_next_items_ahead(tmp_path, byte_tokenizer):
+    """While the trainer holds a batch, the workers (blocked on full slots) check ahead: more
+    shards are checked than the rows they could have read."""
+    import time
+
+    from training.loader import CHECK_AHEAD, PREFETCH
+
+    out = make_build(tmp_path, byte_tokenizer, fmt="memmap", docs=60, rows_per_shard=1)
+    b = open_build(str(out), tmp_path / "cache", "1gb")
+    workers, batch = 2, 2
+    assert b.train.checks.count > workers * (PREFETCH + 1 + CHECK_AHEAD) * batch
+    order = GlobalOrder(len(b.train), batch, seed=0, fingerprint=b.fingerprint)
+    stream = batches(StepBatches(order, b.train, 0, 1, batch, 1), 0, 10**6, workers)
+    next(stream)
+    read_at_most = 1 + workers * (PREFETCH + 1) * batch  # row 0 (trainer), filled slots, in hand
+    deadline = time.time() + 30
+    while b.train.checks.count - b.train.unchecked() <= read_at_most and time.time() < deadline:
+        time.sleep(0.05)
+    checked = b.train.checks.count - b.train.unchecked()
+    stream.close()
+    assert checked > read_at_most
+
+
 def test_a_claim_left_by_a_killed_process_is_taken_over():
     context = multiprocessing.get_context("fork")
     checks, claimed = ShardChecks(2), context.Event()
