@@ -3,9 +3,10 @@
 First, at once, the static plan: resolved config, parameters (total and active, at the build's
 vocabulary), tokens per step, steps, epochs over the shards, training FLOPs
 (model.flops_per_token) and a memory estimate (weights + gradients + optimizer state: 16 bytes
-per parameter with AdamW in fp32, plus one loss chunk's fp32 logits and their gradient;
-activations are not counted). Then a probe, one line per probe step: a warm-up and
-PROBE_STEPS timed steps, each a forward and backward of one micro-batch and an optimizer step.
+per parameter with AdamW in fp32, plus the fp32 logits the loss keeps and their gradient: all
+of a micro-batch's within archs.layers' budget, else one chunk's; activations are not
+counted). Then a probe, one line per probe step: a warm-up and PROBE_STEPS timed steps, each a
+forward and backward of one micro-batch and an optimizer step.
 
 On a GPU a probe step is one full micro-batch (batch_size x seq): the measurement is the run's.
 On a CPU that would take minutes (neox-tiny at seq 32768: 8 x 32767 tokens, ~23 TFLOPs a step,
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 
 import archs
+from archs.layers import LOGITS_BUDGET_BYTES
 from training import distributed
 from training.batch import make_batch
 from training.config import TrainConfig
@@ -33,7 +35,7 @@ from training.optim import make_optimizers
 PROBE_STEPS = 2  # timed, after one warm-up
 CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
 MIN_PROBE_TOKENS = 16
-CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy
+CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy (its default)
 
 
 def plan(cfg: TrainConfig, say=print) -> dict:
@@ -59,12 +61,19 @@ def _plan(cfg: TrainConfig, cache: Path, say) -> dict:
          "tokens": rows_per_step * seq * cfg.max_steps,
          "epochs": cfg.max_steps * rows_per_step / len(build.train),
          "flops": counted.flops_per_token(seq) * rows_per_step * seq * cfg.max_steps,
-         "memory_bytes_estimate": 16 * params + 8 * min(cfg.batch_size * seq, CE_CHUNK) * vocab}
+         "memory_bytes_estimate": 16 * params + loss_bytes(cfg.batch_size * seq, vocab)}
     say(render(p))
     rows, length = probe_shape(counted.flops_per_token, seq, cfg.batch_size, procs.device)
     p.update(probe(cfg, build, procs.device, vocab, rows, length, say))
     say(render_time(p))
     return p
+
+
+def loss_bytes(tokens: int, vocab: int) -> int:
+    """fp32 logits and their gradient as archs.layers.chunked_cross_entropy holds them for a
+    micro-batch of `tokens` predictions: all of them within its budget, else one chunk."""
+    kept = tokens if tokens * vocab * 4 <= LOGITS_BUDGET_BYTES else min(tokens, CE_CHUNK)
+    return 8 * kept * vocab
 
 
 def probe_shape(flops_per_token, seq: int, batch_size: int, device) -> tuple[int, int]:
@@ -140,7 +149,7 @@ def render(p: dict) -> str:
               f"  data        {p['tokens_per_step']:,} tokens/step x {p['steps']:,} steps = "
               f"{p['tokens']:,} tokens, {p['epochs']:.2f} epochs over train",
               f"  compute     {p['flops']:.3g} FLOPs; memory ~{p['memory_bytes_estimate'] / 2**30:.2f}"
-              " GiB (weights, gradients, AdamW state, one loss chunk)"]
+              " GiB (weights, gradients, AdamW state, the loss's logits)"]
     return "\n".join(lines)
 
 
