@@ -262,6 +262,21 @@ def test_a_flipped_byte_in_a_memmap_shard_stops_training(tmp_path, byte_tokenize
 
 
 @pytest.mark.slow
+def test_a_damaged_shard_on_s3_is_named_by_its_url(tmp_path, byte_tokenizer, s3):
+    out = make_build(tmp_path, byte_tokenizer)
+    entry = index_entries(out / "train")[2]
+    _flip_a_byte_that_still_decodes(out / "train" / entry["zip_data"]["basename"], entry)
+    rows = open_build(upload(s3, out, "bad"), tmp_path / "cache", "1gb").train
+    with pytest.raises(DataError) as caught:
+        for i in range(len(rows)):
+            rows.get(i)
+    assert str(caught.value).startswith(
+        f"s3://bucket/bad/train/{entry['zip_data']['basename']}: decompressed, its bytes differ "
+        "from the sha256 in index.json")
+    assert str(caught.value).endswith("rebuild it (and upload it again)")
+
+
+@pytest.mark.slow
 def test_a_damaged_copy_in_the_cache_is_fetched_again(tmp_path, byte_tokenizer):
     """A copy an earlier run left in the cache is checked too; only the copy is damaged, so it
     is fetched again and the run trains on the build's own bytes."""
