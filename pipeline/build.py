@@ -27,8 +27,8 @@ from pipeline import manifest as manifest_mod
 from pipeline.atomic import write_bytes, write_json, writing
 from pipeline.catalog import expand_inputs, file_format, get_dataset
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.encode import encode_batch
-from pipeline.errors import InputError, SettingsError
+from pipeline.encode import EngineMismatch, encode_batch
+from pipeline.errors import InputError, SettingsError, TokenizerError
 from pipeline.hub import HubFiles, HuggingFaceHub
 from pipeline.inputs import LocalFiles, describe_hub, read_batches
 from pipeline.output_dir import Journal, prepare_output, remove_work_files
@@ -63,7 +63,7 @@ class Build:
         self.cfg = cfg
         self.dataset = get_dataset(cfg.dataset)
         self.field = cfg.text_field or self.dataset.text_field
-        self.tok = load_tokenizer(cfg.tokenizer, bos=cfg.bos)
+        self.tok = load_tokenizer(cfg.tokenizer, bos=cfg.bos, engine=cfg.tokenizer_engine)
         if self.tok.kind == "huggingface":
             # tokenizers parallelises each batch on rayon's global pool, sized from this variable
             # when first used; without it the pool takes every core whatever --workers says.
@@ -184,7 +184,11 @@ class Build:
         batch, future = self.inflight.popleft()
         if self.t_first is None:
             self.t_first = time.monotonic()
-        stop = self._consume(batch, future.result())
+        try:
+            encoded = future.result()
+        except EngineMismatch as e:
+            raise TokenizerError(f"{self.files.uri(batch.file_index)}, {e}") from None
+        stop = self._consume(batch, encoded)
         # Progress moves within a file too (one big file would otherwise show none until its end).
         in_file = 0 if batch.file_done else batch.bytes_read
         self.progress.update(self.counts["documents"], self.counts["tokens"],

@@ -16,7 +16,13 @@ try:
     import click
 
     from pipeline.catalog import DATASETS
-    from pipeline.config import FORMATS, LAST_ROW_POLICIES, SHARD_BYTES, BuildConfig
+    from pipeline.config import (
+        FORMATS,
+        LAST_ROW_POLICIES,
+        SHARD_BYTES,
+        TOKENIZER_ENGINES,
+        BuildConfig,
+    )
     from pipeline.errors import LongpackError
 except KeyboardInterrupt:
     sys.stderr.write(STARTING + "\n")
@@ -78,6 +84,9 @@ def pack():
 @click.option("--tokenizer", default="gpt2", show_default=True,
               help="tiktoken name (gpt2, r50k_base, cl100k_base, o200k_base), a .tiktoken ranks "
                    "file, or a Hugging Face tokenizer.json.")
+@click.option("--tokenizer-engine", type=click.Choice(TOKENIZER_ENGINES), default="auto",
+              show_default=True, help="What encodes: fast (fastokens), reference (tiktoken / "
+              "tokenizers) or auto (fast where it loads and agrees). The output is the same.")
 @click.option("--seq", type=int, default=32768, show_default=True, help="Tokens per row.")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="mds", show_default=True)
@@ -102,16 +111,17 @@ def pack():
 @click.option("--overwrite", is_flag=True, help="Replace an existing build in --out.")
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary. Re-running a "
               "finished build does nothing and exits 0; without --quiet it says so.")
-def build(dataset, inputs, subset, text_field, tokenizer, seq, out, fmt, workers, val_fraction,
-          seed, max_tokens, limit_docs, compression, on_error, bos, last_row, shard_bytes, overwrite,
-          quiet):
+def build(dataset, inputs, subset, text_field, tokenizer, tokenizer_engine, seq, out, fmt, workers,
+          val_fraction, seed, max_tokens, limit_docs, compression, on_error, bos, last_row,
+          shard_bytes, overwrite, quiet):
     """Tokenize documents and pack them into rows of exactly --seq tokens."""
     from pipeline.build import Build
     from pipeline.manifest import already_complete, summary
 
     try:
         cfg = BuildConfig(out=out, dataset=dataset, inputs=tuple(inputs), subset=subset,
-                          text_field=text_field, tokenizer=tokenizer, seq=seq, format=fmt,
+                          text_field=text_field, tokenizer=tokenizer,
+                          tokenizer_engine=tokenizer_engine, seq=seq, format=fmt,
                           workers=workers, val_fraction=val_fraction, seed=seed,
                           max_tokens=max_tokens, limit_docs=limit_docs, compression=compression,
                           on_error=on_error, bos=bos, last_row=last_row,

@@ -9,6 +9,7 @@ SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (
 WORK_DIR = ".longpack-build"  # OUT/WORK_DIR exists only while a build is unfinished
 SPLITS = ("train", "val")  # OUT/train, OUT/val
 FORMATS = ("mds", "memmap")
+TOKENIZER_ENGINES = ("auto", "fast", "reference")  # pipeline/tokenizer_engines.py
 LAST_ROW_POLICIES = ("pad", "drop")
 
 
@@ -26,6 +27,9 @@ class BuildConfig:
     """Field/column holding the document text; None takes the dataset's."""
     tokenizer: str = "gpt2"
     """tiktoken name, .tiktoken ranks file, or Hugging Face tokenizer.json."""
+    tokenizer_engine: str = "auto"
+    """fast (fastokens), reference (tiktoken / tokenizers) or auto (fast where it loads and agrees
+    with the reference); the output bytes are the same whichever."""
     seq: int = 32768
     """Tokens per row. MDS: at most what keeps one row below 4 GiB even when every token is a
     document (about 268 million); memmap: at most 2**32 (document starts are uint32)."""
@@ -60,6 +64,8 @@ class BuildConfig:
             raise SettingsError(f"--seq must be at least 2 (got {self.seq})")
         if self.format not in FORMATS:
             raise SettingsError(f"--format must be one of {', '.join(FORMATS)}")
+        if self.tokenizer_engine not in TOKENIZER_ENGINES:
+            raise SettingsError(f"--tokenizer-engine must be one of {', '.join(TOKENIZER_ENGINES)}")
         if self.workers < 1:
             raise SettingsError(f"--workers must be at least 1 (got {self.workers})")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -134,6 +140,6 @@ class BuildConfig:
     def output_settings(self) -> dict:
         """The settings that determine the output bytes (inputs are fingerprinted separately)."""
         d = asdict(self)
-        for k in ("out", "workers", "on_error", "overwrite", "inputs"):
+        for k in ("out", "workers", "on_error", "overwrite", "inputs", "tokenizer_engine"):
             d.pop(k)
         return d

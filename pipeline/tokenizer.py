@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import sha256_file
+from pipeline.config import TOKENIZER_ENGINES
 from pipeline.errors import TokenizerError
 from pipeline.tokenizer_engines import (
-    ENGINES,
     FastEngine,
     ReferenceEngine,
     _flat,
@@ -93,8 +93,9 @@ class Tokenizer:
         return np.dtype(np.uint16) if self.vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
     def choose_engine(self, engine: str) -> None:
-        if engine not in ENGINES:
-            raise TokenizerError(f"--tokenizer-engine {engine!r}: choose one of {', '.join(ENGINES)}")
+        if engine not in TOKENIZER_ENGINES:
+            raise TokenizerError(f"--tokenizer-engine {engine!r}: choose one of "
+                                 f"{', '.join(TOKENIZER_ENGINES)}")
         self.engine, self.engine_note = self.reference, None
         if engine == "reference":
             return

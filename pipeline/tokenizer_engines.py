@@ -24,8 +24,6 @@ import numpy as np
 
 from pipeline.errors import TokenizerError
 
-ENGINES = ("auto", "fast", "reference")
-
 HARD_TEXTS = (
     "Hello world", "hello <|endoftext|> world", "<|endoftext|>", "a<|endoftext|>b<|fim_prefix|>",
     "I'm you're they'll we've she'd it's DON'T Can'T", "1 12 123 1234 12345 3.14159 1,000,000",

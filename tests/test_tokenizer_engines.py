@@ -92,3 +92,104 @@ def test_an_unknown_engine_is_refused(tmp_path):
     path = write_byte_ranks(tmp_path / "gpt2.tiktoken")
     with pytest.raises(TokenizerError, match="--tokenizer-engine 'quick': choose one of auto"):
         load_tokenizer(str(path), engine="quick")
+
+
+def ranks_with_merges(path):
+    """256 bytes and merges up to whole words of conftest.make_texts' vocabulary, so BPE and the
+    pre-tokenizing pattern both matter (every word is one token, " word" another)."""
+    import base64
+
+    write_byte_ranks(path)
+    words = ["alpha", "beta", "gamma", "long-context"]
+    merges, rank = [], 256
+    for word in words + [" " + w for w in words]:
+        for end in range(2, len(word.encode()) + 1):
+            piece = word.encode()[:end]
+            if piece not in merges:
+                merges.append(piece)
+    with open(path, "ab") as f:
+        for piece in merges:
+            f.write(base64.b64encode(piece) + b" " + str(rank).encode() + b"\n")
+            rank += 1
+    return path
+
+
+def build_with(tmp_path, corpus, tokenizer, engine, name, **kw):
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    return build(BuildConfig(out=str(tmp_path / name), dataset="jsonl", inputs=(str(corpus),),
+                             tokenizer=str(tokenizer), tokenizer_engine=engine, seq=64,
+                             val_fraction=0.2, shard_bytes=64 * 2 * 8, **kw),
+                 show_progress=False)
+
+
+def tree(out) -> dict:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and p.name != "manifest.json"}
+
+
+def test_a_build_resumed_under_the_other_engine_is_byte_identical(tmp_path, monkeypatch):
+    import pipeline.build as build_mod
+    from conftest import make_texts, write_jsonl
+
+    tok = ranks_with_merges(tmp_path / "gpt2.tiktoken")
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(400)])
+    monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr("pipeline.inputs.BATCH_CHARS", 2000)
+    clean = {e: build_with(tmp_path, corpus, tok, e, f"clean-{e}") for e in ("reference", "fast")}
+    assert clean["fast"]["tokenizer_engine"]["library"] == "fastokens"
+    assert clean["reference"]["tokenizer_engine"]["library"] == "tiktoken"
+    assert clean["fast"]["fingerprint"] == clean["reference"]["fingerprint"]
+    assert tree(tmp_path / "clean-fast") == tree(tmp_path / "clean-reference")
+    calls = {"n": 0}
+    original = build_mod.Build._consume
+
+    def crash_on_the_third(self, *args):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(self, *args)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(build_mod.Build, "_consume", crash_on_the_third)
+        with pytest.raises(KeyboardInterrupt):
+            build_with(tmp_path, corpus, tok, "reference", "resumed")
+    m = build_with(tmp_path, corpus, tok, "fast", "resumed")
+    assert m["timings"]["resumed"] and m["tokenizer_engine"]["engine"] == "fast"
+    assert tree(tmp_path / "resumed") == tree(tmp_path / "clean-reference")
+    # The finished build is the same build whichever engine a re-run names.
+    again = build_with(tmp_path, corpus, tok, "reference", "resumed")
+    assert again["timings"] == m["timings"]
+
+
+def test_the_sample_check_stops_a_build_whose_fast_engine_disagrees(tmp_path, monkeypatch):
+    """A fast engine right on every load-time text but wrong on one document: the build stops
+    at that document, if it is one of the sampled ones (hash % 128 == 0), naming it."""
+    from conftest import write_jsonl
+    from pipeline.encode import SAMPLE_EVERY
+    from pipeline.split import doc_hash
+
+    texts = [f"document number {i}" for i in range(2000)]
+    sampled = next(t for t in texts if doc_hash(t) % SAMPLE_EVERY == 0)
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in texts])
+    real = FastEngine.encode_flat
+
+    def wrong_on_one(self, batch):
+        ids, offsets = real(self, batch)
+        if sampled in batch:
+            i = batch.index(sampled)
+            ids = ids.copy()
+            ids[offsets[i]] += 1
+        return ids, offsets
+
+    monkeypatch.setattr(FastEngine, "encode_flat", wrong_on_one)
+    tok = write_byte_ranks(tmp_path / "gpt2.tiktoken")
+    with pytest.raises(TokenizerError) as e:
+        build_with(tmp_path, corpus, tok, "fast", "out")
+    line = texts.index(sampled) + 1
+    assert f"c.jsonl, record {line} ('{sampled}'" in str(e.value)
+    assert "--tokenizer-engine reference" in str(e.value)
+    # The reference engine builds it.
+    m = build_with(tmp_path, corpus, tok, "reference", "out")
+    assert m["counts"]["documents"] == 2000
