@@ -4,14 +4,16 @@
       |  read_parquet.py, read_jsonl.py       records: text, or a counted Skip (records.py)
       v
     inputs.py       batches of texts from one file (the unit of work and of resumption)
-      |  encode.py (worker threads)           hash + split (split.py), tokens + EOS (tokenizer.py)
-      v
+      |  encode.py (worker threads)           hash + split (split.py), tokens + EOS (tokenizer.py:
+      v                                       fastokens or the reference, tokenizer_engines.py)
     pack.py         rows of exactly --seq tokens + per-row document segments (pure)
       |  writers.py                           write-ahead partial files -> whole shards
       v
     write_mds.py / write_memmap.py            OUT/{train,val}/ shards + index.json
     manifest.py                               OUT/manifest.json, written last
 
-build.py runs the arrows and checkpoints; cli.py is the `pack` command. docs/FORMAT.md is the
-single source of truth for the on-disk format.
+build.py runs the arrows and checkpoints, holding OUT's lock (output_lock.py: one writer) and
+touching only files it can prove it wrote (output_dir.py); cli.py is the `pack` command.
+`pack stats` reads builds back: shards.py, stats.py, stats_report.py, stats_files.py,
+recommend.py. docs/FORMAT.md is the single source of truth for the on-disk format.
 """
