@@ -3,6 +3,7 @@
 import base64
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,27 @@ import zstandard
 from pipeline.shards import open_split
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(autouse=True)
+def no_streaming_shared_memory_left():
+    """Every shared-memory block mosaicml-streaming opens registers its clean-up with atexit,
+    so its file handles stay open until the process ends (one train run here leaves ~150):
+    harmless for one run per process, but this suite trains hundreds of times in one process
+    and would pass the open-files limit. After each test no dataset is in use: run those
+    clean-ups now and forget them."""
+    yield
+    if "streaming" not in sys.modules:
+        return
+    import atexit
+    import gc
+
+    from pipeline.streaming_compat import import_streaming
+
+    shared_memory = import_streaming().base.shared.SharedMemory
+    for block in [o for o in gc.get_objects() if type(o) is shared_memory]:
+        atexit.unregister(block.cleanup)
+        block.cleanup()
 
 
 @pytest.fixture

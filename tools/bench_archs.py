@@ -6,7 +6,12 @@ CPU (what this 2-core machine can show):
      seq 1024 / 2048 / 4096, batch 1, fp32: tokens/s of one training step (forward, chunked
      loss, backward), best of --repeat;
   2. resonance scaling: d 64, 2 layers, seq 4k -> 64k: seconds per step divided by L log2 L
-     should stay flat if the time grows as L log L (printed as a ratio to the 4k figure).
+     should stay flat if the time grows as L log L (printed as a ratio to the 4k figure);
+  3. against a nanoGPT-shaped GPT written below (learned positions, pre-LN, fused qkv, GELU MLP,
+     tied head; the shape of nanoGPT's model.py, written here): 6 layers, d 384, 6 heads, FFN 1536,
+     vocab 50257, batch 4 x 1024, a whole AdamW step, fp32 and bf16 autocast; each zoo family at
+     the same width and depth (MoE: 4 experts, top 2, expert width 512 = the dense MLP's FLOPs),
+     rounds alternating; target every family >= 1.0x the baseline's tokens/s.
 GPU (CUDA available; bf16 autocast, torch.compile):
   3. tokens/s and MFU, nominal (model.flops_per_token) and "useful" (attention FLOPs counted
      only within documents, from the mean document length --doc-len) against the device's peak
@@ -16,7 +21,8 @@ Targets (GPU, from the issue): neox >= 40% MFU at 2048 for >= 350M parameters; n
 doc-masked 32k rows >= 35k tokens/s; resonance faster than gpt-neox at 32k. The script prints
 its figures and exits 0: a measuring tool, not a test.
 
-    .venv/bin/python tools/bench_archs.py [--repeat 3] [--cpu-only] [--peak-tflops 989]
+    .venv/bin/python tools/bench_archs.py [--repeat 3] [--rounds 3] [--cpu-only] [--only-nano]
+                                          [--peak-tflops 989]
 """
 
 import argparse
@@ -24,6 +30,8 @@ import math
 import time
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 import archs
 
@@ -84,6 +92,102 @@ def cpu_section(repeat: int):
               f"time/(L log L) x{per / base:.2f}")
 
 
+class NanoBlock(nn.Module):
+    def __init__(self, d: int, heads: int, ff: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, ff), nn.Linear(ff, d)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(B, T, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, heads, T, d/heads)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class NanoGPT(nn.Module):
+    """The baseline: what a 60-line GPT does, with full logits and one loss call."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, ff: int, seq: int):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.blocks = nn.ModuleList(NanoBlock(d, heads, ff) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.wte.weight  # tied, as in nanoGPT
+
+    def loss(self, x, y, doc_starts=None):
+        h = self.wte(x) + self.wpe(torch.arange(x.shape[1], device=x.device))
+        for block in self.blocks:
+            h = block(h)
+        logits = self.head(self.ln_f(h))
+        return {"loss": F.cross_entropy(logits.float().flatten(0, 1), y.flatten())}
+
+
+NANO = dict(d=384, layers=6, heads=6, ff=1536, vocab=50257, batch=4, seq=1024)
+
+
+def zoo_at_nano_shape(family: str) -> nn.Module:
+    n = NANO
+    shape = {"gpt-neox": dict(n_heads=n["heads"], d_ff=n["ff"]),
+             "moe": dict(n_heads=n["heads"], n_kv_heads=n["heads"], n_experts=4, top_k=2,
+                         d_expert=n["ff"] // 4),
+             "resonance": dict(d_ff=n["ff"])}[family]
+    return archs.build(family, vocab_size=n["vocab"], d_model=n["d"], n_layers=n["layers"],
+                       **shape)
+
+
+def train_step_seconds(model: nn.Module, bf16: bool, repeat: int) -> float:
+    """Best wall seconds of one whole AdamW training step at NANO's batch."""
+    torch.manual_seed(0)
+    x = torch.randint(0, NANO["vocab"], (NANO["batch"], NANO["seq"]))
+    y = torch.randint(0, NANO["vocab"], (NANO["batch"], NANO["seq"]))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    best = math.inf
+    for i in range(repeat + 1):  # the first step warms up (allocator, optimizer state)
+        t = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = model.loss(x, y)["loss"]
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i:
+            best = min(best, time.perf_counter() - t)
+    return best
+
+
+def nano_section(repeat: int, rounds: int):
+    n = NANO
+    tokens = n["batch"] * n["seq"]
+    print(f"\n== CPU, nanoGPT-shaped baseline vs the zoo at equal width/depth: {n['layers']} "
+          f"layers, d {n['d']}, {n['heads']} heads, FFN {n['ff']}, vocab {n['vocab']}, batch "
+          f"{n['batch']} x {n['seq']}, whole AdamW step; best of {repeat} steps per round, "
+          f"{rounds} alternating rounds")
+    torch.manual_seed(0)
+    models = {"nanoGPT baseline": NanoGPT(n["vocab"], n["d"], n["layers"], n["heads"], n["ff"],
+                                          n["seq"])}
+    models.update({family: zoo_at_nano_shape(family) for family in FAMILIES_AT_NANO})
+    for bf16 in (False, True):
+        best = {name: math.inf for name in models}
+        for _ in range(rounds):
+            for name, model in models.items():
+                best[name] = min(best[name], train_step_seconds(model, bf16, repeat))
+        base = tokens / best["nanoGPT baseline"]
+        print(f"  {'bf16 autocast' if bf16 else 'fp32'}")
+        for name, seconds in best.items():
+            rate = tokens / seconds
+            verdict = "" if name.startswith("nano") else (
+                "  PASS" if rate >= base else "  FAIL") + " (target >= 1.0x)"
+            print(f"    {name:<18}{rate:>10,.0f} tokens/s  {rate / base:5.2f}x{verdict}")
+
+
+FAMILIES_AT_NANO = ("gpt-neox", "moe", "resonance")
+
+
 def useful_flops(model, seq: int, doc_len: int | None) -> float:
     """FLOPs/token counting attention only within documents of mean length doc_len."""
     if not doc_len or not hasattr(model.cfg, "n_heads"):
@@ -123,11 +227,17 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cpu-only", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, nanoGPT section")
+    ap.add_argument("--only-nano", action="store_true", help="only the nanoGPT comparison")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--doc-len", type=int, default=2048,
                     help="document length of the doc-masked GPU rows")
     args = ap.parse_args()
+    if args.only_nano:
+        nano_section(args.repeat, args.rounds)
+        return
     cpu_section(args.repeat)
+    nano_section(args.repeat, args.rounds)
     if torch.cuda.is_available() and not args.cpu_only:
         gpu_section(args.repeat, args.peak_tflops, args.doc_len)
     else:

@@ -44,13 +44,13 @@ def stop(procs: Processes) -> None:
         dist.destroy_process_group()
 
 
-def mean(value: float, procs: Processes) -> float:
-    """The mean of a number over all processes."""
+def total(value: float, procs: Processes) -> float:
+    """The sum of a number over all processes."""
     if procs.world == 1:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=procs.device)
     dist.all_reduce(t)
-    return float(t) / procs.world
+    return float(t)
 
 
 def anyone(flag: bool, procs: Processes) -> bool:

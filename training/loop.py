@@ -150,7 +150,7 @@ def _train(cfg, resume, log, stop_at, procs):
             # global batch, however it is cut into micro-batches and ranks: a micro-batch weighs
             # by its real targets, so one of padding counts for nothing.
             counts = torch.stack([(b["targets"] != -100).sum() for b in micro_batches]).tolist()
-            targets = round(summed(sum(counts), procs))
+            targets = round(distributed.total(sum(counts), procs))
             loss_sum = 0.0
             for micro, (batch, count) in enumerate(zip(micro_batches, counts)):
                 # DDP averages gradients on the last micro-step only, over the ranks: x world
@@ -164,7 +164,7 @@ def _train(cfg, resume, log, stop_at, procs):
                     scaler.scale(out["loss"] * weight).backward()
                 loss_sum += out["loss"].item() * count
             # None: no real target in the step (windows of padding); the gradients were zero.
-            total = summed(loss_sum, procs) / targets if targets else None
+            total = distributed.total(loss_sum, procs) / targets if targets else None
             if total is not None and not math.isfinite(total):
                 raise TrainingError(f"loss is {total} at step {step}; the last good checkpoint "
                                     f"is in {run} (resume from it with a lower --lr)")
@@ -330,16 +330,11 @@ def evaluate(model, build: Build, cfg: TrainConfig, procs) -> dict | None:
             loss_sum += out["ce"].item() * count  # ce is the mean over these targets
             targets += count
     model.train(was_training)
-    loss_sum, targets = summed(loss_sum, procs), round(summed(targets, procs))
+    loss_sum, targets = distributed.total(loss_sum, procs), round(distributed.total(targets, procs))
     if not targets:
         return None
     loss = loss_sum / targets
     return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_targets": targets}
-
-
-def summed(value: float, procs) -> float:
-    """The sum of a number over all processes."""
-    return distributed.mean(value, procs) * procs.world
 
 
 class Eta:
