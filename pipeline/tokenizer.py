@@ -25,8 +25,8 @@ from pipeline.errors import TokenizerError
 from pipeline.tokenizer_engines import (
     FastEngine,
     ReferenceEngine,
-    _flat,
     check_agreement,
+    concat_ids,
     gave_up,
 )
 
@@ -133,7 +133,7 @@ class Tokenizer:
             else:
                 raise Unencodable(i)
             parts.append(ids)
-        return _flat(parts)
+        return concat_ids(parts)
 
     def _other_engine(self):
         """The engine a give-up falls back to, loaded once: fastokens when the reference

@@ -43,7 +43,8 @@ def package_version(name: str) -> str:
         return "unknown"
 
 
-def _flat(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def concat_ids(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-text id arrays as encode_flat's (ids uint32, offsets int64)."""
     offsets = np.zeros(len(parts) + 1, np.int64)
     np.cumsum([len(p) for p in parts], out=offsets[1:])
     ids = np.concatenate(parts).astype(np.uint32, copy=False) if parts else np.zeros(0, np.uint32)
@@ -60,9 +61,9 @@ class ReferenceEngine:
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self.kind == "tiktoken":
-            return _flat([self.impl.encode_to_numpy(t, disallowed_special=()) for t in texts])
+            return concat_ids([self.impl.encode_to_numpy(t, disallowed_special=()) for t in texts])
         encodings = self.impl.encode_batch_fast(texts, add_special_tokens=False)
-        return _flat([np.asarray(e.ids, np.uint32) for e in encodings])
+        return concat_ids([np.asarray(e.ids, np.uint32) for e in encodings])
 
 
 class FastEngine:

@@ -220,10 +220,7 @@ def fast_encoder(tokenizer: Path, workers: int):
 
     def encode(texts):
         batches = [texts[i:i + 2048] for i in range(0, len(texts), 2048)]
-        out = []
-        for ids, _ in pool.map(engine.encode_flat, batches):
-            out.append(ids)
-        return out
+        return [ids for ids, _ in pool.map(engine.encode_flat, batches)]
 
     return encode
 
