@@ -1,9 +1,10 @@
 """`pack build`: read -> tokenize -> split -> pack -> write shards, resumably.
 
-    read_batches (inputs.py)      main thread: batches of texts from one file, in document order
+    read_batches (inputs.py)      a reader thread: batches of texts from one file, in document order
       -> encode_batch (encode.py) worker threads: hash, split, tokens + EOS    (--workers)
       -> RowPacker (pack.py)      main thread, one per split: rows of exactly --seq tokens
-      -> ShardSink (writers.py)   main thread, one per split: write-ahead rows -> finished shards
+      -> ShardSink (writers.py)   main thread, one per split: write-ahead rows; a writer thread
+                                  turns them into finished shards in the background
       -> checkpoint               every CHECKPOINT_SECONDS and after each finished shard
 
 Batches are submitted in order and consumed in order, at most 2 x workers ahead, so memory is
@@ -30,7 +31,7 @@ from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.encode import EngineMismatch, encode_batch
 from pipeline.errors import InputError, SettingsError, TokenizerError
 from pipeline.hub import HubFiles, HuggingFaceHub
-from pipeline.inputs import LocalFiles, describe_hub, read_batches
+from pipeline.inputs import LocalFiles, describe_hub, read_ahead, read_batches
 from pipeline.output_dir import Journal, prepare_output, remove_work_files
 from pipeline.output_lock import OutputLock
 from pipeline.pack import RowPacker
@@ -38,7 +39,7 @@ from pipeline.progress import Progress
 from pipeline.records import BLANK_LINE, REASONS, Skip
 from pipeline.split import Splitter
 from pipeline.tokenizer import load_tokenizer
-from pipeline.writers import ShardSink
+from pipeline.writers import ShardSink, shard_writer
 
 CHECKPOINT_SECONDS = 10.0
 
@@ -93,7 +94,8 @@ class Build:
         compression = None if cfg.compression == "none" else cfg.compression
         self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
                                    cfg.shard_rows(dtype.itemsize), compression, cfg.shard_bytes,
-                                   self.journal.claim, state["splits"].get(s)) for s in SPLITS}
+                                   self.journal.claim, self.writer, state["splits"].get(s))
+                      for s in SPLITS}
         self.journal.claim(self.out / "skipped.jsonl")
         with writing(self.out / "skipped.jsonl"):
             self.skip_log = open(self.out / "skipped.jsonl", "ab")
@@ -212,9 +214,12 @@ class Build:
                                  self.show_progress, (c["documents"], c["tokens"], self.bytes_done))
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
         self.inflight = deque()
-        settle = (self._settle_before_download if cfg.max_tokens and not cfg.inputs
-                  else lambda i: None)
-        batches = read_batches(self.files, self.field, self.cursor, self._prefetch_next, settle)
+        if cfg.max_tokens and not cfg.inputs:  # settling packs on this thread between files
+            batches = read_batches(self.files, self.field, self.cursor, self._prefetch_next,
+                                   self._settle_before_download)
+        else:
+            batches = read_ahead(read_batches(self.files, self.field, self.cursor,
+                                              self._prefetch_next), 2 * cfg.workers)
         try:
             exhausted = False
             while True:
@@ -230,6 +235,7 @@ class Build:
         except _Stop:
             pass
         finally:
+            batches.close()
             for _, future in self.inflight:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -255,6 +261,7 @@ class Build:
 
     def _run(self, state: dict | None) -> dict:
         self.sinks, self.skip_log = {}, None
+        self.writer = shard_writer()
         try:
             self._restore(state)
             self.t_first = self.t_last = None
@@ -269,6 +276,8 @@ class Build:
         except BaseException:
             self._abandon()
             raise
+        finally:
+            self.writer.shutdown()
         return self._write_manifest(indexes)
 
     def _abandon(self) -> None:

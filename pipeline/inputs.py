@@ -3,9 +3,13 @@
 A batch holds up to BATCH_CHARS characters of text from one file, in record order. It is the
 unit of tokenization (one worker thread each) and of resumption: after a batch the cursor is
 (file index, records read in that file), and a resumed build starts reading right there.
+`read_ahead` reads in a thread of its own, so that decoding parquet and parsing JSON overlap
+the main thread's packing.
 """
 
 import os
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,3 +98,44 @@ def _records(path: Path, text_field: str, start: int, position: ReadPosition
         return
     reader = read_parquet if file_format(str(path)) == "parquet" else read_jsonl
     yield from reader(path, text_field, start, position)
+
+
+_END = object()
+
+
+def read_ahead(batches: Iterator[Batch], depth: int) -> Iterator[Batch]:
+    """The same batches, read by a thread up to `depth` batches ahead. An error while reading
+    is raised here, at the batch it stopped; closing this generator stops the thread."""
+    ready: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def read():
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+            put(_END)
+        except BaseException as e:  # handed to the consumer, which raises it
+            put(e)
+        finally:
+            batches.close()
+
+    thread = threading.Thread(target=read, name="read", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()

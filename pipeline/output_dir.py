@@ -20,6 +20,7 @@ nothing, tolerates foreign files.
 import json
 import os
 import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,18 +44,19 @@ class Journal:
     def __init__(self, out: Path):
         self.out, self.path = out, out / WORK_DIR / JOURNAL
         self.listed = _read_journal(out)
+        self.lock = threading.Lock()
         with writing(self.path):
             self.file = open(self.path, "a", encoding="utf-8")
 
     def claim(self, path: Path) -> None:
         rel = path.relative_to(self.out).as_posix()
-        if rel in self.listed:
-            return
-        with writing(self.path):
+        with self.lock, writing(self.path):  # the shard writer thread claims too
+            if rel in self.listed:
+                return
             self.file.write(rel + "\n")
             self.file.flush()
             os.fsync(self.file.fileno())
-        self.listed.add(rel)
+            self.listed.add(rel)
 
     def close(self) -> None:
         try:

@@ -14,6 +14,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -185,11 +186,12 @@ def load_tokenizer(spec: str, bos: bool = False, engine: str = "reference") -> T
     """`spec` is a tiktoken encoding name, a `.tiktoken` ranks file, or a tokenizer.json.
     `engine` (auto, fast, reference) picks what encodes; the ids are the same whichever."""
     path = Path(spec).expanduser()
+    prefetch = engine != "reference"  # start loading fastokens beside the reference library
     if path.is_file():
         if path.suffix == ".json":
-            tok = _load_huggingface(path)
+            tok = _load_huggingface(path, prefetch)
         else:
-            tok = _load_tiktoken_file(path)
+            tok = _load_tiktoken_file(path, prefetch)
     elif spec in TIKTOKEN_ENCODINGS:
         tok = _load_tiktoken_name(spec)
     elif path.suffix in (".json", ".tiktoken") or os.sep in spec:
@@ -217,15 +219,28 @@ def _ranks_sha256(ranks: dict[bytes, int]) -> str:
     return h.hexdigest()
 
 
-def _tiktoken_tokenizer(enc, name: str, source: str, sha256: str, path: Path | None
-                        ) -> Tokenizer:
+def _in_background(load: Callable[[], FastEngine] | bool) -> Callable[[], FastEngine] | None:
+    """Start `load` in a thread now and return what waits for its engine (or raises its
+    error). fastokens builds its tables with the GIL released (~0.25 s for GPT-2's ranks), so
+    it overlaps the reference library's load and the rest of start-up."""
+    if not load:
+        return None
+    pool = ThreadPoolExecutor(1, thread_name_prefix="load-fastokens")
+    future = pool.submit(load)
+    pool.shutdown(wait=False)
+    return future.result
+
+
+def _tiktoken_tokenizer(enc, name: str, source: str, sha256: str, path: Path | None,
+                        loading: Callable[[], FastEngine] | None = None) -> Tokenizer:
     if ENDOFTEXT not in enc._special_tokens:
         raise TokenizerError(f"tiktoken encoding {name} has no {ENDOFTEXT} token to end documents")
     reference = ReferenceEngine(enc, "tiktoken")
 
     def load_fast() -> FastEngine:
-        fast = FastEngine.load("tiktoken", path, None if path else enc._mergeable_ranks,
-                               enc._pat_str, enc._special_tokens)
+        fast = loading() if loading else FastEngine.load(
+            "tiktoken", path, None if path else enc._mergeable_ranks, enc._pat_str,
+            enc._special_tokens)
         check_agreement(fast, reference, name)
         return fast
 
@@ -246,7 +261,7 @@ def _load_tiktoken_name(name: str) -> Tokenizer:
     return _tiktoken_tokenizer(enc, name, name, _ranks_sha256(enc._mergeable_ranks), None)
 
 
-def _load_tiktoken_file(path: Path) -> Tokenizer:
+def _load_tiktoken_file(path: Path, prefetch: bool) -> Tokenizer:
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
 
@@ -261,16 +276,20 @@ def _load_tiktoken_file(path: Path) -> Tokenizer:
             f"{path}: unknown .tiktoken ranks file (sha256 {sha[:12]}…); name it after the "
             f"encoding whose pattern and special tokens it uses ({', '.join(TIKTOKEN_ENCODINGS)})")
     _, pat_str, special_tokens = TIKTOKEN_ENCODINGS[name]
+    loading = _in_background(prefetch and (
+        lambda: FastEngine.load("tiktoken", path, None, pat_str, special_tokens)))
     try:
         ranks = load_tiktoken_bpe(str(path))
     except Exception as e:
         raise TokenizerError(f"{path}: not a .tiktoken ranks file ({e})") from None
     enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks,
                             special_tokens=special_tokens)
-    return _tiktoken_tokenizer(enc, name, str(path), sha, path)
+    return _tiktoken_tokenizer(enc, name, str(path), sha, path, loading)
 
 
-def _load_huggingface(path: Path) -> Tokenizer:
+def _load_huggingface(path: Path, prefetch: bool) -> Tokenizer:
+    loading = _in_background(prefetch and (lambda: FastEngine.load("huggingface", path, None,
+                                                                    "", {})))
     try:
         from tokenizers import Tokenizer as HFTokenizer
     except ImportError:
@@ -295,7 +314,7 @@ def _load_huggingface(path: Path) -> Tokenizer:
 
     def load_fast() -> FastEngine:
         try:
-            fast = FastEngine.load("huggingface", path, None, "", {})
+            fast = loading() if loading else FastEngine.load("huggingface", path, None, "", {})
         except ImportError:
             raise
         except Exception as e:  # a tokenizer.json fastokens does not support

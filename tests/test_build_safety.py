@@ -300,7 +300,9 @@ def test_a_write_failing_at_any_step_is_one_line_and_the_build_resumes(
     with monkeypatch.context() as mp:
         mp.setattr(os, call, failing)
         message = one_line_error(CliRunner().invoke(pack, args))
-    assert len(calls) == k
+    # The build stops at the failing call; only the shard the writer thread is writing at that
+    # moment may still reach the disk (a resume writes it again, claimed and identical).
+    assert k <= len(calls) <= k + 1
     assert f"cannot write {tmp_path / 'out'}" in message and os.strerror(error) in message
     r = CliRunner().invoke(pack, args)
     assert r.exit_code == 0, r.output
