@@ -251,3 +251,26 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
     assert positions == sorted(positions)
     halfway = positions[len(positions) // 2]
     assert 0.3 * size < halfway < 0.7 * size
+
+
+def test_read_ahead_gives_the_same_batches_raises_where_reading_failed_and_stops_when_closed():
+    import threading
+
+    from pipeline.inputs import read_ahead
+
+    def source(fail_at=None):
+        for i in range(50):
+            if i == fail_at:
+                raise OSError(f"disk gone at batch {i}")
+            yield i
+
+    assert list(read_ahead(source(), depth=3)) == list(range(50))
+    got = []
+    with pytest.raises(OSError, match="disk gone at batch 7"):
+        for batch in read_ahead(source(fail_at=7), depth=3):
+            got.append(batch)
+    assert got == list(range(7))  # every batch before the failure, none after
+    early = read_ahead(source(), depth=2)
+    assert [next(early), next(early)] == [0, 1]
+    early.close()  # the build stops early (--max-tokens, an error): the reader thread ends
+    assert not [t for t in threading.enumerate() if t.name == "read"]
