@@ -4,11 +4,15 @@ Each channel c of the long convolution has the kernel
     k_c(t) = sum_n a_cn * exp(-alpha_cn * t) * cos(omega_cn * t + phi_cn),   t = 0 .. L-1
 a sum of `num_frequencies` damped sinusoids with learned frequency omega, damping alpha > 0,
 amplitude a and phase phi (the S4D / H3 / Hyena family). With z = exp(-alpha + i*omega) and
-A = a * exp(i*phi), k(t) = Re(sum_n A_n z_n^t), so its length-2L DFT is, in closed form,
-    K[f] = 1/2 sum_n [A_n G(z_n, f) + conj(A_n) G(conj(z_n), f)],
-    G(z, f) = (1 - z^L (-1)^f) / (1 - z w^f),  w = exp(-2 pi i / 2L)
-(a geometric series truncated at L). The kernel is generated there directly and never
-materialised in time. Zero padding to 2L makes the FFT product a linear (not circular)
+A = a * exp(i*phi), k(t) = Re(sum_n A_n z_n^t). The kernel is generated in time, per step, as a
+matrix product: with t = i*S + j (S = ceil(sqrt(L)), i < ceil(L / S), j < S), z^t = z^(iS) z^j,
+so a channel's kernel, laid out as a (L/S, S) grid, is Re(P @ Q) with P[i, n] = A_n z_n^(iS) and
+Q[n, j] = z_n^j: one real batched matmul over the channels, [Re P, -Im P] (L/S, 2n) @
+[Re Q; Im Q] (2n, S). That is the d * n * L multiply-adds of the definition, in BLAS, from
+tensors of only d * n * (L/S + S) powers, each computed directly from alpha and omega (angles in
+float64, reduced mod 2 pi), never by repeated multiplication, so no error accumulates along t.
+The kernel stays in fp32 under autocast (a sum of n terms, each up to |a|). The 2L-point rfft of
+the kernel is its spectrum; zero padding to 2L makes the FFT product a linear (not circular)
 convolution, so outputs at t only see inputs at <= t.
 
 A block: x + out(gate * (longconv(shortconv(u)) + D * u)) with (u, gate) = in(LN(x)), then
@@ -46,42 +50,61 @@ class ResonanceConfig:
 
 
 def kernel_spectrum(log_alpha, omega, amp, phase, L: int) -> torch.Tensor:
-    """rfft of each channel's kernel, zero-padded to 2L: complex (d, L + 1). Parameters (d, n).
+    """rfft of each channel's kernel, zero-padded to 2L: complex (d, L + 1). Parameters (d, n)."""
+    return torch.fft.rfft(resonance_kernel(log_alpha, omega, amp, phase, L), n=2 * L)
 
-    Cost O(d * n * L), the same as writing the kernel in time, but without the (d, L) kernel or
-    its FFT. Channels go in slices of ~2^24 (n x frequency) terms, each recomputed in backward
-    rather than kept, so memory is the (d, L + 1) result, not (d, n, L + 1)."""
+
+def resonance_kernel(log_alpha, omega, amp, phase, L: int) -> torch.Tensor:
+    """Each channel's kernel k(t), t < L: real (d, L), in the parameters' dtype. Parameters (d, n).
+
+    Cost: d * n * L multiply-adds in one batched matmul. Channels go in slices of ~2^24 powers
+    (n x (L/S + S) each), each recomputed in backward rather than kept, so memory is the (d, L)
+    kernel, not the slices' powers (at 32k, d 2048, n 256 they would be GBs per layer)."""
     d, n = omega.shape
-    step = max(1, (1 << 24) // max(1, n * (L + 1)))
+    S = math.isqrt(max(L - 1, 0)) + 1  # ceil(sqrt(L)) for L >= 1
+    rows = -(-L // S)
+    step = max(1, (1 << 24) // (n * (rows + S)))
     slices = []
-    for i in range(0, d, step):
-        args = (log_alpha[i:i + step], omega[i:i + step], amp[i:i + step], phase[i:i + step])
-        if torch.is_grad_enabled() and omega.requires_grad:
-            slices.append(torch.utils.checkpoint.checkpoint(_spectrum, *args, L,
-                                                            use_reentrant=False))
-        else:
-            slices.append(_spectrum(*args, L))
+    with torch.autocast(omega.device.type, enabled=False):
+        for c in range(0, d, step):
+            args = (log_alpha[c:c + step], omega[c:c + step], amp[c:c + step],
+                    phase[c:c + step], L, S)
+            if torch.is_grad_enabled() and omega.requires_grad:
+                slices.append(torch.utils.checkpoint.checkpoint(_kernel, *args,
+                                                                use_reentrant=False))
+            else:
+                slices.append(_kernel(*args))
     return torch.cat(slices)
 
 
-def _spectrum(log_alpha, omega, amp, phase, L: int) -> torch.Tensor:
-    f = torch.arange(L + 1, device=omega.device)
-    w = torch.polar(torch.ones(L + 1, device=omega.device), -math.pi * f.float() / L)  # (F,)
-    sign = 1 - 2 * (f % 2)  # (-1)^f
-    z = torch.polar(torch.exp(-log_alpha.exp()), omega)  # (s, n): decay and rotation per step
-    A = amp * torch.polar(torch.ones_like(phase), phase)  # (s, n)
-    spec = 0
-    for zz, AA in ((z, A), (z.conj(), A.conj())):
-        num = 1 - zz[..., None] ** L * sign  # (s, n, F)
-        spec = spec + (AA[..., None] * num / (1 - zz[..., None] * w)).sum(1)
-    return 0.5 * spec
+def _kernel(log_alpha, omega, amp, phase, L: int, S: int) -> torch.Tensor:
+    s, n = omega.shape
+    rows = -(-L // S)
+    wide = torch.float64
+    i = torch.arange(rows, device=omega.device, dtype=wide) * S  # (rows,) t at each grid row
+    j = torch.arange(S, device=omega.device, dtype=wide)  # (S,) t within a row
+    P_re, P_im = _powers(log_alpha, omega, i, phase.to(wide)[..., None])  # (s, n, rows)
+    Q_re, Q_im = _powers(log_alpha, omega, j, 0.0)  # (s, n, S)
+    left = torch.cat([amp[..., None] * P_re, -amp[..., None] * P_im], 1)  # (s, 2n, rows)
+    right = torch.cat([Q_re, Q_im], 1)  # (s, 2n, S)
+    grid = torch.bmm(left.transpose(1, 2), right)  # (s, rows, S): Re(P @ Q)
+    return grid.reshape(s, rows * S)[:, :L]
 
 
-def fft_causal_conv(u: torch.Tensor, spectrum: torch.Tensor, L: int) -> torch.Tensor:
-    """u (B, d, T) with T <= L, spectrum (d, L + 1) of the 2L-padded kernel -> (B, d, T)."""
-    T = u.shape[-1]
-    U = torch.fft.rfft(u.float(), n=2 * L)
-    return torch.fft.irfft(U * spectrum, n=2 * L)[..., :T].to(u.dtype)
+def _powers(log_alpha, omega, t, shift):
+    """Re and Im of z^t * exp(i * shift), (s, n, len(t)), from alpha and omega directly: the
+    angle omega * t + shift is formed in float64 and reduced mod 2 pi before it is rounded (at
+    t = 32k an fp32 product would be off by ~0.01 rad)."""
+    angle = torch.remainder(omega.to(t.dtype)[..., None] * t + shift, 2 * math.pi)
+    angle = angle.to(omega.dtype)
+    decay = torch.exp(-log_alpha.exp()[..., None] * t.to(omega.dtype))
+    return decay * angle.cos(), decay * angle.sin()
+
+
+def fft_causal_conv(x: torch.Tensor, spectrum: torch.Tensor, L: int) -> torch.Tensor:
+    """x (B, d, T) fp32 with T <= L, spectrum (d, L + 1) of the 2L-padded kernel -> (B, d, T)."""
+    T = x.shape[-1]
+    return torch.fft.irfft(torch.fft.rfft(x, n=2 * L) * spectrum, n=2 * L)[..., :T]
 
 
 class LongConv(nn.Module):
@@ -96,17 +119,15 @@ class LongConv(nn.Module):
         self.skip = nn.Parameter(torch.ones(d))
 
     def forward(self, u: torch.Tensor, doc_starts: torch.Tensor | None) -> torch.Tensor:
-        # u (B, T, d)
+        # u (B, T, d). The FFTs run in fp32 along time, on a contiguous (B, d, T) copy: one copy
+        # does the cast and the layout (an FFT over a strided axis was 2x slower backward).
         B, T, d = u.shape
-        x = u.transpose(1, 2)  # (B, d, T)
+        x = u.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+        kernel = resonance_kernel(self.log_alpha, self.omega, self.amp, self.phase, T)  # (d, T)
         if doc_starts is None:
-            spec = kernel_spectrum(self.log_alpha, self.omega, self.amp, self.phase, T)
-            y = fft_causal_conv(x, spec, T)
+            y = fft_causal_conv(x, torch.fft.rfft(kernel, n=2 * T), T)
         else:  # each document's convolution restarts: convolve document by document
-            # The closed form runs once, at the row length; a document of length m needs only the
-            # kernel's first m taps, whose 2m-point spectrum is one small FFT (not d*n*m work).
-            kernel = torch.fft.irfft(
-                kernel_spectrum(self.log_alpha, self.omega, self.amp, self.phase, T), n=2 * T)
+            # A document of length m needs only the kernel's first m taps: one small FFT each.
             y = torch.empty_like(x)
             spectra = {}
             for b in range(B):
@@ -116,7 +137,7 @@ class LongConv(nn.Module):
                     if n not in spectra:
                         spectra[n] = torch.fft.rfft(kernel[:, :n], n=2 * n)
                     y[b:b + 1, :, lo:hi] = fft_causal_conv(x[b:b + 1, :, lo:hi], spectra[n], n)
-        return y.transpose(1, 2) + u * self.skip
+        return (y.transpose(1, 2) + u * self.skip).to(u.dtype)  # (B, T, d)
 
 
 class ShortConv(nn.Module):
@@ -127,12 +148,16 @@ class ShortConv(nn.Module):
         self.weight = nn.Parameter(torch.randn(k, d) / math.sqrt(k))
         self.bias = nn.Parameter(torch.zeros(d))
 
-    def forward(self, u: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        # u (B, T, d); pos (B, T) position within the document
-        y = u * self.weight[0] + self.bias
-        for j in range(1, self.weight.shape[0]):
-            shifted = F.pad(u, (0, 0, j, 0))[:, : u.shape[1]]  # u[t - j], zeros before 0
-            y = y + shifted * self.weight[j] * (pos >= j)[..., None]
+    def forward(self, u: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
+        # u (B, T, d); pos (B, T) position within the document, None when a row is one document
+        # (then the taps before t = 0 are simply absent, and no mask is needed).
+        T = u.shape[1]
+        y = torch.addcmul(self.bias, u, self.weight[0])
+        for j in range(1, min(self.weight.shape[0], T)):
+            tap = u[:, : T - j]  # u[t - j] for t >= j
+            if pos is not None:  # a tap reaching back past the document's start reads zero
+                tap = tap * (pos[:, j:, None] >= j)
+            y[:, j:] += tap * self.weight[j]
         return y
 
 
@@ -151,7 +176,7 @@ class Block(nn.Module):
 
     def forward(self, x, pos, doc_starts):
         u, gate = self.inp(self.ln1(x)).chunk(2, dim=-1)  # (B, T, d) each
-        y = self.long(self.short(u, pos), doc_starts)
+        y = self.long(self.short(u, None if doc_starts is None else pos), doc_starts)
         x = x + self.out(y * F.silu(gate))
         return x + self.fc_out(F.gelu(self.fc_in(self.ln2(x))))
 
