@@ -22,6 +22,7 @@ doc-masked 32k rows >= 35k tokens/s; resonance faster than gpt-neox at 32k. The 
 its figures and exits 0: a measuring tool, not a test.
 
     .venv/bin/python tools/bench_archs.py [--repeat 3] [--rounds 3] [--cpu-only] [--only-nano]
+                                          [--families gpt-neox,moe,resonance] [--dtypes fp32,bf16]
                                           [--peak-tflops 989]
 """
 
@@ -141,48 +142,66 @@ def zoo_at_nano_shape(family: str) -> nn.Module:
                        **shape)
 
 
-def train_step_seconds(model: nn.Module, bf16: bool, repeat: int) -> float:
-    """Best wall seconds of one whole AdamW training step at NANO's batch."""
-    torch.manual_seed(0)
-    x = torch.randint(0, NANO["vocab"], (NANO["batch"], NANO["seq"]))
-    y = torch.randint(0, NANO["vocab"], (NANO["batch"], NANO["seq"]))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def train_step_seconds(model: nn.Module, opt: torch.optim.Optimizer, batch, bf16: bool,
+                       steps: int) -> float:
+    """Best wall seconds of `steps` whole AdamW training steps (forward, loss, backward, step)."""
+    x, y = batch
     best = math.inf
-    for i in range(repeat + 1):  # the first step warms up (allocator, optimizer state)
+    for _ in range(steps):
         t = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             loss = model.loss(x, y)["loss"]
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if i:
-            best = min(best, time.perf_counter() - t)
+        best = min(best, time.perf_counter() - t)
     return best
 
 
-def nano_section(repeat: int, rounds: int):
+BASELINE = "nanoGPT baseline"
+
+
+def nano_section(repeat: int, rounds: int, families=None, dtypes=("fp32", "bf16")):
+    """Every figure is printed as it is measured (a bf16 step takes minutes on a CPU without
+    bf16 instructions). One fp32 warm-up step per model first (allocator, AdamW state); then per
+    dtype `rounds` rounds, each timing every model in turn for `repeat` steps (alternating, so
+    load from other processes falls on all of them); each model's best step counts."""
     n = NANO
     tokens = n["batch"] * n["seq"]
+    families = families or FAMILIES_AT_NANO
     print(f"\n== CPU, nanoGPT-shaped baseline vs the zoo at equal width/depth: {n['layers']} "
           f"layers, d {n['d']}, {n['heads']} heads, FFN {n['ff']}, vocab {n['vocab']}, batch "
           f"{n['batch']} x {n['seq']}, whole AdamW step; best of {repeat} steps per round, "
-          f"{rounds} alternating rounds")
+          f"{rounds} alternating rounds", flush=True)
     torch.manual_seed(0)
-    models = {"nanoGPT baseline": NanoGPT(n["vocab"], n["d"], n["layers"], n["heads"], n["ff"],
-                                          n["seq"])}
-    models.update({family: zoo_at_nano_shape(family) for family in FAMILIES_AT_NANO})
-    for bf16 in (False, True):
+    models = {BASELINE: NanoGPT(n["vocab"], n["d"], n["layers"], n["heads"], n["ff"], n["seq"])}
+    models.update({family: zoo_at_nano_shape(family) for family in families})
+    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in models.items()}
+    batch = (torch.randint(0, n["vocab"], (n["batch"], n["seq"])),
+             torch.randint(0, n["vocab"], (n["batch"], n["seq"])))
+    for name, model in models.items():
+        seconds = train_step_seconds(model, opts[name], batch, False, 1)
+        print(f"  warm-up {name:<18}{seconds:8.2f} s", flush=True)
+    results = {}
+    for dtype in dtypes:
+        bf16 = dtype == "bf16"
         best = {name: math.inf for name in models}
-        for _ in range(rounds):
+        for r in range(rounds):
             for name, model in models.items():
-                best[name] = min(best[name], train_step_seconds(model, bf16, repeat))
-        base = tokens / best["nanoGPT baseline"]
-        print(f"  {'bf16 autocast' if bf16 else 'fp32'}")
+                seconds = train_step_seconds(model, opts[name], batch, bf16, repeat)
+                best[name] = min(best[name], seconds)
+                print(f"  {dtype} round {r + 1}/{rounds} {name:<18}{seconds:8.2f} s/step "
+                      f"{tokens / seconds:>8,.0f} tokens/s", flush=True)
+        results[dtype] = best
+    print("  summary (best step of each model; target: every family >= 1.00x the baseline)")
+    for dtype, best in results.items():
+        base = tokens / best[BASELINE]
+        print(f"  {'bf16 autocast' if dtype == 'bf16' else 'fp32'}")
         for name, seconds in best.items():
             rate = tokens / seconds
-            verdict = "" if name.startswith("nano") else (
-                "  PASS" if rate >= base else "  FAIL") + " (target >= 1.0x)"
-            print(f"    {name:<18}{rate:>10,.0f} tokens/s  {rate / base:5.2f}x{verdict}")
+            verdict = "" if name == BASELINE else ("  PASS" if rate >= base else "  FAIL")
+            print(f"    {name:<18}{rate:>10,.0f} tokens/s  {rate / base:5.2f}x{verdict}",
+                  flush=True)
 
 
 FAMILIES_AT_NANO = ("gpt-neox", "moe", "resonance")
@@ -229,15 +248,26 @@ def main():
     ap.add_argument("--cpu-only", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, nanoGPT section")
     ap.add_argument("--only-nano", action="store_true", help="only the nanoGPT comparison")
+    ap.add_argument("--families", default=",".join(FAMILIES_AT_NANO),
+                    help="comma-separated zoo families of the nanoGPT comparison")
+    ap.add_argument("--dtypes", default="fp32,bf16",
+                    help="nanoGPT comparison: fp32, bf16 (autocast) or both, comma-separated")
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--doc-len", type=int, default=2048,
                     help="document length of the doc-masked GPU rows")
     args = ap.parse_args()
+    families, dtypes = args.families.split(","), args.dtypes.split(",")
+    for value, choices, flag in ((families, FAMILIES_AT_NANO, "--families"),
+                                 (dtypes, ("fp32", "bf16"), "--dtypes")):
+        if not value or not set(value) <= set(choices):
+            ap.error(f"{flag}: choose from {', '.join(choices)} (got {','.join(value)})")
+    if args.repeat < 1 or args.rounds < 1:
+        ap.error("--repeat and --rounds must be at least 1")
     if args.only_nano:
-        nano_section(args.repeat, args.rounds)
+        nano_section(args.repeat, args.rounds, families, dtypes)
         return
     cpu_section(args.repeat)
-    nano_section(args.repeat, args.rounds)
+    nano_section(args.repeat, args.rounds, families, dtypes)
     if torch.cuda.is_available() and not args.cpu_only:
         gpu_section(args.repeat, args.peak_tflops, args.doc_len)
     else:
