@@ -118,9 +118,9 @@ def build_with(tmp_path, corpus, tokenizer, engine, name, **kw):
     from pipeline.build import build
     from pipeline.config import BuildConfig
 
+    settings = {"seq": 64, "val_fraction": 0.2, "shard_bytes": 64 * 2 * 8} | kw
     return build(BuildConfig(out=str(tmp_path / name), dataset="jsonl", inputs=(str(corpus),),
-                             tokenizer=str(tokenizer), tokenizer_engine=engine, seq=64,
-                             val_fraction=0.2, shard_bytes=64 * 2 * 8, **kw),
+                             tokenizer=str(tokenizer), tokenizer_engine=engine, **settings),
                  show_progress=False)
 
 
@@ -193,3 +193,31 @@ def test_the_sample_check_stops_a_build_whose_fast_engine_disagrees(tmp_path, mo
     # The reference engine builds it.
     m = build_with(tmp_path, corpus, tok, "reference", "out")
     assert m["counts"]["documents"] == 2000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,engines", [("gpt2.tiktoken", ("fast", "reference")),
+                                          ("gpt-neox-tokenizer.json", ("fast",))])
+def test_a_100_mb_document_is_packed_whole_by_every_engine(tmp_path, shared, name, engines):
+    """One document of 100 MB of real text between two small ones: packed whole, every token
+    once, the same bytes under both engines. (Hugging Face tokenizers itself, the reference of
+    a tokenizer.json, takes ~70 s and ~12 GB for it here -- per-token objects -- so that pair is
+    left to the fast engine; docs/BENCHMARKS.md.)"""
+    from conftest import write_jsonl
+
+    real = "\n\n".join(shared_texts(shared, limit=400))
+    huge = (real * (100_000_000 // len(real) + 1))[:100_000_000]
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "first"}, {"text": huge},
+                                                {"text": "last"}])
+    del real
+    tok = shared / "tokenizers" / name
+    expected = sum(len(load_tokenizer(str(tok), engine=engines[0]).encode_flat([t])[0]) + 1
+                   for t in ("first", huge, "last"))
+    builds = {e: build_with(tmp_path, corpus, tok, e, f"out-{e}", val_fraction=0.0,
+                            shard_bytes=1 << 26, seq=4096) for e in engines}
+    for e, m in builds.items():
+        assert m["tokenizer_engine"]["engine"] == e
+        assert m["counts"]["documents"] == 3 and m["counts"]["tokens"] == expected
+        assert not any(m["counts"]["skipped"].values())
+    if len(engines) == 2:
+        assert tree(tmp_path / "out-fast") == tree(tmp_path / "out-reference")

@@ -14,6 +14,8 @@ What it measures, in one run:
    the GPT-2 tiktoken encoding loaded offline (ids converted to Python lists, as it returns
    them), and the fast engine, fastokens' `encode_batch_flat` over W threads (one flat array:
    pack build's fast path). These are the fastest each tokenizer alone turns the texts into ids.
+   Each ceiling runs in a fresh interpreter of its own (`--ceiling NAME`, internal), so no other
+   tokenizer library's threads or the previous ceiling's objects share its process.
 3. Builds. `pack build --dataset fineweb-edu --input CORPUS --tokenizer gpt2.tiktoken --seq
    32768 --workers W --quiet --tokenizer-engine fast` (and `reference`) run as subprocesses;
    the wall clock (start-up included) is timed and the RSS of the whole process tree sampled
@@ -318,7 +320,25 @@ def run_build(corpus: Path, tokenizer: Path, out: Path, workers: int, env: dict,
 
 # ---------------------------------------------------------------------------------------- report
 
-def measure(corpus: Path, encoders: dict, variants: list[tuple], workers: int, env: dict,
+ENCODERS = {  # ceiling name -> encoder factory(workers); each is timed in a process of its own
+    "tiktoken": tiktoken_encoder,
+    "fastokens": lambda workers: fast_encoder(GPT2_TIKTOKEN, workers),
+    "tokenizers": hf_encoder,
+    "fastokens-neox": lambda workers: fast_encoder(NEOX_JSON, workers),
+}
+
+
+def ceiling_in_subprocess(name: str, corpus: Path, workers: int, env: dict) -> dict:
+    """time_ceiling of one encoder in a fresh interpreter: no other tokenizer library loaded
+    beside it (two Rust libraries' thread pools in one process disturbed each other's figures)
+    and none of the previous ceiling's gigabytes of Python objects still around."""
+    cmd = [sys.executable, __file__, "--ceiling", name, "--corpus", str(corpus),
+           "--workers", str(workers)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def measure(corpus: Path, encoders: list[str], variants: list[tuple], workers: int, env: dict,
             repeat: int, work: Path) -> tuple[dict, dict]:
     """`repeat` rounds of: each ceiling (name -> encode), then one build per variant (label,
     tokenizer, extra flags).
@@ -329,8 +349,8 @@ def measure(corpus: Path, encoders: dict, variants: list[tuple], workers: int, e
     ceilings = {name: [] for name in encoders}
     builds = {label: [] for label, _, _ in variants}
     for i in range(repeat):
-        for name, encode in encoders.items():
-            c = time_ceiling(encode, corpus)
+        for name in encoders:
+            c = ceiling_in_subprocess(name, corpus, workers, env)
             ceilings[name].append(c)
             print(f"  run {i + 1}/{repeat}: ceiling {name} {c['tps'] / 1e6:.3f} M tok/s "
                   f"(others {c['others']:.2f} cores)", flush=True)
@@ -424,6 +444,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hf-tokens", type=float, default=15e6, help="HF corpus size, approx.")
     p.add_argument("--memmap", action="store_true", help="also time --format memmap")
     p.add_argument("--keep", action="store_true", help="keep corpora and build outputs")
+    p.add_argument("--ceiling", choices=ENCODERS, help=argparse.SUPPRESS)  # internal: one ceiling
+    p.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -438,6 +460,10 @@ def make_corpus(out: Path, tokens: float) -> Path:
 
 def main():
     args = parse_args()
+    if args.ceiling:  # the child process of ceiling_in_subprocess
+        c = time_ceiling(ENCODERS[args.ceiling](args.workers), args.corpus)
+        print(json.dumps(c))
+        return 0
     # The build subprocesses get the environment we started with, not the RAYON_NUM_THREADS
     # the HF ceiling sets for this process: the build is measured as a user would run it.
     build_env = dict(os.environ)
@@ -455,8 +481,7 @@ def main():
                     ("mds-reference", GPT2_TIKTOKEN, (*engine, "reference"))]
         if args.memmap:
             variants.append(("memmap-fast", GPT2_TIKTOKEN, ("--format", "memmap", *engine, "fast")))
-        encoders = {"tiktoken": tiktoken_encoder(args.workers),
-                    "fastokens": fast_encoder(GPT2_TIKTOKEN, args.workers)}
+        encoders = ["tiktoken", "fastokens"]
         ceilings, builds = measure(corpus, encoders, variants, args.workers, build_env,
                                    args.repeat, work)
         for label, _, _ in variants:
@@ -469,15 +494,14 @@ def main():
         if args.hf:
             print(flush=True)
             hf_corpus = make_corpus(work / "corpus-hf", args.hf_tokens)
-            encoders = {"tokenizers": hf_encoder(args.workers),
-                        "fastokens": fast_encoder(NEOX_JSON, args.workers)}
+            encoders = ["tokenizers", "fastokens-neox"]
             variants = [("hf-fast", NEOX_JSON, (*engine, "fast")),
                         ("hf-reference", NEOX_JSON, (*engine, "reference"))]
             ceilings, builds = measure(hf_corpus, encoders, variants, args.workers, build_env,
                                        args.repeat, work)
             targets += report("gpt-neox tokenizer.json, hf-fast", ceilings, builds["hf-fast"],
                               [("tokenizers", TARGET_FAST_VS_TOKENIZERS),
-                               ("fastokens", TARGET_E2E)], False)
+                               ("fastokens-neox", TARGET_E2E)], False)
             targets += report("gpt-neox tokenizer.json, hf-reference", ceilings,
                               builds["hf-reference"], [("tokenizers", TARGET_E2E)], False)
         print_targets(targets)
