@@ -1,20 +1,19 @@
 """`pack build`: read -> tokenize -> split -> pack -> write shards, resumably.
 
-    read_batches (inputs.py)      a reader thread: batches of texts from one file, in document order
+    read_batches (inputs.py)      a reader thread: batches of texts from one file, in order
       -> encode_batch (encode.py) worker threads: hash, split, tokens + EOS    (--workers)
       -> RowPacker (pack.py)      main thread, one per split: rows of exactly --seq tokens
       -> ShardSink (writers.py)   main thread, one per split: write-ahead rows; a writer thread
                                   turns them into finished shards in the background
-      -> checkpoint               every CHECKPOINT_SECONDS and after each finished shard
+      -> checkpoint               every CHECKPOINT_SECONDS and after each finished shard:
+                                  the BuildState (build_state.py), written atomically
 
 Batches are submitted in order and consumed in order, at most 2 x workers ahead, so memory is
-bounded and the output is the same for any worker count. A checkpoint records the input cursor,
-counters, each split's unfinished row and how much of its partial shard files is valid; re-running
-the same command resumes from it and produces the same bytes as an uninterrupted build.
+bounded and the output is the same for any worker count. Re-running the same command resumes
+from the last checkpoint and produces the same bytes as an uninterrupted build.
 """
 
 import contextlib
-import io
 import json
 import os
 import time
@@ -26,17 +25,18 @@ import numpy as np
 
 from pipeline import manifest as manifest_mod
 from pipeline.atomic import write_bytes, write_json, writing
+from pipeline.build_state import BuildState
 from pipeline.catalog import expand_inputs, file_format, get_dataset
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.encode import EngineMismatch, encode_batch
 from pipeline.errors import InputError, SettingsError, TokenizerError
 from pipeline.hub import HubFiles, HuggingFaceHub
 from pipeline.inputs import LocalFiles, describe_hub, read_ahead, read_batches
-from pipeline.output_dir import Journal, prepare_output, remove_work_files
+from pipeline.output_dir import CHECKPOINT, Journal, prepare_output, remove_work_files
 from pipeline.output_lock import OutputLock
 from pipeline.pack import RowPacker
 from pipeline.progress import Progress
-from pipeline.records import BLANK_LINE, REASONS, Skip
+from pipeline.records import BLANK_LINE, Skip
 from pipeline.split import Splitter
 from pipeline.tokenizer import load_tokenizer
 from pipeline.writers import ShardSink, shard_writer
@@ -44,24 +44,16 @@ from pipeline.writers import ShardSink, shard_writer
 CHECKPOINT_SECONDS = 10.0
 
 
-def _open_inputs(cfg: BuildConfig, dataset, hub_client):
-    if cfg.inputs:
-        files = LocalFiles(expand_inputs(dataset, list(cfg.inputs)))
-        return files, files.describe()
-    if dataset.hub_repo is None:
-        raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
-    hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
-    return hub, describe_hub(hub)
-
-
-class _Stop(Exception):
-    """--max-tokens or --limit-docs was reached while settling before a download."""
+def build(cfg: BuildConfig, hub_client=None, show_progress: bool | None = None) -> dict:
+    return Build(cfg, hub_client, show_progress).run()
 
 
 class Build:
+    """One run of `pack build`: the settings and inputs in __init__, then `run`."""
+
     def __init__(self, cfg: BuildConfig, hub_client=None, show_progress: bool | None = None):
         self.t_start, self.t0 = time.time(), time.monotonic()
-        self.cfg = cfg
+        self.cfg, self.show_progress = cfg, show_progress
         self.dataset = get_dataset(cfg.dataset)
         self.field = cfg.text_field or self.dataset.text_field
         self.tok = load_tokenizer(cfg.tokenizer, bos=cfg.bos, engine=cfg.tokenizer_engine)
@@ -76,66 +68,141 @@ class Build:
         self.fingerprint = {"settings": cfg.output_settings(), "tokenizer": tokenizer_id,
                             "inputs": self.inputs, "format_version": manifest_mod.FORMAT_VERSION}
         self.splitter = Splitter(cfg.val_fraction, cfg.seed)
-        self.show_progress = show_progress
 
-    # -- state -------------------------------------------------------------------------------
-    def _restore(self, state: dict | None):
-        cfg, dtype = self.cfg, self.tok.dtype
-        fresh = state is None
-        state = state or {"cursor": [0, 0], "input_done": False, "skip_log_bytes": 0,
-                          "counts": manifest_mod.empty_counts(SPLITS, REASONS), "splits": {},
-                          "arrays": {}, "runs": 0}
-        self.cursor, self.input_done = tuple(state["cursor"]), state["input_done"]
-        self.counts, self.runs = state["counts"], state["runs"] + 1
-        self.resumed = not fresh
-        arrays = state["arrays"]
-        self.packers = {s: RowPacker(cfg.seq, dtype, arrays.get(f"{s}_carry"),
-                                     arrays.get(f"{s}_carry_segments")) for s in SPLITS}
+    def run(self) -> dict:
+        """Build (or resume, or find complete) OUT; returns its manifest."""
+        try:
+            with OutputLock(self.work):
+                found = prepare_output(self.out, self.fingerprint, self.cfg.overwrite)
+                self.already_complete = found == "complete"
+                if self.already_complete:  # nothing to do: the finished build's manifest
+                    return json.loads((self.out / "manifest.json").read_text())
+                self.journal = Journal(self.out)
+                try:
+                    return self._run(found or BuildState())
+                finally:
+                    self.journal.close()
+        finally:
+            self.files.close()
+
+    def _run(self, state: BuildState) -> dict:
+        self.state, self.resumed = state, state.runs > 0
+        state.runs += 1
+        self.tokens_at_start = state.counts["tokens"]
+        self.t_first = self.t_last = None
+        self.sinks, self.skip_log = {}, None
+        self.writer = shard_writer()
+        try:
+            self._open_outputs()
+            if not state.input_done:
+                self._read_all()
+            indexes = self._finish()
+            with writing(self.out / "skipped.jsonl"):
+                self.skip_log.close()
+        except BaseException:
+            self._abandon()
+            raise
+        finally:
+            self.writer.shutdown()
+        return self._write_manifest(indexes)
+
+    # -- outputs and checkpoints -------------------------------------------------------------
+    def _open_outputs(self):
+        """Packers, shard sinks and skipped.jsonl, each where the checkpoint left it."""
+        cfg, state, dtype = self.cfg, self.state, self.tok.dtype
+        self.packers = {s: RowPacker(cfg.seq, dtype, *state.carries.get(s, (None, None)))
+                        for s in SPLITS}
         compression = None if cfg.compression == "none" else cfg.compression
         self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
                                    cfg.shard_rows(dtype.itemsize), compression, cfg.shard_bytes,
-                                   self.journal.claim, self.writer, state["splits"].get(s))
+                                   self.journal.claim, self.writer, state.sinks.get(s))
                       for s in SPLITS}
         self.journal.claim(self.out / "skipped.jsonl")
         with writing(self.out / "skipped.jsonl"):
             self.skip_log = open(self.out / "skipped.jsonl", "ab")
-            self.skip_log.truncate(state["skip_log_bytes"])
+            self.skip_log.truncate(state.skip_log_bytes)
+        self.last_checkpoint = time.monotonic()
 
     def _checkpoint(self):
+        state = self.state
         with writing(self.out / "skipped.jsonl"):
             self.skip_log.flush()
-        state = {"cursor": list(self.cursor), "input_done": self.input_done, "runs": self.runs,
-                 "skip_log_bytes": self.skip_log.tell(), "counts": self.counts,
-                 "splits": {s: self.sinks[s].state() for s in SPLITS}}
-        arrays = {"state": np.frombuffer(json.dumps(state).encode(), np.uint8)}
-        for s in SPLITS:
-            arrays[f"{s}_carry"] = self.packers[s].carry
-            arrays[f"{s}_carry_segments"] = self.packers[s].carry_segments
-        buf = io.BytesIO()
-        np.savez(buf, **arrays)
-        write_bytes(self.work / "checkpoint.npz", buf.getbuffer())
+        state.skip_log_bytes = self.skip_log.tell()
+        state.sinks = {s: self.sinks[s].state() for s in SPLITS}  # waits for shards in flight
+        state.carries = {s: (p.carry, p.carry_segments) for s, p in self.packers.items()}
+        write_bytes(self.work / CHECKPOINT, state.to_npz())
         for sink in self.sinks.values():
             sink.delete_obsolete()
         self.last_checkpoint = time.monotonic()
 
+    def _abandon(self) -> None:
+        """After a failure, close every output file quietly: a full disk would refuse their
+        last buffers again, and a resume cuts each file back to the checkpoint anyway."""
+        if self.skip_log is not None:
+            with contextlib.suppress(OSError):
+                self.skip_log.close()
+        for sink in self.sinks.values():
+            sink.abandon()
+
     # -- the loop ----------------------------------------------------------------------------
-    def _skip(self, batch_file: int, n: int, skip: Skip):
-        c = self.counts
-        c["skipped"][skip.reason] += skip.records
-        parquet = file_format(self.files.uri(batch_file)) == "parquet"
-        where = {"row": n - 1} if parquet else {"line": n}
-        record = {"file": self.files.uri(batch_file), **where, "reason": skip.reason,
-                  "detail": skip.detail, "records": skip.records}
-        with writing(self.out / "skipped.jsonl"):
-            self.skip_log.write((json.dumps(record) + "\n").encode())
-        if self.cfg.on_error == "fail" and skip.reason != BLANK_LINE:
-            place = ", ".join(f"{k} {v}" for k, v in where.items())
-            raise InputError(f"{record['file']}, {place}: {skip.reason}: {skip.detail} "
-                             "(--on-error skip counts and logs such records instead)")
+    def _read_all(self):
+        cfg, c = self.cfg, self.state.counts
+        self.bytes_done = sum(s for _, s in self.files.files[: self.state.cursor[0]])
+        self.progress = Progress(sum(s for _, s in self.files.files), cfg.max_tokens,
+                                 self.show_progress, (c["documents"], c["tokens"], self.bytes_done))
+        pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
+        self.inflight = deque()
+        if cfg.max_tokens and not cfg.inputs:  # settling packs on this thread between files
+            batches = read_batches(self.files, self.field, self.state.cursor,
+                                   self._prefetch_next, self._settle_before_download)
+        else:
+            batches = read_ahead(read_batches(self.files, self.field, self.state.cursor,
+                                              self._prefetch_next), 2 * cfg.workers)
+        try:
+            exhausted = False
+            while True:
+                while not exhausted and len(self.inflight) < 2 * cfg.workers:
+                    batch = next(batches, None)
+                    if batch is None:
+                        exhausted = True
+                        break
+                    self.inflight.append((batch, pool.submit(
+                        encode_batch, batch.records, self.tok, self.splitter, self.tok.bos_id)))
+                if not self.inflight or self._consume_next():
+                    break
+        except _Stop:
+            pass
+        finally:
+            batches.close()
+            for _, future in self.inflight:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
+            self.progress.close()
+        self.t_last = time.monotonic()
+        self.state.input_done = True
+        self._checkpoint()
+
+    def _consume_next(self) -> bool:
+        batch, future = self.inflight.popleft()
+        if self.t_first is None:
+            self.t_first = time.monotonic()
+        try:
+            encoded = future.result()
+        except EngineMismatch as e:
+            raise TokenizerError(f"{self.files.uri(batch.file_index)}, {e}") from None
+        stop = self._consume(batch, encoded)
+        # Progress moves within a file too (one big file would otherwise show none until its end).
+        in_file = 0 if batch.file_done else batch.bytes_read
+        c = self.state.counts
+        self.progress.update(c["documents"], c["tokens"], self.bytes_done + in_file)
+        if not stop and (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
+                         or any(s.obsolete for s in self.sinks.values())):
+            self._checkpoint()
+        return stop
 
     def _consume(self, batch, encoded) -> bool:
         """Pack one encoded batch; True once --max-tokens / --limit-docs is reached."""
-        cfg, c = self.cfg, self.counts
+        cfg, c = self.cfg, self.state.counts
         taken = [0, 0]  # documents of each split taken from this batch
         stop = False
         for (n, _), doc in zip(batch.records, encoded.docs):
@@ -166,10 +233,23 @@ class Build:
             self.sinks[s].append(rows, segments)
         if batch.file_done:
             self.bytes_done += self.files.files[batch.file_index][1]
-            self.cursor = (batch.file_index + 1, 0)
+            self.state.cursor = (batch.file_index + 1, 0)
         else:
-            self.cursor = (batch.file_index, batch.end)
+            self.state.cursor = (batch.file_index, batch.end)
         return stop
+
+    def _skip(self, batch_file: int, n: int, skip: Skip):
+        self.state.counts["skipped"][skip.reason] += skip.records
+        parquet = file_format(self.files.uri(batch_file)) == "parquet"
+        where = {"row": n - 1} if parquet else {"line": n}
+        record = {"file": self.files.uri(batch_file), **where, "reason": skip.reason,
+                  "detail": skip.detail, "records": skip.records}
+        with writing(self.out / "skipped.jsonl"):
+            self.skip_log.write((json.dumps(record) + "\n").encode())
+        if self.cfg.on_error == "fail" and skip.reason != BLANK_LINE:
+            place = ", ".join(f"{k} {v}" for k, v in where.items())
+            raise InputError(f"{record['file']}, {place}: {skip.reason}: {skip.detail} "
+                             "(--on-error skip counts and logs such records instead)")
 
     def _prefetch_next(self, file_index: int) -> bool:
         """Fetch the next hub file in the background unless the build may stop in this one
@@ -178,27 +258,9 @@ class Build:
             return True
         if not self.bytes_done:
             return False
-        tokens_per_byte = self.counts["tokens"] / self.bytes_done
-        expected = self.counts["tokens"] + tokens_per_byte * self.files.files[file_index][1]
+        tokens = self.state.counts["tokens"]
+        expected = tokens + tokens / self.bytes_done * self.files.files[file_index][1]
         return expected < self.cfg.max_tokens
-
-    def _consume_next(self) -> bool:
-        batch, future = self.inflight.popleft()
-        if self.t_first is None:
-            self.t_first = time.monotonic()
-        try:
-            encoded = future.result()
-        except EngineMismatch as e:
-            raise TokenizerError(f"{self.files.uri(batch.file_index)}, {e}") from None
-        stop = self._consume(batch, encoded)
-        # Progress moves within a file too (one big file would otherwise show none until its end).
-        in_file = 0 if batch.file_done else batch.bytes_read
-        self.progress.update(self.counts["documents"], self.counts["tokens"],
-                             self.bytes_done + in_file)
-        if not stop and (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
-                         or any(s.obsolete for s in self.sinks.values())):
-            self._checkpoint()
-        return stop
 
     def _settle_before_download(self, file_index: int):
         """A hub build with --max-tokens packs what is in flight before fetching another file,
@@ -207,95 +269,14 @@ class Build:
             if self._consume_next():
                 raise _Stop
 
-    def _read_all(self):
-        cfg = self.cfg
-        c = self.counts
-        self.progress = Progress(sum(s for _, s in self.files.files), cfg.max_tokens,
-                                 self.show_progress, (c["documents"], c["tokens"], self.bytes_done))
-        pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
-        self.inflight = deque()
-        if cfg.max_tokens and not cfg.inputs:  # settling packs on this thread between files
-            batches = read_batches(self.files, self.field, self.cursor, self._prefetch_next,
-                                   self._settle_before_download)
-        else:
-            batches = read_ahead(read_batches(self.files, self.field, self.cursor,
-                                              self._prefetch_next), 2 * cfg.workers)
-        try:
-            exhausted = False
-            while True:
-                while not exhausted and len(self.inflight) < 2 * cfg.workers:
-                    batch = next(batches, None)
-                    if batch is None:
-                        exhausted = True
-                        break
-                    self.inflight.append((batch, pool.submit(
-                        encode_batch, batch.records, self.tok, self.splitter, self.tok.bos_id)))
-                if not self.inflight or self._consume_next():
-                    break
-        except _Stop:
-            pass
-        finally:
-            batches.close()
-            for _, future in self.inflight:
-                future.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-            self.progress.close()
-        self.t_last = time.monotonic()
-        self.input_done = True
-        self._checkpoint()
-
-    def run(self) -> dict:
-        try:
-            with OutputLock(self.work):
-                state = prepare_output(self.out, self.fingerprint, self.cfg.overwrite)
-                self.already_complete = state == "complete"
-                if self.already_complete:  # nothing to do: the finished build's manifest
-                    return json.loads((self.out / "manifest.json").read_text())
-                self.journal = Journal(self.out)
-                try:
-                    return self._run(state)
-                finally:
-                    self.journal.close()
-        finally:
-            self.files.close()
-
-    def _run(self, state: dict | None) -> dict:
-        self.sinks, self.skip_log = {}, None
-        self.writer = shard_writer()
-        try:
-            self._restore(state)
-            self.t_first = self.t_last = None
-            self.last_checkpoint = time.monotonic()
-            self.bytes_done = sum(s for _, s in self.files.files[: self.cursor[0]])
-            self.tokens_at_start = self.counts["tokens"]
-            if not self.input_done:
-                self._read_all()
-            indexes = self._finish()
-            with writing(self.out / "skipped.jsonl"):
-                self.skip_log.close()
-        except BaseException:
-            self._abandon()
-            raise
-        finally:
-            self.writer.shutdown()
-        return self._write_manifest(indexes)
-
-    def _abandon(self) -> None:
-        """After a failure, close every output file quietly: a full disk would refuse their
-        last buffers again, and a resume cuts each file back to the checkpoint anyway."""
-        if self.skip_log is not None:
-            with contextlib.suppress(OSError):
-                self.skip_log.close()
-        for sink in self.sinks.values():
-            sink.abandon()
-
+    # -- the end -----------------------------------------------------------------------------
     def _finish(self) -> dict:
         indexes = {}
         for s in SPLITS:
             rows, segments, padding, dropped = self.packers[s].finish(self.cfg.last_row,
                                                                       self.tok.eos_id)
             self.sinks[s].append(rows, segments)
-            cs = self.counts["splits"][s]
+            cs = self.state.counts["splits"][s]
             cs["padding_tokens"], cs["dropped_tokens"] = padding, dropped
             indexes[s] = self.sinks[s].close()
         return indexes
@@ -303,19 +284,29 @@ class Build:
     def _write_manifest(self, indexes: dict) -> dict:
         t_end = time.time()
         loop = (self.t_last - self.t_first) if self.t_first and self.t_last else None
-        new_tokens = self.counts["tokens"] - self.tokens_at_start
+        new_tokens = self.state.counts["tokens"] - self.tokens_at_start
         timings = {"started": self.t_start, "finished": t_end, "seconds": t_end - self.t_start,
                    "startup_seconds": self.t_first - self.t0 if self.t_first else None,
                    "steady_seconds": loop, "tokens_this_run": new_tokens,
                    "steady_tokens_per_second": new_tokens / loop if loop else None,
-                   "resumed": self.resumed, "runs": self.runs}
+                   "resumed": self.resumed, "runs": self.state.runs}
         m = manifest_mod.make_manifest(self.cfg, self.fingerprint, self.tok, self.inputs,
-                                       self.counts, indexes, self.out, timings)
+                                       self.state.counts, indexes, self.out, timings)
         self.journal.claim(self.out / "manifest.json")
         write_json(self.out / "manifest.json", m, fsync=True)
         remove_work_files(self.out)  # the lock goes last, when run() lets it go
         return m
 
 
-def build(cfg: BuildConfig, hub_client=None, show_progress: bool | None = None) -> dict:
-    return Build(cfg, hub_client, show_progress).run()
+class _Stop(Exception):
+    """--max-tokens or --limit-docs was reached while settling before a download."""
+
+
+def _open_inputs(cfg: BuildConfig, dataset, hub_client):
+    if cfg.inputs:
+        files = LocalFiles(expand_inputs(dataset, list(cfg.inputs)))
+        return files, files.describe()
+    if dataset.hub_repo is None:
+        raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
+    hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
+    return hub, describe_hub(hub)

@@ -24,9 +24,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from pipeline.atomic import TEMP_NAME, write_json, writing
+from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, WORK_DIR
 from pipeline.errors import SettingsError
 from pipeline.output_lock import LOCK_NAME
@@ -176,8 +175,9 @@ def remove_work_files(out: Path) -> None:
 
 
 def prepare_output(out: Path, fingerprint: dict, overwrite: bool):
-    """With the lock held: returns 'complete' (this very build is already there), a checkpoint
-    to resume, or None (start afresh). Raises SettingsError rather than touch a foreign file."""
+    """With the lock held: returns 'complete' (this very build is already there), the
+    BuildState of a checkpoint to resume, or None (start afresh). Raises SettingsError rather
+    than touch a foreign file."""
     s = survey(out)
     if s.fingerprint is None and s.foreign:
         raise SettingsError(f"{out} is not empty and holds no longpack build ({s.foreign[0]} "
@@ -207,10 +207,4 @@ def prepare_output(out: Path, fingerprint: dict, overwrite: bool):
         write_json(work / FINGERPRINT, fingerprint)
         return None
     ckpt = work / CHECKPOINT
-    if not ckpt.exists():
-        return None
-    with np.load(ckpt) as z:
-        arrays = {k: z[k] for k in z.files}
-    state = json.loads(bytes(arrays.pop("state")).decode())
-    state["arrays"] = arrays
-    return state
+    return BuildState.read(ckpt) if ckpt.exists() else None

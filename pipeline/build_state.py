@@ -1,0 +1,54 @@
+"""BuildState: everything a build's checkpoint holds, and nothing else.
+
+A resumed build starts from exactly this: where reading stopped, what was counted, and each
+split's unfinished row (the packer's carry) and partial shard (its sink's state). It is written
+as OUT/.longpack-build/checkpoint.npz, one atomic file:
+
+    state                   uint8: the JSON of every field below except the carries
+    <split>_carry           the unfinished row's tokens, in the build's token dtype
+    <split>_carry_segments  uint64 [m, 2]: (start, document hash) of each of its segments
+"""
+
+import io
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.config import SPLITS
+from pipeline.manifest import empty_counts
+from pipeline.records import REASONS
+
+
+@dataclass
+class BuildState:
+    cursor: tuple[int, int] = (0, 0)  # (input file index, records of it read)
+    input_done: bool = False  # every input read: only the last rows and shards are left
+    runs: int = 0  # runs of this build that have started (this one included, once begun)
+    skip_log_bytes: int = 0  # the valid length of skipped.jsonl
+    counts: dict = field(default_factory=lambda: empty_counts(SPLITS, REASONS))
+    sinks: dict = field(default_factory=dict)  # split -> ShardSink.state()
+    carries: dict = field(default_factory=dict)  # split -> (carry, carry_segments) of its packer
+
+    def to_npz(self) -> memoryview:
+        state = {"cursor": list(self.cursor), "input_done": self.input_done, "runs": self.runs,
+                 "skip_log_bytes": self.skip_log_bytes, "counts": self.counts,
+                 "splits": self.sinks}
+        arrays = {"state": np.frombuffer(json.dumps(state).encode(), np.uint8)}
+        for split, (carry, segments) in self.carries.items():
+            arrays[f"{split}_carry"], arrays[f"{split}_carry_segments"] = carry, segments
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        return buf.getbuffer()
+
+    @classmethod
+    def read(cls, path: Path) -> "BuildState":
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in z.files}
+        state = json.loads(bytes(arrays.pop("state")).decode())
+        carries = {s: (arrays[f"{s}_carry"], arrays[f"{s}_carry_segments"]) for s in SPLITS
+                   if f"{s}_carry" in arrays}
+        return cls(cursor=tuple(state["cursor"]), input_done=state["input_done"],
+                   runs=state["runs"], skip_log_bytes=state["skip_log_bytes"],
+                   counts=state["counts"], sinks=state["splits"], carries=carries)
