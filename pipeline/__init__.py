@@ -12,8 +12,9 @@
     write_mds.py / write_memmap.py            OUT/{train,val}/ shards + index.json
     manifest.py                               OUT/manifest.json, written last
 
-build.py runs the arrows and checkpoints its BuildState (build_state.py), holding OUT's lock (output_lock.py: one writer) and
-touching only files it can prove it wrote (output_dir.py); cli.py is the `pack` command.
+build.py runs the arrows and checkpoints its BuildState (build_state.py), holding OUT's lock
+(output_lock.py: one writer) and touching only files it can prove it wrote (output_dir.py);
+cli.py is the `pack` command.
 `pack stats` reads builds back: shards.py, stats.py, stats_report.py, stats_files.py,
 recommend.py. docs/FORMAT.md is the single source of truth for the on-disk format.
 """
