@@ -1,4 +1,5 @@
-"""`pack`: the data-stage command line. Every flag is declared once, here."""
+"""`pack`: the data-stage command line. `pack build`'s flags are BuildConfig's fields
+(pipeline/settings.py); `pack stats`' are declared here."""
 
 import sys
 
@@ -10,20 +11,13 @@ INTERRUPTED = "\ninterrupted: re-run the same command to resume"
 # this module and click's first call are out of reach: there Python prints its traceback.
 try:
     import contextlib
-    import os
     from pathlib import Path
 
     import click
 
-    from pipeline.catalog import DATASETS
-    from pipeline.config import (
-        FORMATS,
-        LAST_ROW_POLICIES,
-        SHARD_BYTES,
-        TOKENIZER_ENGINES,
-        BuildConfig,
-    )
+    from pipeline.config import BuildConfig
     from pipeline.errors import LongpackError
+    from pipeline.settings import click_options
 except KeyboardInterrupt:
     sys.stderr.write(STARTING + "\n")
     sys.exit(130)
@@ -73,68 +67,24 @@ def pack():
 
 
 @pack.command(cls=_ResumableCommand)
-@click.option("--dataset", type=click.Choice(list(DATASETS)), default="fineweb-edu",
-              show_default=True, help="Named dataset: text field, file patterns, hub location.")
-@click.option("--input", "inputs", multiple=True, metavar="PATH",
-              help="File, directory or glob (repeatable). Without it the dataset is fetched "
-                   "from the Hugging Face hub.")
-@click.option("--subset", default=None, help="Hub subset, e.g. sample-10BT (the default), "
-                                             "sample-100BT, CC-MAIN-2024-10.")
-@click.option("--text-field", default=None, help="Field/column with the text [dataset's: text].")
-@click.option("--tokenizer", default="gpt2", show_default=True,
-              help="tiktoken name (gpt2, r50k_base, cl100k_base, o200k_base), a .tiktoken ranks "
-                   "file, or a Hugging Face tokenizer.json.")
-@click.option("--tokenizer-engine", type=click.Choice(TOKENIZER_ENGINES), default="auto",
-              show_default=True, help="What encodes: fast (fastokens), reference (tiktoken / "
-              "tokenizers) or auto (fast where it loads and agrees). The output is the same.")
-@click.option("--seq", type=int, default=32768, show_default=True, help="Tokens per row.")
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="mds", show_default=True)
-@click.option("--workers", type=int, default=os.cpu_count() or 1, show_default="all cores",
-              help="Tokenizer threads (the output does not depend on it).")
-@click.option("--val-fraction", type=float, default=0.0005, show_default=True,
-              help="Fraction of documents (by stable hash) in the validation split.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split.")
-@click.option("--max-tokens", type=int, default=None,
-              help="Stop after the document at which the token count reaches N.")
-@click.option("--limit-docs", type=int, default=None, help="Stop after N documents.")
-@click.option("--compression", default=None,
-              help="zstd, zstd:LEVEL or none [mds: zstd; memmap: none].")
-@click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip",
-              show_default=True, help="Bad input: count and log it, or stop.")
-@click.option("--bos/--no-bos", default=False, show_default=True,
-              help="Start every document with the tokenizer's BOS token.")
-@click.option("--last-row", type=click.Choice(LAST_ROW_POLICIES), default="pad",
-              show_default=True, help="Final partial row of each split: pad it or drop it.")
-@click.option("--shard-bytes", type=int, default=SHARD_BYTES, show_default=True,
-              help="Token bytes per shard.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing build in --out.")
+@click_options(BuildConfig)
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary. Re-running a "
               "finished build does nothing and exits 0; without --quiet it says so.")
-def build(dataset, inputs, subset, text_field, tokenizer, tokenizer_engine, seq, out, fmt, workers,
-          val_fraction, seed, max_tokens, limit_docs, compression, on_error, bos, last_row,
-          shard_bytes, overwrite, quiet):
+def build(quiet, **settings):
     """Tokenize documents and pack them into rows of exactly --seq tokens."""
     from pipeline.build import Build
     from pipeline.manifest import already_complete, summary
 
     try:
-        cfg = BuildConfig(out=out, dataset=dataset, inputs=tuple(inputs), subset=subset,
-                          text_field=text_field, tokenizer=tokenizer,
-                          tokenizer_engine=tokenizer_engine, seq=seq, format=fmt,
-                          workers=workers, val_fraction=val_fraction, seed=seed,
-                          max_tokens=max_tokens, limit_docs=limit_docs, compression=compression,
-                          on_error=on_error, bos=bos, last_row=last_row,
-                          shard_bytes=shard_bytes, overwrite=overwrite)
+        cfg = BuildConfig(**settings)
         builder = Build(cfg, show_progress=False if quiet else None)
         manifest = builder.run()
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
     if not quiet:
         if builder.already_complete:
-            click.echo(already_complete(manifest, Path(out)))
-        click.echo(summary(manifest, Path(out)))
-
+            click.echo(already_complete(manifest, Path(cfg.out)))
+        click.echo(summary(manifest, Path(cfg.out)))
 
 
 

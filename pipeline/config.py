@@ -1,9 +1,11 @@
 """The settings of one `pack build`, validated once, recorded in the manifest."""
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
+from pipeline.catalog import DATASETS
 from pipeline.errors import SettingsError
+from pipeline.settings import setting
 
 SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (MDS's default size)
 WORK_DIR = ".longpack-build"  # OUT/WORK_DIR exists only while a build is unfinished
@@ -11,55 +13,62 @@ SPLITS = ("train", "val")  # OUT/train, OUT/val
 FORMATS = ("mds", "memmap")
 TOKENIZER_ENGINES = ("auto", "fast", "reference")  # pipeline/tokenizer_engines.py
 LAST_ROW_POLICIES = ("pad", "drop")
+ON_ERROR = ("skip", "fail")
 
 
 @dataclass(frozen=True)
 class BuildConfig:
-    out: str
-    """Output directory: OUT/train, OUT/val, OUT/manifest.json."""
-    dataset: str = "fineweb-edu"
-    """Named dataset: sets the text field, file patterns and hub location."""
-    inputs: tuple[str, ...] = ()
-    """Files, directories or globs; empty means fetch the named dataset from the hub."""
-    subset: str | None = None
-    """Hub subset when fetching (FineWeb-Edu: sample-10BT, sample-100BT, CC-MAIN-2024-10, ...)."""
-    text_field: str | None = None
-    """Field/column holding the document text; None takes the dataset's."""
-    tokenizer: str = "gpt2"
-    """tiktoken name, .tiktoken ranks file, or Hugging Face tokenizer.json."""
-    tokenizer_engine: str = "auto"
-    """fast (fastokens), reference (tiktoken / tokenizers) or auto (fast where it loads and agrees
-    with the reference); the output bytes are the same whichever."""
-    seq: int = 32768
-    """Tokens per row. MDS: at most what keeps one row below 4 GiB even when every token is a
-    document (about 268 million); memmap: at most 2**32 (document starts are uint32)."""
-    format: str = "mds"
-    """mds (mosaicml-streaming shards) or memmap (.npy arrays)."""
-    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    """Tokenizer threads; output does not depend on it."""
-    val_fraction: float = 0.0005
-    """Expected fraction of documents in the validation split."""
-    seed: int = 0
-    """Seed of the train/validation split."""
-    max_tokens: int | None = None
-    """Stop after the document at which the total token count reaches this."""
-    limit_docs: int | None = None
-    """Stop after this many documents are packed."""
-    compression: str | None = None
-    """zstd, zstd:LEVEL (1-22) or none; None takes the format's default (MDS: zstd, memmap: none)."""
-    on_error: str = "skip"
-    """skip: count and log bad input; fail: stop at the first bad document."""
-    bos: bool = False
-    """Start each document with the tokenizer's BOS token (EOS always ends it)."""
-    last_row: str = "pad"
-    """Final partial row of each split: pad (with EOS, marked as padding) or drop."""
-    shard_bytes: int = SHARD_BYTES
-    """Token bytes per shard (rows per shard = shard_bytes // row bytes, at least 1). MDS: at
-    most what keeps a shard below 4 GiB even when every token is a document (~610 MB)."""
-    overwrite: bool = False
-    """Replace an existing build in `out` instead of refusing."""
+    """The settings of one build; each field is also a `pack build` flag (pipeline/settings.py)."""
+
+    out: str = setting(help="Output directory: OUT/train, OUT/val, OUT/manifest.json.",
+                       metavar="DIR")
+    dataset: str = setting("fineweb-edu", "Named dataset: text field, file patterns, hub "
+                           "location.", choices=list(DATASETS))
+    inputs: tuple[str, ...] = setting((), "File, directory or glob (repeatable). Without it the "
+                                      "dataset is fetched from the Hugging Face hub.",
+                                      flag="--input", multiple=True, metavar="PATH")
+    subset: str | None = setting(None, "Hub subset, e.g. sample-10BT (the default), "
+                                 "sample-100BT, CC-MAIN-2024-10.")
+    text_field: str | None = setting(None, "Field/column with the text [dataset's: text].")
+    tokenizer: str = setting("gpt2", "tiktoken name (gpt2, r50k_base, cl100k_base, o200k_base), "
+                             "a .tiktoken ranks file, or a Hugging Face tokenizer.json.")
+    tokenizer_engine: str = setting(
+        "auto", "What encodes: fast (fastokens), reference (tiktoken / tokenizers) or auto (fast "
+        "where it loads and agrees). The output is the same.", choices=TOKENIZER_ENGINES)
+    seq: int = setting(32768, "Tokens per row. MDS: at most what keeps one row below 4 GiB even "
+                       "when every token is a document (about 268 million); memmap: at most "
+                       "2**32 (document starts are uint32).")
+    format: str = setting("mds", "mds (mosaicml-streaming shards) or memmap (.npy arrays).",
+                          choices=FORMATS)
+    workers: int = setting(help="Tokenizer threads (the output does not depend on it).",
+                           factory=lambda: os.cpu_count() or 1, show_default="all cores")
+    val_fraction: float = setting(0.0005, "Fraction of documents (by stable hash) in the "
+                                  "validation split.")
+    seed: int = setting(0, "Seed of the train/validation split.")
+    max_tokens: int | None = setting(None, "Stop after the document at which the token count "
+                                     "reaches N.")
+    limit_docs: int | None = setting(None, "Stop after N documents.")
+    compression: str | None = setting(None, "zstd, zstd:LEVEL (1-22) or none [mds: zstd; "
+                                      "memmap: none].")
+    on_error: str = setting("skip", "Bad input: count and log it (skip), or stop (fail).",
+                            choices=ON_ERROR)
+    bos: bool = setting(False, "Start every document with the tokenizer's BOS token (EOS "
+                        "always ends it).")
+    last_row: str = setting("pad", "Final partial row of each split: pad it (with EOS, marked "
+                            "as padding) or drop it.", choices=LAST_ROW_POLICIES)
+    shard_bytes: int = setting(SHARD_BYTES, "Token bytes per shard (rows per shard = "
+                               "shard_bytes // row bytes, at least 1). MDS: at most what keeps "
+                               "a shard below 4 GiB even when every token is a document "
+                               "(~610 MB).")
+    overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
+                              show_default=False)
 
     def __post_init__(self):
+        if os.path.isfile(self.out):
+            raise SettingsError(f"--out {self.out} is a file; choose a directory (new or empty, "
+                                "or a build's)")
+        if self.dataset not in DATASETS:
+            raise SettingsError(f"--dataset {self.dataset!r}: choose one of {', '.join(DATASETS)}")
         if self.seq < 2:
             raise SettingsError(f"--seq must be at least 2 (got {self.seq})")
         if self.format not in FORMATS:
@@ -75,8 +84,8 @@ class BuildConfig:
                 raise SettingsError(f"{flag} must be positive (got {value})")
         if self.shard_bytes < 1:
             raise SettingsError(f"--shard-bytes must be positive (got {self.shard_bytes})")
-        if self.on_error not in ("skip", "fail"):
-            raise SettingsError("--on-error must be skip or fail")
+        if self.on_error not in ON_ERROR:
+            raise SettingsError(f"--on-error must be one of {', '.join(ON_ERROR)}")
         if self.last_row not in LAST_ROW_POLICIES:
             raise SettingsError(f"--last-row must be one of {', '.join(LAST_ROW_POLICIES)}")
         if self.compression is None:

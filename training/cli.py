@@ -1,10 +1,10 @@
-"""`train`: the trainer's command line. Each flag is declared once, here, from TrainConfig."""
-
-from dataclasses import MISSING, fields
-from typing import get_args
+"""`train`: the trainer's command line; its settings' flags are TrainConfig's fields
+(pipeline/settings.py), the rest are declared here."""
 
 import click
 
+from pipeline.errors import SettingsError
+from pipeline.settings import click_options
 from training.config import TrainConfig
 
 
@@ -18,46 +18,16 @@ class _Shards(click.Option):
         return super().process_value(ctx, value)
 
 
-def _config_options(func):
-    """One click option per TrainConfig field, its help taken from the field's docstring."""
-    import ast
-    import inspect
-
-    import training.config as module
-
-    docs, tree = {}, ast.parse(inspect.getsource(module))
-    body = next(n for n in tree.body if isinstance(n, ast.ClassDef)).body
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    for f in reversed(fields(TrainConfig)):
-        flag = "--" + f.name.replace("_", "-")
-        kinds = [t for t in (f.type, *get_args(f.type)) if t in (int, float, bool)]
-        kind = kinds[0] if kinds else str  # `int | None` -> int
-        if kind is bool:
-            func = click.option(f"{flag}/--no-{flag[2:]}", f.name, default=f.default,
-                                show_default=True, help=docs.get(f.name))(func)
-        elif f.default is MISSING:
-            func = click.option(flag, f.name, cls=_Shards, type=kind, required=True,
-                                help=docs.get(f.name))(func)
-        else:  # a tuple (--report-to) is given comma-separated; TrainConfig splits it
-            default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
-            func = click.option(flag, f.name, type=kind, default=default, show_default=True,
-                                help=docs.get(f.name))(func)
-    return func
-
-
 def _read_config_file(ctx, _param, path):
     """--config: the file's settings become the defaults of the flags (click's default_map),
     so a flag on the command line wins and --shards may come from the file."""
     if path is None:
         return None
     settings = load_settings(path)
-    names = {f.name for f in fields(TrainConfig)}
-    unknown = set(settings) - names
-    if unknown:
-        renamed = " (log is now report_to)" if "log" in unknown else ""
-        raise click.UsageError(f"{path}: unknown settings {', '.join(sorted(unknown))}{renamed}")
+    try:
+        TrainConfig.check_names(settings, path)
+    except SettingsError as e:
+        raise click.UsageError(str(e)) from None
     if isinstance(settings.get("report_to"), list):  # TOML/YAML list -> the flag's form
         settings["report_to"] = ",".join(settings["report_to"])
     ctx.default_map = {**(ctx.default_map or {}), **settings}
@@ -83,7 +53,7 @@ def _renamed_log(ctx, _param, value):
 @click.option("--resume", default="auto", show_default=True,
               help="auto (newest complete checkpoint in --out), never, or a checkpoint dir.")
 @click.option("--log", hidden=True, expose_value=False, callback=_renamed_log)
-@_config_options
+@click_options(TrainConfig, shards=_Shards)
 @click.version_option(package_name="longpack")
 def train(list_models, dry_run, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""

@@ -1,76 +1,81 @@
-"""The trainer's settings: one frozen dataclass, a docstring per field, validated once."""
+"""The trainer's settings: one frozen dataclass whose fields are also `train`'s flags
+(pipeline/settings.py), validated once, here."""
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, fields
+
+from pipeline.errors import SettingsError
+from pipeline.settings import setting
 
 SCHEDULES = ("cosine", "wsd", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "muon")
 REPORT_TO = ("console", "jsonl", "tensorboard", "wandb")
+# --cache-limit as mosaicml-streaming reads it (bytes_to_int in streaming/base/util.py): a
+# number with a unit kb..yb (powers of 1024), or whole bytes with or without "b"
+SIZE = re.compile(r"(?P<number>\d+(\.\d*)?|\.\d+)\s*(?P<unit>[kmgtpezy]b)|(?P<bytes>\d+)b?")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    shards: str
-    """Output directory of `pack build` (OUT, with train/ and val/), or its URL (s3://, gs://,
-    ...) for MDS builds, streamed through mosaicml-streaming into --cache."""
-    seq: int | None = None
-    """Tokens per training sample: the build's --seq (default), or a divisor of it (each row is
-    cut into windows)."""
-    model: str = "neox-tiny"
-    """archs/ preset or family name."""
-    out: str = "runs/default"
-    """Run directory: checkpoints, metrics.jsonl."""
-    batch_size: int = 8
-    """Samples per device per micro-step (the global batch is this x grad_accum x processes)."""
-    grad_accum: int = 1
-    """Micro-steps per optimizer step."""
-    max_steps: int = 100
-    """Optimizer steps to train (ignored when --total-tokens is given)."""
-    total_tokens: int | None = None
-    """Train for this many tokens: steps = ceil(total_tokens / tokens per step)."""
-    lr: float = 3e-4
-    """Peak learning rate."""
-    min_lr: float = 3e-5
-    """Learning rate at the end of the decay."""
-    warmup: int = 10
-    """Linear warmup steps."""
-    schedule: str = "cosine"
-    """cosine: warmup, cosine to min_lr; wsd: warmup, stable, last 20% linear to min_lr;
-    constant: warmup, then lr."""
-    optimizer: str = "adamw"
-    """adamw, or muon (torch.optim.Muon on 2-D hidden weights, AdamW on the rest)."""
-    weight_decay: float = 0.1
-    """AdamW decoupled weight decay (not on norms, biases, embeddings)."""
-    precision: str = "fp32"
-    """fp32; bf16 (autocast); fp16 (autocast + gradient scaler). TF32 is on for fp32 on GPUs."""
-    clip: float = 1.0
-    """Gradient-norm clipping (0 = off)."""
-    seed: int = 0
-    """Seed of the row order and of the model's initialization."""
-    doc_mask: bool = True
-    """Keep attention (or convolution) inside documents."""
-    compile: bool = False
-    """torch.compile the model (and its loss)."""
-    workers: int = 2
-    """Background processes that read and assemble batches (0 = in the training process)."""
-    cache: str | None = None
-    """Local directory for MDS shards, decompressed (and downloaded when --shards is a URL);
-    default: shard-cache/ inside --out."""
-    cache_limit: str = "100gb"
-    """Most disk the shard cache may use (e.g. 20gb); the coldest shards are evicted beyond it."""
-    save_every: int = 50
-    """Steps between checkpoints (and one at the end)."""
-    keep_last: int = 3
-    """Checkpoints kept."""
-    eval_every: int = 50
-    """Steps between evaluations on the build's val split (and one at the end)."""
-    eval_batches: int = 4
-    """Batches of --batch-size val rows per evaluation (the first rows of val, in order)."""
-    report_to: tuple[str, ...] = ("console", "jsonl")
-    """Where metrics go, comma-separated: console, jsonl (always written), tensorboard, wandb.
-    (Not --log: torchrun reads that as an abbreviation of its own --log-dir.)"""
-    log_every: int = 10
-    """Steps between console lines (metrics.jsonl gets every step)."""
+    """The settings of one training run; each field is also a `train` flag."""
+
+    shards: str = setting(
+        help="Output directory of `pack build` (OUT, with train/ and val/), or its URL "
+        "(s3://, gs://, ...) for MDS builds, streamed through mosaicml-streaming into "
+        "--cache.")
+    seq: int | None = setting(
+        None, "Tokens per training sample: the build's --seq (default), or a divisor of it "
+        "(each row is cut into windows).")
+    model: str = setting("neox-tiny", "archs/ preset or family name.")
+    out: str = setting("runs/default", "Run directory: checkpoints, metrics.jsonl.")
+    batch_size: int = setting(
+        8, "Samples per device per micro-step (the global batch is this x grad_accum x "
+        "processes).")
+    grad_accum: int = setting(1, "Micro-steps per optimizer step.")
+    max_steps: int = setting(100, "Optimizer steps to train (ignored when --total-tokens is "
+                             "given).")
+    total_tokens: int | None = setting(
+        None, "Train for this many tokens: steps = ceil(total_tokens / tokens per step).")
+    lr: float = setting(3e-4, "Peak learning rate.")
+    min_lr: float = setting(3e-5, "Learning rate at the end of the decay.")
+    warmup: int = setting(10, "Linear warmup steps.")
+    schedule: str = setting(
+        "cosine", "cosine: warmup, cosine to min_lr; wsd: warmup, stable, last 20% linear to "
+        "min_lr; constant: warmup, then lr.", choices=SCHEDULES)
+    optimizer: str = setting(
+        "adamw", "adamw, or muon (torch.optim.Muon on 2-D hidden weights, AdamW on the rest).",
+        choices=OPTIMIZERS)
+    weight_decay: float = setting(
+        0.1, "AdamW decoupled weight decay (not on norms, biases, embeddings).")
+    precision: str = setting(
+        "fp32", "fp32; bf16 (autocast); fp16 (autocast + gradient scaler). TF32 is on for fp32 "
+        "on GPUs.", choices=PRECISIONS)
+    clip: float = setting(1.0, "Gradient-norm clipping (0 = off).")
+    seed: int = setting(0, "Seed of the row order and of the model's initialization.")
+    doc_mask: bool = setting(True, "Keep attention (or convolution) inside documents.")
+    compile: bool = setting(False, "torch.compile the model (and its loss).")
+    workers: int = setting(
+        2, "Background processes that read and assemble batches (0 = in the training "
+        "process).")
+    cache: str | None = setting(
+        None, "Local directory for MDS shards, decompressed (and downloaded when --shards is "
+        "a URL); default: shard-cache/ inside --out.")
+    cache_limit: str = setting(
+        "100gb", "Most disk the shard cache may use (e.g. 20gb); the coldest shards are evicted "
+        "beyond it.")
+    save_every: int = setting(50, "Steps between checkpoints (and one at the end).")
+    keep_last: int = setting(3, "Checkpoints kept.")
+    eval_every: int = setting(
+        50, "Steps between evaluations on the build's val split (and one at the end).")
+    eval_batches: int = setting(
+        4, "Batches of --batch-size val rows per evaluation (the first rows of val, in "
+        "order).")
+    report_to: tuple[str, ...] = setting(
+        ("console", "jsonl"), "Where metrics go, comma-separated: console, jsonl (always "
+        "written), tensorboard, wandb. (Not --log: torchrun reads that as an abbreviation of its "
+        "own --log-dir.)")
+    log_every: int = setting(10, "Steps between console lines (metrics.jsonl gets every step).")
 
     def __post_init__(self):
         # "console,jsonl" from the command line or a config file; a list from a config file
@@ -78,35 +83,47 @@ class TrainConfig:
         object.__setattr__(self, "report_to", tuple(n.strip() for n in names if n.strip()))
         unknown = [n for n in self.report_to if n not in REPORT_TO]
         if unknown:
-            raise ValueError(f"--report-to: unknown {', '.join(unknown)}; choose from "
-                             f"{', '.join(REPORT_TO)} (comma-separated)")
+            raise SettingsError(f"--report-to: unknown {', '.join(unknown)}; choose from "
+                                f"{', '.join(REPORT_TO)} (comma-separated)")
         positive = ("batch_size", "grad_accum", "max_steps", "save_every", "keep_last", "log_every",
                     "eval_every", "eval_batches")
         for name in positive:
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+                raise SettingsError(f"--{name.replace('_', '-')} must be at least 1")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}")
+            raise SettingsError(f"--precision must be one of {', '.join(PRECISIONS)}")
         if self.total_tokens is not None and self.total_tokens < 1:
-            raise ValueError("--total-tokens must be positive")
+            raise SettingsError("--total-tokens must be positive")
         if self.schedule not in SCHEDULES:
-            raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}")
+            raise SettingsError(f"--schedule must be one of {', '.join(SCHEDULES)}")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
+            raise SettingsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.min_lr <= self.lr:
-            raise ValueError("--min-lr must be between 0 and --lr")
+            raise SettingsError("--min-lr must be between 0 and --lr")
         if self.workers < 0:
-            raise ValueError("--workers must not be negative")
+            raise SettingsError("--workers must not be negative")
         if self.seq is not None and self.seq < 2:
-            raise ValueError("--seq must be at least 2")
+            raise SettingsError("--seq must be at least 2")
         if self.warmup < 0:
-            raise ValueError("--warmup must not be negative")
+            raise SettingsError("--warmup must not be negative")
+        size = SIZE.fullmatch(str(self.cache_limit).strip().lower())
+        if not size or not float(size["number"] or size["bytes"]):
+            raise SettingsError(f"--cache-limit {self.cache_limit!r}: give a positive size such "
+                                "as 20gb, 500mb or a number of bytes")
         import archs  # here, not at the top: torch loads only once a run is being set up
 
         try:
             archs.config(self.model)
         except KeyError as e:  # the registry's message lists the choices
-            raise ValueError(f"--model: {e.args[0]}") from None
+            raise SettingsError(f"--model: {e.args[0]}") from None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def check_names(cls, names, where: str) -> None:
+        """Refuse settings that are no field of this class (a config file's keys)."""
+        unknown = set(names) - {f.name for f in fields(cls)}
+        if unknown:
+            renamed = " (log is now report_to)" if "log" in unknown else ""
+            raise SettingsError(f"{where}: unknown settings {', '.join(sorted(unknown))}{renamed}")

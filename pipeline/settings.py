@@ -1,0 +1,73 @@
+"""Settings declared once: a dataclass field carries its flag's help, choices and form, and
+`click_options` makes the command line from the dataclass (`pack build`'s BuildConfig and
+`train`'s TrainConfig alike). Validation lives in the dataclass, so a config file, the command
+line and a Python caller get the same checks and the same one-line SettingsError.
+
+    seq: int = setting(32768, "Tokens per row.")
+    format: str = setting("mds", "mds or memmap.", choices=FORMATS)
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import get_args
+
+_FORM = {"flag": None, "choices": None, "multiple": False, "switch": False,
+         "show_default": True, "metavar": None}
+
+
+def setting(default=dataclasses.MISSING, help: str = "", *, factory: Callable | None = None,
+            **form) -> dataclasses.Field:
+    """A dataclass field and its flag. `form` (all optional): flag (default --field-name),
+    choices, multiple (a repeatable flag, the field a tuple), switch (a bool given as a bare
+    --flag, not --flag/--no-flag), show_default (True, False or the text to show), metavar."""
+    unknown = set(form) - set(_FORM)
+    if unknown:
+        raise TypeError(f"setting(): unknown {', '.join(sorted(unknown))}")
+    metadata = {"help": " ".join(help.split()), **_FORM, **form}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _value_type(annotation):
+    """int for `int` and `int | None`, str for anything else but float and bool."""
+    kinds = [t for t in (annotation, *get_args(annotation)) if t in (int, float, bool)]
+    return kinds[0] if kinds else str
+
+
+def click_options(config_class, **option_classes) -> Callable:
+    """A decorator adding one click option per field of `config_class`, in field order; each
+    lands in the command's keyword arguments under the field's name. `option_classes` gives a
+    field's option a click.Option subclass of the command's own (e.g. shards=_Shards)."""
+
+    def decorate(func):
+        for f in reversed(dataclasses.fields(config_class)):
+            func = _option(f, option_classes.get(f.name))(func)
+        return func
+
+    return decorate
+
+
+def _option(f: dataclasses.Field, option_class):
+    import click  # here: a config module imports this file without needing click
+
+    m = f.metadata
+    flag = m["flag"] or "--" + f.name.replace("_", "-")
+    required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    kw = {"help": m["help"] or None, "metavar": m["metavar"]}
+    if option_class is not None:
+        kw["cls"] = option_class
+    if required:
+        kw["required"] = True
+    else:
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if isinstance(default, tuple) and not m["multiple"]:  # a list given comma-separated
+            default = ",".join(default)
+        kw["default"] = default
+        kw["show_default"] = m["show_default"] if default is not None else False
+    kind = _value_type(f.type)
+    if kind is bool:
+        decls = [flag] if m["switch"] else [f"{flag}/--no-{flag[2:]}"]
+        return click.option(*decls, f.name, is_flag=m["switch"] or None, **kw)
+    kw["type"] = click.Choice(m["choices"]) if m["choices"] else kind
+    return click.option(flag, f.name, multiple=m["multiple"], **kw)

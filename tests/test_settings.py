@@ -1,0 +1,81 @@
+"""Each setting is declared once, on its config dataclass; both command lines come from there."""
+
+import dataclasses
+
+import pytest
+from click.testing import CliRunner
+
+from pipeline.cli import pack
+from pipeline.config import BuildConfig
+from pipeline.errors import SettingsError
+from training.cli import train
+from training.config import TrainConfig
+
+
+@pytest.mark.parametrize("config_class,command", [(BuildConfig, pack.commands["build"]),
+                                                  (TrainConfig, train)])
+def test_every_field_is_a_flag_with_its_help_and_default(config_class, command):
+    options = {p.name: p for p in command.params}
+    for f in dataclasses.fields(config_class):
+        option = options.pop(f.name)  # KeyError: a field without its flag
+        assert option.help and option.help == f.metadata["help"], f.name
+        if f.default is not dataclasses.MISSING:
+            default = ",".join(f.default) if isinstance(f.default, tuple) and f.default else (
+                f.default)
+            assert option.default == default or option.multiple and option.default == (), f.name
+        else:
+            assert option.required or f.default_factory is not dataclasses.MISSING, f.name
+    # what is left are the command's own flags, not settings
+    assert set(options) <= {"quiet", "list_models", "config_file", "dry_run", "resume", "log",
+                            "version"}
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--seq", "1"], "--seq must be at least 2"),
+    (["--workers", "0"], "--workers must be at least 1"),
+    (["--compression", "zstd:99"], "--compression zstd:99: use zstd, zstd:LEVEL"),
+])
+def test_a_python_caller_and_the_command_line_get_the_same_one_line_error(tmp_path, flags,
+                                                                           message):
+    settings = {"out": str(tmp_path / "out"), flags[0][2:].replace("-", "_"): flags[1]}
+    for key in ("seq", "workers"):
+        if key in settings:
+            settings[key] = int(settings[key])
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(")):
+        BuildConfig(**settings)
+    r = CliRunner().invoke(pack, ["build", "--out", str(tmp_path / "out"), *flags])
+    assert r.exit_code == 1 and r.output.startswith("Error: ") and message in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "out").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_anything_is_read(tmp_path):
+    (tmp_path / "taken").write_text("a user's file")
+    with pytest.raises(SettingsError, match="is a file; choose a directory"):
+        BuildConfig(out=str(tmp_path / "taken"))
+    assert (tmp_path / "taken").read_text() == "a user's file"
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"model": "no-such-model"}, "--model"),
+    ({"cache_limit": "lots"}, "--cache-limit 'lots'"),
+    ({"cache_limit": "0gb"}, "--cache-limit '0gb'"),
+    ({"cache_limit": "1.5b"}, "--cache-limit '1.5b'"),  # streaming's reader refuses it too
+    ({"report_to": "console,email"}, "--report-to: unknown email"),
+    ({"min_lr": 1.0, "lr": 0.1}, "--min-lr must be between 0 and --lr"),
+])
+def test_train_settings_are_validated_in_the_dataclass(settings, message):
+    with pytest.raises(SettingsError, match=message):
+        TrainConfig(shards="anywhere", **settings)
+
+
+def test_train_accepts_the_cache_limits_streaming_reads():
+    for size in ("100gb", "20GB", "1.5tb", "500", "500b", "10 mb"):
+        assert TrainConfig(shards="anywhere", cache_limit=size).cache_limit == size
+
+
+def test_a_config_file_with_an_unknown_or_renamed_setting_is_one_line(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('shards = "x"\nlog = "console"\nsteps = 3\n')
+    r = CliRunner().invoke(train, ["--config", str(config)])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "unknown settings log, steps (log is now report_to)" in r.output
