@@ -46,11 +46,12 @@ class Attention(nn.Module):
 
     def forward(self, x, pos, doc_starts):
         B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        # q, k, v: (B, nh, T, hs)
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        # qkv: (3, B, nh, T, hs); q and k rotate together, in one pass
+        qk, v = qkv[:2], qkv[2]
         if self.rotary is not None:
-            q, k = self.rotary(q, pos), self.rotary(k, pos)
-        y = attention(q, k, v, doc_starts)  # (B, nh, T, hs)
+            qk = self.rotary(qk, pos)
+        y = attention(qk[0], qk[1], v, doc_starts)  # (B, nh, T, hs)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 

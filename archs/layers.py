@@ -62,7 +62,11 @@ def positions(doc_starts: torch.Tensor | None, batch: int, seq: int,
 
 class Rotary(torch.nn.Module):
     """Rotary position embedding on the first `dim` features of each head (GPT-NeoX's
-    rotary_pct), rotating feature pairs (i, i + dim/2)."""
+    rotary_pct), rotating feature pairs (i, i + dim/2).
+
+    As x * cos + swap(x) * sin, swap exchanging the two halves and sin signed (-sin on the
+    first half): four kernels, and the tables computed once per layer for q and k together
+    (the per-pair form took ten, each a pass over a strided slice of q or k)."""
 
     def __init__(self, dim: int, base: float = 10000.0):
         super().__init__()
@@ -70,13 +74,25 @@ class Rotary(torch.nn.Module):
         inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        # x (B, H, T, D); pos (B, T)
+    def tables(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin of each position's angles, (B, 1, T, dim), for rotate()."""
         angles = pos[:, None, :, None].float() * self.inv_freq  # (B, 1, T, dim/2)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        rot, rest = x[..., : self.dim], x[..., self.dim:]
-        a, b = rot.chunk(2, dim=-1)
-        return torch.cat([a * cos - b * sin, b * cos + a * sin, rest], dim=-1)
+        angles = torch.cat([angles, angles], -1)  # (B, 1, T, dim)
+        sin = angles.sin()
+        sin[..., : self.dim // 2].neg_()
+        return angles.cos().to(dtype), sin.to(dtype)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # x (..., H, T, D) with any leading dims; cos, sin (B, 1, T, dim) from tables()
+        h = self.dim // 2
+        rot = x[..., : self.dim]
+        swapped = torch.cat([rot[..., h:], rot[..., :h]], -1)  # (b, a) for (a, b)
+        out = torch.addcmul(rot * cos, swapped, sin)  # (a cos - b sin, b cos + a sin)
+        return out if self.dim == x.shape[-1] else torch.cat([out, x[..., self.dim:]], -1)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        # x (..., B, H, T, D), e.g. q and k stacked; pos (B, T)
+        return self.rotate(x, *self.tables(pos, x.dtype))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -136,16 +152,52 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     t = targets.reshape(-1)
     count = (t != -100).sum().clamp(min=1)
     if h.shape[0] * weight.shape[0] * 4 <= budget:
-        return _chunk_loss(h, weight, t) / count
+        return LinearCrossEntropy.apply(h, weight, t) / count
     total = h.new_zeros((), dtype=torch.float32)
     for i in range(0, h.shape[0], chunk):
         total = total + torch.utils.checkpoint.checkpoint(
-            _chunk_loss, h[i:i + chunk], weight, t[i:i + chunk], use_reentrant=False)
+            LinearCrossEntropy.apply, h[i:i + chunk], weight, t[i:i + chunk], use_reentrant=False)
     return total / count
 
 
-def _chunk_loss(h, weight, t):
-    return F.cross_entropy((h @ weight.t()).float(), t, ignore_index=-100, reduction="sum")
+class LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of the logits h @ weight.T (fp32) against t (-100 = ignored), with
+    the head's matmuls, in one function whose backward needs only the fp32 log-probabilities.
+
+    F.cross_entropy's backward writes a zero-filled (N, V) gradient, scatters into it, then
+    reads it and the log-probabilities to write a third (N, V) tensor. Here the gradient of
+    the logits, softmax - onehot, is made in place from the kept log-probabilities (one exp
+    pass) and the per-row scale (upstream gradient, ignored rows) goes on the (N, d) sides of
+    the two matmuls, not on the (N, V) matrix: at vocab 50k that was ~10% of a small model's
+    step (tools/bench_archs.py). Memory is the same (N, V) fp32 tensor F.cross_entropy keeps.
+    Under autocast the matmuls run in the autocast dtype, as the plain head's would. Its
+    backward consumes what it kept, so it runs once (no retain_graph)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, t):
+        logits = h @ weight.t()  # (N, V), in the autocast dtype if any
+        logp = torch.log_softmax(logits.float(), -1)
+        valid = t != -100
+        target = torch.where(valid, t, 0)  # any other negative target still fails in gather
+        ctx.save_for_backward(h, weight, logp, target, valid)
+        ctx.matmul_dtype, ctx.used = logits.dtype, False
+        return -(logp.gather(1, target[:, None])[:, 0] * valid).sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        if ctx.used:
+            raise RuntimeError("LinearCrossEntropy's backward ran twice: it consumes its saved "
+                               "log-probabilities (do not use retain_graph through the loss)")
+        ctx.used = True
+        h, weight, logp, target, valid = ctx.saved_tensors
+        grad = logp.exp_()  # softmax, in place: the log-probabilities are not needed again
+        grad.scatter_add_(1, target[:, None], grad.new_full((grad.shape[0], 1), -1.0))
+        dtype = ctx.matmul_dtype
+        grad = grad.to(dtype)
+        scale = (grad_loss * valid)[:, None].to(dtype)  # (N, 1): upstream gradient, ignored rows
+        grad_h = (grad @ weight.to(dtype)) * scale
+        grad_w = grad.t() @ (h.to(dtype) * scale)
+        return grad_h.to(h.dtype), grad_w.to(weight.dtype), None
 
 
 class StackedLM(nn.Module):

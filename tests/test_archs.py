@@ -98,6 +98,86 @@ def test_logits_are_recomputed_only_past_the_budget():
         assert sum(e.count for e in prof.key_averages() if e.key == "aten::mm") == head_matmuls
 
 
+def test_the_loss_backward_allocates_no_second_logits_sized_tensor():
+    """The gradient of the logits is made in place from the kept log-probabilities, so backward
+    allocates less than one (N, V) fp32 tensor (F.cross_entropy's made two: a zero-filled one
+    for nll_loss and log_softmax's gradient), and its gradients are still F.cross_entropy's."""
+    torch.manual_seed(0)
+    N, V, d = 256, 1000, 8
+    h = torch.randn(N, d, requires_grad=True)
+    w = torch.randn(V, d, requires_grad=True)
+    t = torch.randint(0, V, (N,))
+    t[::7] = -100
+    loss = chunked_cross_entropy(h, w, t)
+    with torch.profiler.profile(profile_memory=True) as prof:
+        loss.backward()
+    allocated = sum(max(e.self_cpu_memory_usage, 0) for e in prof.events())
+    assert allocated < N * V * 4
+    g = [h.grad, w.grad]
+    h.grad = w.grad = None
+    torch.nn.functional.cross_entropy(h @ w.t(), t).backward()
+    assert torch.allclose(g[0], h.grad, atol=1e-6) and torch.allclose(g[1], w.grad, atol=1e-6)
+
+
+def test_the_loss_refuses_a_second_backward_and_bad_targets():
+    h = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(10, 8, requires_grad=True)
+    loss = chunked_cross_entropy(h, w, torch.tensor([1, 2, -100, 3]))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        loss.backward()
+    for bad in (-5, 10):  # neither ignored (-100) nor in the vocabulary: an error, not a zero
+        with pytest.raises((RuntimeError, IndexError)):
+            chunked_cross_entropy(h, w, torch.tensor([1, bad, 0, 3]))
+
+
+def test_bf16_loss_matches_the_plain_head_under_autocast():
+    torch.manual_seed(0)
+    h = torch.randn(64, 16, requires_grad=True)
+    w = torch.randn(40, 16, requires_grad=True)
+    t = torch.randint(0, 40, (64,))
+    grads = []
+    for fused in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = (chunked_cross_entropy(h, w, t) if fused else
+                    torch.nn.functional.cross_entropy((h @ w.t()).float(), t))
+        loss.backward()
+        grads.append((loss.detach(), h.grad, w.grad))
+        h.grad = w.grad = None
+    assert grads[0][1].dtype == torch.float32
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_rotary_rotates_each_feature_pair_and_leaves_the_rest():
+    """(x_i, x_{i+dim/2}) turns by pos * base^(-2i/dim); features past dim are unchanged; q and
+    k stacked on a leading axis rotate as each would alone."""
+    from archs.layers import Rotary
+
+    torch.manual_seed(0)
+    B, H, T, D, dim = 2, 3, 5, 12, 8
+    rotary = Rotary(dim)
+    x = torch.randn(2, B, H, T, D)
+    pos = torch.tensor([[0, 1, 2, 0, 1], [3, 4, 5, 6, 7]])
+    out = rotary(x, pos)
+    theta = pos[:, None, :, None] * 10000.0 ** (-torch.arange(0, dim, 2) / dim)  # (B,1,T,4)
+    a, b = x[..., :4], x[..., 4:8]
+    expected = torch.cat([a * theta.cos() - b * theta.sin(), b * theta.cos() + a * theta.sin(),
+                          x[..., 8:]], -1)
+    assert torch.allclose(out, expected, atol=1e-6)
+    assert torch.allclose(rotary(x[1], pos), expected[1], atol=1e-6)
+
+
+def test_neox_attention_makes_its_rotary_tables_once_per_layer():
+    """q and k rotate together: one sin per layer (two before), and no pass per feature half."""
+    model = archs.build("neox-tiny")
+    x = torch.randint(0, 512, (1, 16))
+    with torch.profiler.profile() as prof:
+        model(x)
+    sins = sum(e.count for e in prof.key_averages() if e.key == "aten::sin")
+    assert sins == model.cfg.n_layers
+
+
 @pytest.mark.parametrize("name", list(archs.gpt_neox.PRESETS))
 def test_neox_parameter_counts_match_the_formula_on_the_meta_device(name):
     model = archs.build(name, device="meta")
