@@ -70,13 +70,19 @@ def test_round_trip_gives_back_every_document_in_order(tmp_path, corpus, byte_to
 
 def test_segments_agree_with_eos_positions(tmp_path, corpus, byte_tokenizer):
     out, _ = run(tmp_path, corpus[0])
-    previous_ended = True
+    previous_ended, previous_hash, rows, continued = True, None, 0, 0
     for tokens, starts, hashes in open_split(out / "train").rows():
-        real = tokens[: starts[-1]] if hashes[-1] == 0 else tokens
+        padded = hashes[-1] == 0  # the split's last row: a padding segment after its documents
+        real = tokens[: starts[-1]] if padded else tokens
         expected = [0] + [p + 1 for p in np.flatnonzero(real[:-1] == EOS)]
-        assert list(starts[: len(expected)]) == expected
-        assert (hashes[0] != 0) and (previous_ended or len(starts) >= 1)
-        previous_ended = tokens[-1] == EOS
+        assert list(starts) == expected + ([len(real)] if padded else [])
+        assert all(hashes[: len(expected)] != 0)
+        if not previous_ended:  # the row opens with the rest of the previous row's last document
+            assert hashes[0] == previous_hash
+            continued += 1
+        previous_ended, previous_hash = real[-1] == EOS, hashes[len(expected) - 1]
+        rows += 1
+    assert rows > 3 and continued > 0
 
 
 @pytest.mark.parametrize("fmt", ["mds", "memmap"])

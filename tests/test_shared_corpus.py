@@ -17,6 +17,7 @@ import zstandard
 from conftest import split_documents
 from pipeline.build import WORK_DIR, build
 from pipeline.config import BuildConfig
+from pipeline.errors import InputError
 from pipeline.tokenizer import load_tokenizer
 
 EOS = 50256
@@ -149,7 +150,7 @@ def test_damaged_real_files_are_counted_and_the_rest_is_kept(tmp_path, shared):
     log = [json.loads(x) for x in (tmp_path / "o/skipped.jsonl").read_text().splitlines()]
     assert {(e["reason"], Path(e["file"]).name) for e in log if e["reason"] != "empty"} == {
         ("truncated_file", gz.name), ("corrupt_file", "junk.parquet")}
-    with pytest.raises(Exception, match=r"cc_en_head-0091\.jsonl\.gz, line \d+: truncated_file"):
+    with pytest.raises(InputError, match=r"cc_en_head-0091\.jsonl\.gz, line \d+: truncated_file"):
         build(BuildConfig(out=str(tmp_path / "o2"), dataset="dolma", tokenizer=gpt2(shared),
                           inputs=(str(gz),), seq=4096, on_error="fail"), show_progress=False)
 
