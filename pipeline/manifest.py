@@ -8,6 +8,8 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from pipeline.formats import get_format
+
 FORMAT_VERSION = 1
 
 
@@ -25,16 +27,10 @@ def empty_counts(splits, reasons) -> dict:
             "skipped": {r: 0 for r in reasons}, "splits": {s: dict(split) for s in splits}}
 
 
-def _split_outputs(fmt: str, index: dict, seq: int) -> dict:
-    if fmt == "mds":
-        shards = index["shards"]
-        rows = sum(s["samples"] for s in shards)
-        files = [(s["zip_data"] or s["raw_data"]) for s in shards]
-        nbytes = sum(f["bytes"] for f in files)
-    else:
-        shards = index["shards"]
-        rows = index["rows"]
-        nbytes = sum(s["tokens"]["bytes"] + s["docs"]["bytes"] for s in shards)
+def _split_outputs(fmt: str, folder: Path, index: dict, seq: int) -> dict:
+    shards = get_format(fmt)(folder, index)
+    rows = sum(shards.rows_in(i) for i in range(len(shards)))
+    nbytes = sum(f.bytes for i in range(len(shards)) for f in shards.stored(i))
     return {"rows": rows, "shards": len(shards), "bytes": nbytes, "row_tokens": rows * seq}
 
 
@@ -42,7 +38,8 @@ def make_manifest(cfg, fingerprint: dict, tok, inputs: list[dict], counts: dict,
                   indexes: dict, out: Path, timings: dict) -> dict:
     splits = {}
     for name, index in indexes.items():
-        splits[name] = {**counts["splits"][name], **_split_outputs(cfg.format, index, cfg.seq),
+        splits[name] = {**counts["splits"][name], **_split_outputs(cfg.format, out / name, index,
+                                                                  cfg.seq),
                         "path": name}
     return {
         "longpack_version": longpack_version(),

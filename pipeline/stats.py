@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.shards import ShardBlocks
+from pipeline.shard_format import ShardBlocks, ShardFormat
 from pipeline.split import PAD_HASH
 
 SPLITS = ("train", "val")
@@ -306,11 +306,10 @@ class SplitScan:
                 name, "document starts do not match the EOS positions (first difference at "
                       f"offset {int(diff[0] % seq)})", row=int(diff[0] // seq)))
 
-    def report(self, split_dir: Path, index: dict | None, tokenizer=None) -> dict:
+    def report(self, split_dir: Path, shards: ShardFormat, tokenizer=None) -> dict:
         disk = sum(p.stat().st_size for p in split_dir.iterdir() if p.is_file())
-        raw = disk
-        if index and "shards" in index and index.get("format") != "longpack-memmap":
-            raw = sum(s["raw_data"]["bytes"] for s in index["shards"])
+        raw = (sum(shards.raw_bytes(i) for i in range(len(shards))) if shards.compressed
+               else disk)
         tokens = self.rows * (self.seq or 0)
         out = {"shards": self.shards, "rows": self.rows, "seq": self.seq, "dtype": self.dtype,
                "bytes_on_disk": disk, "raw_bytes": raw,

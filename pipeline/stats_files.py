@@ -12,34 +12,29 @@ from pathlib import Path
 from pipeline.atomic import sha256_file
 from pipeline.config import WORK_DIR
 from pipeline.errors import LongpackError
+from pipeline.formats import holds_shards
 from pipeline.shards import SplitReader
 from pipeline.stats import SPLITS, Problem
 
 
 def file_checks(split: str, reader: SplitReader, verify: bool) -> list[Problem]:
-    """Every shard named in the index is present, has its size, and (verify) its checksum."""
+    """Every shard file the index names is present, has its size, and (verify) its checksum."""
     problems = []
-    if reader.kind == "npy":
-        return problems
-    for entry in reader.index["shards"]:
-        files = ([entry["tokens"], entry["docs"]] if reader.kind == "memmap"
-                 else [entry["zip_data"] or entry["raw_data"]])
-        for info in files:
-            path = reader.path / info["basename"]
-            name = f"{split}/{info['basename']}"
+    for i in range(len(reader.format)):
+        for info in reader.format.stored(i):
+            path = reader.path / info.basename
+            name = f"{split}/{info.basename}"
             if not path.exists():
                 problems.append(Problem(name, "missing"))
                 continue
             size = path.stat().st_size
-            if size != info["bytes"]:
-                what = "truncated" if size < info["bytes"] else "longer than its index says"
+            if size != info.bytes:
+                what = "truncated" if size < info.bytes else "longer than its index says"
                 problems.append(Problem(name, f"{what} ({size:,} bytes, index.json says "
-                                              f"{info['bytes']:,})"))
-            elif verify:
-                want = info["sha256"] if "sha256" in info else info["hashes"].get("sha256")
-                if want and sha256_file(path) != want:
-                    problems.append(Problem(name, "checksum mismatch (sha256): the file changed "
-                                                  "after it was written"))
+                                              f"{info.bytes:,})"))
+            elif verify and info.sha256 and sha256_file(path) != info.sha256:
+                problems.append(Problem(name, "checksum mismatch (sha256): the file changed "
+                                              "after it was written"))
     return problems
 
 
@@ -54,9 +49,9 @@ def open_output(path: Path) -> tuple[dict | None, dict[str, Path], Problem | Non
         raise LongpackError(f"{path}: not a directory (pass the --out of pack build)")
     root, splits = path, {s: path / s for s in SPLITS if (path / s).is_dir()}
     if not _is_build_root(path):  # a train/ or val/ of no build counts only if it holds shards
-        splits = {s: d for s, d in splits.items() if _holds_shards(d)}
+        splits = {s: d for s, d in splits.items() if holds_shards(d)}
     if not splits and not _is_build_root(path):  # one split directory, or a directory of shards
-        if not _holds_shards(path):
+        if not holds_shards(path):
             raise LongpackError(f"{path}: no manifest.json, no train/ or val/ folder, no "
                                 "index.json and no .npy files")
         splits = {path.name: path}
@@ -75,10 +70,6 @@ def open_output(path: Path) -> tuple[dict | None, dict[str, Path], Problem | Non
     if root == path:
         splits = {s: path / s for s in manifest["splits"]}
     return manifest, splits, None
-
-
-def _holds_shards(path: Path) -> bool:
-    return (path / "index.json").exists() or any(path.glob("*.npy"))
 
 
 def _is_build_root(path: Path) -> bool:

@@ -57,9 +57,9 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
             scan.lost_shard()
             continue
         scan.add(shard, d)
-    if reader.kind == "npy" or not scan.has_segments:
+    if not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
-    return scan.report(path, reader.index, tokenizer.result()), scan
+    return scan.report(path, reader.format, tokenizer.result()), scan
 
 
 def _read_plan(reader: SplitReader) -> tuple[int, int, bool]:
@@ -75,7 +75,8 @@ def _read_plan(reader: SplitReader) -> tuple[int, int, bool]:
     usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
               else os.cpu_count() or 1)
     cores = min(usable, MAX_READ_THREADS)
-    if reader.kind == "mds" and any(s["zip_data"] for s in reader.index["shards"]):
+    if any(reader.format.raw_bytes(i) > f.bytes for i in range(len(reader.format))
+           for f in reader.format.stored(i)) if reader.format.compressed else False:
         return cores, cores + 2, True
     return cores + 1, cores + 1, False
 

@@ -1,4 +1,5 @@
-"""Encode one MDS shard (mosaicml-streaming's format, version 2) from packed rows.
+"""The bytes of one MDS shard (mosaicml-streaming's format, version 2) from packed rows; its
+index.json entry is format_mds.py's.
 
 Written here rather than with streaming's MDSWriter so that every shard goes to disk under a
 temporary name and is renamed whole, and so that a build can resume shard by shard (MDSWriter
@@ -18,7 +19,6 @@ A variable-shape ndarray is encoded as one byte (ndim << 2 | shape dtype code, c
 uint8..uint64, the smallest that holds the length) | the length in that dtype | the values.
 """
 
-import hashlib
 import json
 
 import numpy as np
@@ -86,24 +86,3 @@ def compress(data: bytes, compression: str | None) -> bytes:
     # (not for 0, its single-threaded mode), so shards stay identical across machines, and the
     # last shards of a build, compressed after the main loop, use every core.
     return zstandard.ZstdCompressor(level=level, threads=-1).compress(data)
-
-
-def encode_shard(number: int, rows: np.ndarray, segments: np.ndarray, config: dict
-                 ) -> tuple[dict[str, bytes], dict]:
-    """Returns ({basename: file bytes}, this shard's entry for index.json)."""
-    raw = encode_raw_shard(rows, segments, config)
-    raw_name = f"shard.{number:05d}.mds"
-    raw_info = {"basename": raw_name, "bytes": len(raw),
-                "hashes": {"sha256": hashlib.sha256(raw).hexdigest()}}
-    entry = {**config, "samples": len(rows), "raw_data": raw_info, "zip_data": None}
-    if config["compression"] is None:
-        return {raw_name: raw}, entry
-    zipped = compress(raw, config["compression"])
-    zip_name = f"{raw_name}.zstd"
-    entry["zip_data"] = {"basename": zip_name, "bytes": len(zipped),
-                         "hashes": {"sha256": hashlib.sha256(zipped).hexdigest()}}
-    return {zip_name: zipped}, entry
-
-
-def index_json(entries: list[dict]) -> dict:
-    return {"version": 2, "shards": entries}

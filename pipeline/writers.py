@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import write_mds, write_memmap
 from pipeline.atomic import write_bytes, write_json, writing
 from pipeline.errors import SettingsError
+from pipeline.formats import get_format
 
 SEGMENT_BYTES = 3 * 8
 MAX_IN_FLIGHT = 2  # shards a sink hands to the writer before it waits: bounds the backlog
@@ -39,11 +39,11 @@ class ShardSink:
                  dtype: np.dtype, rows_per_shard: int, compression: str | None,
                  size_limit: int, claim: Callable[[Path], None], writer: ThreadPoolExecutor,
                  state: dict | None = None):
-        self.fmt, self.split_dir, self.work_dir, self.split = fmt, split_dir, work_dir, split
+        self.split_dir, self.work_dir, self.split = split_dir, work_dir, split
         self.claim, self.writer = claim, writer
         self.in_flight: deque[Future] = deque()  # shards handed to the writer, oldest first
         self.seq, self.dtype, self.rows_per_shard = seq, np.dtype(dtype), rows_per_shard
-        self.mds_config = write_mds.shard_config(seq, dtype, compression, size_limit)
+        self.format = get_format(fmt).for_writing(split_dir, seq, dtype, compression, size_limit)
         state = state or {"shards": [], "partial_rows": 0, "partial_segments": 0}
         self.entries: list[dict] = list(state["shards"])
         self.partial_rows, self.partial_segments = state["partial_rows"], state["partial_segments"]
@@ -119,10 +119,7 @@ class ShardSink:
         """In the writer thread: the shard from its partial files, into OUT/<split>/."""
         rows = np.fromfile(rows_path, self.dtype).reshape(-1, self.seq)
         segs = np.fromfile(segs_path, "<u8").reshape(-1, 3)
-        if self.fmt == "mds":
-            files, entry = write_mds.encode_shard(number, rows, segs, self.mds_config)
-        else:
-            files, entry = write_memmap.encode_shard(number, rows, segs)
+        files, entry = self.format.encode_shard(number, rows, segs)
         for name, data in files.items():
             self.claim(self.split_dir / name)
             write_bytes(self.split_dir / name, data, fsync=True)
@@ -169,10 +166,7 @@ class ShardSink:
         self._close_partial()
         # The partial files stay until the work directory goes (after manifest.json is written):
         # a build killed before then resumes from its last checkpoint, which refers to them.
-        if self.fmt == "mds":
-            index = write_mds.index_json(self.entries)
-        else:
-            index = write_memmap.index_json(self.entries, self.seq, self.dtype)
+        index = self.format.index_json(self.entries)
         self.claim(self.split_dir / "index.json")
         write_json(self.split_dir / "index.json", index, fsync=True)
         return index

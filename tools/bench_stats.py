@@ -71,7 +71,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench_common import SHARED, CpuWatch, describe_checkout, pack_executable, verdict, work_dir  # noqa: E402
 
-from pipeline.stats_report import collect  # noqa: E402  (the checkout's code)
+from pipeline.formats import open_format  # noqa: E402  (the checkout's code)
+from pipeline.stats_report import collect  # noqa: E402
 
 FINEWEB_SAMPLE = SHARED / "data" / "fineweb-edu-sample"
 GPT2_TIKTOKEN = SHARED / "tokenizers" / "gpt2.tiktoken"
@@ -144,12 +145,6 @@ def repeats_to_fill(work: Path, shard_mib: int) -> int:
     return max(1, math.ceil(rows_per_shard / rows))
 
 
-def shard_names(entry: dict, fmt: str) -> list[str]:
-    if fmt == "memmap":
-        return [entry["tokens"]["basename"], entry["docs"]["basename"]]
-    return [entry["zip_data"]["basename"] if entry["zip_data"] else entry["raw_data"]["basename"]]
-
-
 def renamed(name: str, number: int) -> str:
     """shard.00000.REST -> shard.NNNNN.REST"""
     prefix, _, rest = name.split(".", 2)
@@ -189,15 +184,15 @@ def replicate(base_split: Path, out: Path, fmt: str, copies: int) -> dict:
 
 
 def describe(split: Path, fmt: str, copies: int, reused: bool) -> dict:
-    index = json.loads((split / "index.json").read_text())
-    shard_files = [split / n for e in index["shards"] for n in shard_names(e, fmt)]
+    shards = open_format(split)
+    shard_files = [split / f.basename for i in range(len(shards)) for f in shards.stored(i)]
     files = sorted(p for p in split.iterdir() if p.is_file())
-    rows = sum(e["rows"] if fmt == "memmap" else e["samples"] for e in index["shards"])
+    rows = sum(shards.rows_in(i) for i in range(len(shards)))
     return {"dir": split.parent, "split": split, "fmt": fmt, "copies": copies, "reused": reused,
             "files": files, "shard_files": shard_files,
             "disk_bytes": sum(p.stat().st_size for p in files),
             "shard_bytes": sum(p.stat().st_size for p in shard_files),
-            "rows": rows, "tokens": rows * SEQ, "shards": len(index["shards"])}
+            "rows": rows, "tokens": rows * SEQ, "shards": len(shards)}
 
 
 # ------------------------------------------------------------------------------- measurements

@@ -38,6 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import LongpackError
+from pipeline.format_mds import MdsFormat
+from pipeline.formats import get_format
 from pipeline.shards import SplitReader
 from pipeline.streaming_compat import import_streaming
 from training.verify import GOOD, DataError, ShardChecks, check_ids, file_problem, mds_token_blocks
@@ -106,10 +108,9 @@ class MemmapRows:
         return self.checks.unchecked()
 
     def _check(self, k: int) -> None:
-        entry = self.reader.index["shards"][k]
-        for part in ("tokens", "docs"):
-            path = self.reader.path / entry[part]["basename"]
-            problem = file_problem(path, entry[part]["bytes"], entry[part].get("sha256"))
+        for stored in self.reader.format.stored(k):
+            path = self.reader.path / stored.basename
+            problem = file_problem(path, stored.bytes, stored.sha256)
             if problem:
                 raise DataError(f"{path}: {problem}; rebuild it with pack build")
         try:  # a map of its own: _open belongs to the thread that reads rows
@@ -159,8 +160,8 @@ class StreamingRows:
             raise DataError(f"mosaicml-streaming cannot open {remote} (cache {local}): {e}") \
                 from None
         # streaming has put the split's index.json in the cache (it reads it from there too)
-        self.entries = json.loads((local / "index.json").read_text())["shards"]
-        self.checks = ShardChecks(len(self.entries))
+        self.shards = MdsFormat(local, json.loads((local / "index.json").read_text()))
+        self.checks = ShardChecks(len(self.shards))
 
     def __len__(self) -> int:
         # All rows of the split; len(StreamingDataset) is one rank's share of an epoch.
@@ -174,20 +175,19 @@ class StreamingRows:
 
     def source(self, k: int) -> str:
         """Shard k's file in the build (a path or a URL)."""
-        entry = self.entries[k]
-        return f"{self.remote}/{(entry['zip_data'] or entry['raw_data'])['basename']}"
+        return f"{self.remote}/{self.shards.stored(k)[0].basename}"
 
     def _check(self, k: int) -> None:
-        entry, source, remote = self.entries[k], self.source(k), is_remote(self.remote)
+        source, remote = self.source(k), is_remote(self.remote)
         if not remote:  # a local build: a truncated shard is named before streaming copies it
-            stored = entry["zip_data"] or entry["raw_data"]
+            stored = self.shards.stored(k)[0]
             size = Path(source).stat().st_size if Path(source).is_file() else None
-            if size != stored["bytes"]:
+            if size != stored.bytes:
                 raise DataError(f"{source}: {'missing' if size is None else f'{size:,} bytes'}, "
-                                f"index.json says {stored['bytes']:,} (truncated or replaced); "
+                                f"index.json says {stored.bytes:,} (truncated or replaced); "
                                 "rebuild it with pack build")
-        raw = entry["raw_data"]
-        cached = self.local / raw["basename"]
+        raw = self.shards.raw(k)
+        cached = self.local / raw.basename
         for _ in range(2):  # a copy that fails is fetched once more
             try:
                 self.dataset.prepare_shard(k)
@@ -195,7 +195,7 @@ class StreamingRows:
                 raise DataError(f"{source}: cannot be {'fetched or ' if remote else ''}"
                                 f"decompressed ({type(e).__name__}: {e}); the shard is damaged"
                                 f"{' or unreachable' if remote else ''}: rebuild it") from None
-            problem = file_problem(cached, raw["bytes"], raw["hashes"].get("sha256"))
+            problem = file_problem(cached, raw.bytes, raw.sha256)
             if problem is None:
                 break
             cached.unlink(missing_ok=True)  # fetched again by prepare_shard
@@ -203,7 +203,7 @@ class StreamingRows:
             raise DataError(f"{source}: decompressed, {problem}, twice: the shard is damaged; "
                             f"rebuild it{' (and upload it again)' if remote else ''}")
         try:
-            blocks = mds_token_blocks(cached, entry)
+            blocks = mds_token_blocks(cached, self.shards.entries[k])
             check_ids(source, blocks, self.vocab_size)
         except (ValueError, LongpackError) as e:
             if isinstance(e, DataError):
@@ -264,9 +264,10 @@ def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = N
     if seq < 2 or row_seq % seq:
         raise DataError(f"--seq {seq}: the build's rows are {row_seq} tokens; use a divisor of "
                         f"it (at least 2), or rebuild with pack build --seq {seq}")
-    if manifest["format"] != "mds" and is_remote(location):
-        raise DataError(f"{location}: memmap builds are read from local disk; copy it "
-                        "locally or build with --format mds to stream it")
+    shard_format = get_format(manifest["format"])
+    if not shard_format.streamed and is_remote(location):
+        raise DataError(f"{location}: {shard_format.name} builds are read from local disk; copy "
+                        "it locally or build with --format mds to stream it")
     if manifest["splits"]["train"]["rows"] == 0:
         raise DataError(f"{location}: the train split has no rows")
     vocab_size = manifest["tokenizer"]["vocab_size"]
@@ -278,7 +279,7 @@ def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = N
             if manifest["splits"][split]["rows"] == 0:
                 splits[split] = None  # no evaluation
                 continue
-            if manifest["format"] == "mds":
+            if shard_format.streamed:
                 remote = location.rstrip("/") + "/" + path if is_remote(location) \
                     else str(Path(location, path).resolve())
                 rows = StreamingRows(remote, Path(cache) / fingerprint / split, cache_limit,
