@@ -23,3 +23,7 @@ class HubError(LongpackError):
 
 class OutputError(LongpackError):
     """The output directory cannot be written: a full disk, a read-only or forbidden path."""
+
+
+class TrainingError(LongpackError):
+    """A run that cannot start or go on: a checkpoint that does not fit it, a loss not finite."""

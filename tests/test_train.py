@@ -1,6 +1,7 @@
 """The trainer so far, on CPU with a tiny model: exact resume, refusals, fallbacks, schedules."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -105,6 +106,15 @@ def test_grad_accum_splits_the_step_without_changing_its_loss(tmp_path, byte_tok
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
 
 
+TIMINGS = ("seconds", "data_seconds", "tokens_per_second", "eta_seconds")
+
+
+def records(run, drop=TIMINGS):
+    """metrics.jsonl's records, without the wall-clock figures no two runs share."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in lines]
+
+
 def test_resume_is_exact(tmp_path, shards):
     straight = train(config(shards, tmp_path / "a"), log=lambda m: None)
     train(config(shards, tmp_path / "b"), log=lambda m: None, stop_at=5)  # interrupted
@@ -113,6 +123,59 @@ def test_resume_is_exact(tmp_path, shards):
     assert [h["batch"] for h in straight] == [h["batch"] for h in resumed]
     a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
+    # The run's history is metrics.jsonl, the same as straight; no checkpoint holds a copy
+    # that grows with the run, and what train returns is that file, steps before the resume
+    # included.
+    assert records(tmp_path / "b") == records(tmp_path / "a")
+    assert resumed == records(tmp_path / "b", drop=())
+    state, _ = checkpoint.load_latest(tmp_path / "b")
+    assert state["format"] == checkpoint.FORMAT and "history" not in state
+    assert [n for n, _ in state["recent_hashes"]] == list(range(8))
+    assert [h for _, h in state["recent_hashes"]] == [h["batch"] for h in straight]
+
+
+def as_previous_format(path, run):
+    """Rewrite the checkpoint in `path` as longpack wrote them before FORMAT 2: no "format",
+    and the metrics records of every step before it in "history"."""
+    state = torch.load(path / "state.pt", weights_only=False)
+    del state["format"]
+    state["history"] = [r for r in records(run, drop=()) if r["step"] < state["step"]]
+    torch.save(state, path / "state.pt")
+    from pipeline.atomic import sha256_file
+
+    (path / "COMPLETE").write_text(sha256_file(path / "state.pt") + "\n")
+
+
+def test_a_checkpoint_of_the_previous_format_resumes_exactly(tmp_path, shards):
+    straight = train(config(shards, tmp_path / "a", max_steps=4, workers=0), log=lambda m: None)
+    run = tmp_path / "b"
+    train(config(shards, run, max_steps=4, workers=0), log=lambda m: None, stop_at=2)
+    as_previous_format(run / "step-00000002", run)
+    said = []
+    resumed = train(config(shards, run, max_steps=4, workers=0), log=said.append)
+    assert "resumed from" in said[0] and "at step 2" in said[0]
+    assert [h["loss"] for h in resumed] == [h["loss"] for h in straight]
+    a, b = weights(tmp_path / "a"), weights(run)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert records(run) == records(tmp_path / "a")
+
+
+def test_a_checkpoint_of_a_newer_format_is_refused_not_skipped(tmp_path, shards):
+    run = tmp_path / "r"
+    train(config(shards, run, max_steps=2, save_every=1, workers=0), log=lambda m: None)
+    newest = run / "step-00000002"
+    state = torch.load(newest / "state.pt", weights_only=False)
+    torch.save({**state, "format": checkpoint.FORMAT + 1}, newest / "state.pt")
+    from pipeline.atomic import sha256_file
+
+    (newest / "COMPLETE").write_text(sha256_file(newest / "state.pt") + "\n")
+    # the one before is sound, but falling back to it would quietly undo a step
+    r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(run),
+                                       "--max-steps", "3", "--batch-size", "4"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert (f"Error: {newest} was written by a newer longpack (checkpoint format "
+            f"{checkpoint.FORMAT + 1}, this one reads up to {checkpoint.FORMAT}); upgrade "
+            "longpack to resume it, or pass --resume never or another --out") in r.output
 
 
 def test_loss_falls_and_val_loss_follows(tmp_path, shards):
@@ -162,19 +225,37 @@ def test_schedule_shapes(tmp_path):
     assert lr_at(99, const) == 1.0
 
 
-def test_muon_makes_its_update_orthogonal():
+@pytest.mark.parametrize("name", ["neox-tiny", "resonance-tiny"])
+def test_a_muon_step_orthogonalizes_the_hidden_matrices_and_adamw_moves_the_rest(name):
+    """Our grouping, through the trainer's own step: each parameter moves as the optimizer of
+    its role alone would move it: a hidden matrix as torch.optim.Muon, anything else by
+    AdamW's first step, exactly lr * g / (|g| + eps) after its decay (if its role has one)."""
+    from training.step import prepare, train_step
+
     torch.manual_seed(0)
-    w = torch.nn.Parameter(torch.randn(32, 16))
-    opt = torch.optim.Muon([w], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False,
-                           adjust_lr_fn="original")
-    before = w.detach().clone()
-    w.grad = torch.randn(32, 16)
-    opt.step()
-    sv = torch.linalg.svdvals(before - w.detach()) / (32 / 16) ** 0.5  # Muon's shape scaling
-    grad_sv = torch.linalg.svdvals(w.grad)
-    # Newton-Schulz (5 quintic steps) brings every singular value near 1 (0.7-1.2 by design)
-    assert sv.min() > 0.6 and sv.max() < 1.25
-    assert grad_sv.max() / grad_sv.min() > 3 > sv.max() / sv.min()
+    model = archs.build(name, vocab_size=300)
+    x = torch.randint(0, 300, (4, 33))
+    batch = {"input_ids": x[:, :-1], "targets": x[:, 1:], "doc_starts": torch.zeros(4, 1).long()}
+    model.loss(**batch)["loss"].backward()  # the gradient the step will take
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = TrainConfig(shards="x", model=name, optimizer="muon", lr=0.01, weight_decay=0.1,
+                      warmup=0, clip=0)
+    train_step(prepare(model, cfg, launched()), [batch], 0, cfg, launched())
+    roles = model.param_roles()
+    decayed = {"matrix", "head"}  # the roles AdamW and Muon decay (docs: training/optim.py)
+    for n, p in model.named_parameters():
+        w, g = before[n], grads[n]
+        if roles[n] == "matrix":
+            alone = torch.nn.Parameter(w.clone())
+            alone.grad = g
+            torch.optim.Muon([alone], lr=cfg.lr, weight_decay=cfg.weight_decay).step()
+            assert torch.allclose(p.detach(), alone.detach(), atol=1e-6), n
+        else:
+            moved = w * (1 - cfg.lr * cfg.weight_decay * (roles[n] in decayed)) - p.detach()
+            assert torch.allclose(moved, cfg.lr * g / (g.abs() + 1e-8), atol=cfg.lr * 1e-4), n
+    assert {"matrix", "head", "embedding", "norm"} <= set(roles.values())
 
 
 def test_train_cli_runs_and_resumes(tmp_path, shards):
@@ -258,18 +339,38 @@ def test_config_file_with_command_line_overrides(tmp_path, shards):
     assert r.exit_code == 2 and "unknown settings nonsense" in r.output
 
 
-def test_metrics_jsonl_has_every_step_and_missing_loggers_say_what_to_install(tmp_path, shards):
+def test_metrics_jsonl_has_every_step(tmp_path, shards):
     train(config(shards, tmp_path / "r", max_steps=4), log=lambda m: None)
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 1, 2, 3]
     assert all(x["tokens_per_second"] > 0 and len(x["batch"]) == 12 for x in lines)
-    pytest.importorskip("torch")
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        with pytest.raises(ValueError, match="pip install tensorboard"):
-            train(config(shards, tmp_path / "t", max_steps=2, report_to=("tensorboard",)),
-                  log=lambda m: None)
+
+
+@pytest.mark.parametrize("kind, modules", [("tensorboard", ("tensorboard",
+                                                            "torch.utils.tensorboard")),
+                                           ("wandb", ("wandb",))])
+def test_a_missing_logger_is_refused_saying_what_to_install(tmp_path, shards, monkeypatch, kind,
+                                                           modules):
+    # None in sys.modules makes `import` fail as if the package were not installed, so this
+    # runs whether or not it is.
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ValueError, match=f"--report-to {kind} needs the {kind} package: pip "
+                                         f"install {kind}"):
+        train(config(shards, tmp_path / "t", max_steps=2, report_to=("jsonl", kind)),
+              log=lambda m: None)
+    assert not (tmp_path / "t").exists()  # refused before the run made anything
+
+
+def test_tensorboard_gets_every_step(tmp_path, shards):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(config(shards, tmp_path / "r", max_steps=3, workers=0,
+                 report_to=("jsonl", "tensorboard")), log=lambda m: None)
+    events = EventAccumulator(str(tmp_path / "r" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [0, 1, 2]
 
 
 def test_loader_workers_do_not_change_the_run(tmp_path, shards):

@@ -133,7 +133,25 @@ def test_dry_run_says_the_plan_at_once_then_each_probe_step(tmp_path, shards):
     assert "probe" not in said[0] and "probe" in said[1]
     steps = [line for line in said if "probe       step" in line]
     assert len(steps) == PROBE_STEPS + 1 and "warm-up" in steps[0]
+    assert all(" s, loss " in line for line in steps)
     assert "4 x 64 tokens on cpu" in said[1] and "measured here" in text  # small: probed whole
+
+
+def test_the_dry_run_probes_the_step_training_takes(shards):
+    """The probe runs the trainer's step (clipping, grad scaler, optimizers), not a forward and
+    backward of its own: with the gradient clipped to almost nothing the probe's loss stands
+    still; unclipped, three steps on the same batch bring it down."""
+    from training.plan import plan
+
+    def probe_losses(clip):
+        cfg = TrainConfig(shards=str(shards), batch_size=4, max_steps=10, lr=3e-3, warmup=0,
+                          clip=clip, weight_decay=0.0)
+        return plan(cfg, say=lambda _: None)["probe_losses"]
+
+    free, clipped = probe_losses(0), probe_losses(1e-12)
+    assert free[0] == clipped[0]  # the same weights (the run's seed) and batch
+    assert free[-1] < free[0] - 0.05
+    assert abs(clipped[-1] - clipped[0]) < 1e-3
 
 
 def test_a_cpu_probe_is_cut_to_a_few_seconds_and_scaled(tmp_path):

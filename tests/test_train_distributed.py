@@ -35,12 +35,17 @@ def run_state(run):
     return checkpoint.load_latest(run)[0]
 
 
+def records(run):
+    """The run's metrics history, as metrics.jsonl has it (the checkpoint does not)."""
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_two_processes_match_one_with_the_same_global_batch(tmp_path, shards):
     one = train(TrainConfig(shards=str(shards), out=str(tmp_path / "one"), batch_size=2,
                             grad_accum=2, **COMMON), log=lambda m: None)
     out = torchrun(shards, tmp_path / "two")
     assert out.count("step 1/6 ") == 1 and out.count("done: step 6") == 1  # rank 0 only
-    two = run_state(tmp_path / "two")["history"]
+    two = records(tmp_path / "two")
     assert [h["batch"] for h in two] == [h["batch"] for h in one]  # the same rows each step
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
     assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], rel=1e-5)
@@ -56,7 +61,7 @@ def test_resume_on_two_processes_continues_the_one_process_order(tmp_path, shard
                       **COMMON), log=lambda m: None, stop_at=3)
     out = torchrun(shards, tmp_path / "b")  # per-device batch 2, accumulation 1, 2 processes
     assert "resumed from" in out and "at step 3" in out
-    elastic = run_state(tmp_path / "b")["history"]
+    elastic = records(tmp_path / "b")
     assert [h["batch"] for h in elastic] == [h["batch"] for h in straight]
     assert [h["loss"] for h in elastic] == pytest.approx([h["loss"] for h in straight], rel=1e-5)
 
@@ -68,7 +73,7 @@ def test_ranks_weigh_by_their_real_targets(tmp_path, byte_tokenizer):
     one = train(TrainConfig(shards=str(shards), out=str(tmp_path / "one"), batch_size=2,
                             **COMMON), log=lambda m: None)
     torchrun(shards, tmp_path / "two", batch=1)
-    two = run_state(tmp_path / "two")["history"]
+    two = records(tmp_path / "two")
     assert [h["targets"] for h in two] == [68] * STEPS
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
     assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], rel=1e-5)

@@ -1,17 +1,33 @@
-"""Checkpoints: RUN/step-NNNNNNNN/ directories, written whole or not at all, newest kept.
+"""Checkpoints: RUN/step-NNNNNNNN/ directories, written whole or not at all, newest kept; what
+they hold (`capture`) and how a run takes it back (`check_model`, `check_data`, `restore`).
 
 A checkpoint is written into `.step-N.tmp/`, with a `COMPLETE` file holding the sha256 of
 `state.pt`, then renamed; `RUN/latest` names the newest. Loading takes the newest checkpoint
 whose COMPLETE matches its state.pt, warning about (and skipping) any that do not.
+
+state.pt holds model, optimizers, grad scaler, RNG states, the step, the shards' fingerprint
+and seq, the config, and the batch hashes of the last RECENT_HASHES steps: a resumed run
+recomputes those from its own order and refuses to go on if they differ. Its size does not
+grow with the run: the metrics of the steps done are in RUN/metrics.jsonl, not here.
+Checkpoints of longpack before FORMAT 2 also held the whole metrics history; they load, and
+that copy is ignored.
 """
 
+import random
 import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from pipeline.atomic import sha256_file, write_bytes
+from pipeline.errors import TrainingError
+from training.sampler import GlobalOrder, batch_hash
+from training.step import TrainState
+
+FORMAT = 2  # 1 (no "format" key): the same plus "history", every step's metrics record
+RECENT_HASHES = 16
 
 
 def save(run: Path, step: int, state: dict, keep_last: int) -> Path:
@@ -38,13 +54,97 @@ def load(path: Path) -> tuple[dict, Path]:
         raise ValueError(f"{path} is not a complete checkpoint (no COMPLETE file)")
     if complete.read_text().strip() != sha256_file(path / "state.pt"):
         raise ValueError(f"{path}/state.pt does not match its checksum")
-    return torch.load(path / "state.pt", map_location="cpu", weights_only=False), path
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+    if state.get("format", 1) > FORMAT:
+        raise TrainingError(f"{path} was written by a newer longpack (checkpoint format "
+                            f"{state['format']}, this one reads up to {FORMAT}); upgrade "
+                            "longpack to resume it, or pass --resume never or another --out")
+    return state, path
 
 
 def load_latest(run: Path) -> tuple[dict, Path] | None:
     for path in sorted(run.glob("step-*"), reverse=True):
         try:
             return load(path)
+        except TrainingError:  # sound, but not ours to read: falling back would hide it
+            raise
         except Exception as e:  # truncated, missing or unreadable: fall back to the one before
             warnings.warn(f"skipping checkpoint {path}: {e}", stacklevel=2)
     return None
+
+
+def find(run: Path, resume: str) -> tuple[dict, Path] | None:
+    """--resume auto: the newest sound checkpoint in the run, if any; never: none; else the
+    checkpoint directory named."""
+    if resume == "never":
+        return None
+    if resume == "auto":
+        return load_latest(run)
+    return load(Path(resume))
+
+
+def capture(s: TrainState, step: int, build, order: GlobalOrder, cfg) -> dict:
+    """What a checkpoint after `step` steps holds (the state of this process)."""
+    recent = range(max(0, step - RECENT_HASHES), step)
+    return {"format": FORMAT, "model": s.model.state_dict(),
+            "optimizers": [o.state_dict() for o in s.optimizers],
+            "scaler": s.scaler.state_dict(), "rng": rng_state(), "step": step,
+            "fingerprint": build.fingerprint, "seq": build.seq, "config": cfg.to_dict(),
+            "recent_hashes": [(n, batch_hash(order.step_rows(n))) for n in recent]}
+
+
+def check_model(found: tuple[dict, Path], cfg) -> None:
+    """Refuse to resume a checkpoint of another model (its weights would not load)."""
+    state, path = found
+    was = state["config"]["model"]
+    if was != cfg.model:
+        raise TrainingError(f"{path} holds a {was} model and this run asks for --model "
+                            f"{cfg.model}; pass --model {was} to resume it, or --resume never "
+                            "or another --out to start a new run")
+
+
+def check_data(found: tuple[dict, Path], build, order: GlobalOrder) -> None:
+    """Refuse a checkpoint of other shards, another --seq, or another order of rows."""
+    state, path = found
+    if state["fingerprint"] != build.fingerprint:
+        raise TrainingError(f"{path} was trained on other shards (fingerprint "
+                            f"{state['fingerprint']}, these are {build.fingerprint}); pass "
+                            "--resume never or the original --shards")
+    if state["seq"] != build.seq:
+        raise TrainingError(f"{path} was trained with --seq {state['seq']}, this run has "
+                            f"{build.seq}; pass --seq {state['seq']} or --resume never")
+    for step_no, h in state["recent_hashes"]:
+        if batch_hash(order.step_rows(step_no)) != h:
+            raise TrainingError(f"resume check failed: step {step_no} would read other rows "
+                                "than the checkpointed run did (seed or global batch changed?)")
+
+
+def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
+    """Load the checkpoint into the train state and the RNGs; returns its step."""
+    state, path = found
+    try:
+        s.model.load_state_dict(state["model"])
+    except RuntimeError as e:  # same name, other shapes: archs/ changed since
+        raise TrainingError(f"{path}: its weights do not fit --model {cfg.model} as archs/ "
+                            f"builds it now ({str(e).splitlines()[0]}); pass --resume never or "
+                            "another --out to start afresh") from None
+    for opt, saved in zip(s.optimizers, state["optimizers"]):
+        opt.load_state_dict(saved)
+    s.scaler.load_state_dict(state["scaler"])
+    set_rng_state(state["rng"])
+    return state["step"]
+
+
+def rng_state() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            # this process's device only: the others belong to other ranks
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

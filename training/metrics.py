@@ -39,12 +39,15 @@ class MetricsLog:
             self.wandb = _import("wandb").init(project="longpack", dir=str(run), config=config,
                                                resume="allow")
 
-    def truncate(self, step: int) -> None:
-        """Keep the lines of steps before `step`: a resumed run writes the later ones again."""
-        if self.path.exists():
-            lines = self.path.read_text().splitlines(keepends=True)
-            kept = [line for line in lines if _step(line) < step]
-            write_bytes(self.path, "".join(kept).encode())
+    def truncate(self, step: int) -> list[dict]:
+        """Keep the lines of steps before `step` (a resumed run writes the later ones again) and
+        return their records: the run's history so far, which no checkpoint holds."""
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _step(line) < step]
+        write_bytes(self.path, "".join(kept).encode())
+        return [json.loads(line) for line in kept]
 
     def write(self, record: dict) -> None:
         with open(self.path, "a") as f:

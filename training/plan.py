@@ -5,15 +5,17 @@ vocabulary), tokens per step, steps, epochs over the shards, training FLOPs
 (model.flops_per_token) and a memory estimate (weights + gradients + optimizer state: 16 bytes
 per parameter with AdamW in fp32, plus the fp32 logits the loss keeps and their gradient: all
 of a micro-batch's within archs.layers' budget, else one chunk's; activations are not
-counted). Then a probe, one line per probe step: a warm-up and PROBE_STEPS timed steps, each a
-forward and backward of one micro-batch and an optimizer step.
+counted). Then a probe, one line per probe step: a warm-up and PROBE_STEPS timed steps, each
+step.train_step on one micro-batch: the step the run takes (grad scaler, clipping, the
+optimizers, DDP under torchrun, torch.compile), its loss said beside its time.
 
 On a GPU a probe step is one full micro-batch (batch_size x seq): the measurement is the run's.
 On a CPU that would take minutes (neox-tiny at seq 32768: 8 x 32767 tokens, ~23 TFLOPs a step,
 four of them were 13 minutes with nothing printed), so a CPU probe step is cut to about
 CPU_PROBE_FLOPS (fewer rows, then a shorter prefix of a row) and its time is scaled up by the
 ratio of FLOPs (model.flops_per_token at each length, so attention's growth with the length is
-counted); the output says what was probed and that it was scaled.
+counted); the output says what was probed and that it was scaled. The forward and backward are
+scaled (and multiplied by --grad-accum), the update after them is not.
 """
 
 import tempfile
@@ -28,9 +30,9 @@ from training import distributed
 from training.batch import make_batch
 from training.config import TrainConfig
 from training.data import open_build
-from training.loop import autocast, resolve_steps
+from training.loop import resolve_steps
 from training.metrics import duration
-from training.optim import make_optimizers
+from training.step import prepare, train_step
 
 PROBE_STEPS = 2  # timed, after one warm-up
 CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
@@ -40,14 +42,17 @@ CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy (its d
 
 def plan(cfg: TrainConfig, say=print) -> dict:
     # The probe reads a few rows; without --cache they go to a temporary one, so a dry run
-    # leaves nothing behind.
-    with tempfile.TemporaryDirectory(prefix="longpack-plan-") as tmp:
-        return _plan(cfg, Path(cfg.cache or tmp), say)
+    # leaves nothing behind. Under torchrun the processes probe together, as they train.
+    procs = distributed.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="longpack-plan-") as tmp:
+            return _plan(cfg, Path(cfg.cache or tmp), say, procs)
+    finally:
+        distributed.stop(procs)
 
 
-def _plan(cfg: TrainConfig, cache: Path, say) -> dict:
+def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> dict:
     build = open_build(cfg.shards, cache, cfg.cache_limit, cfg.seq)
-    procs = distributed.launched()  # under torchrun: this rank's device, a larger global batch
     cfg = resolve_steps(cfg, build.seq, procs.world)
     vocab = build.manifest["tokenizer"]["vocab_size"]
     counted = archs.build(cfg.model, device="meta", vocab_size=vocab)  # sizes, no memory
@@ -64,7 +69,7 @@ def _plan(cfg: TrainConfig, cache: Path, say) -> dict:
          "memory_bytes_estimate": 16 * params + loss_bytes(cfg.batch_size * seq, vocab)}
     say(render(p))
     rows, length = probe_shape(counted.flops_per_token, seq, cfg.batch_size, procs.device)
-    p.update(probe(cfg, build, procs.device, vocab, rows, length, say))
+    p.update(probe(cfg, build, procs, vocab, rows, length, say))
     say(render_time(p))
     return p
 
@@ -87,40 +92,38 @@ def probe_shape(flops_per_token, seq: int, batch_size: int, device) -> tuple[int
     return 1, min(tokens, seq)
 
 
-def probe(cfg: TrainConfig, build, device, vocab: int, rows: int, length: int, say) -> dict:
-    """Time PROBE_STEPS micro-batches of `rows` x `length` after a warm-up, and the optimizer
-    step; scale to the run's micro-batch by FLOPs and to its step by grad_accum."""
-    seq = build.seq - 1
+def probe(cfg: TrainConfig, build, procs: distributed.Processes, vocab: int, rows: int,
+          length: int, say) -> dict:
+    """Time PROBE_STEPS training steps of one micro-batch of `rows` x `length` after a warm-up;
+    scale the forward and backward to the run's micro-batch by FLOPs and to its step by
+    grad_accum, and add the update."""
+    seq, device = build.seq - 1, procs.device
     scaled = (rows, length) != (cfg.batch_size, seq)
     say(f"  probe       1 warm-up + {PROBE_STEPS} timed steps of {rows} x {length} tokens on "
         f"{device}" + (f" (the run's micro-batch is {cfg.batch_size} x {seq}: the time is "
                        "scaled up by FLOPs)" if scaled else ""))
+    torch.manual_seed(cfg.seed)  # the run's initial weights (the same on every process)
     model = archs.build(cfg.model, vocab_size=vocab).to(device)
-    optimizers = make_optimizers(model, cfg)
+    state = prepare(model, cfg, procs)
     samples = [build.train.get(i % len(build.train)) for i in range(rows)]
     batch = make_batch([_prefix(s, length + 1) for s in samples], device)
-    micro, opt_times = [], []
+    micro, updates, losses = [], [], []
     for i in range(PROBE_STEPS + 1):
-        t0 = _now(device)
-        with autocast(cfg, device):
-            loss = model.loss(batch["input_ids"], batch["targets"],
-                              batch["doc_starts"] if cfg.doc_mask else None)["loss"]
-        loss.backward()
-        t1 = _now(device)
-        for opt in optimizers:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        t2 = _now(device)
-        micro.append(t1 - t0)
-        opt_times.append(t2 - t1)
-        say(f"  probe       step {i + 1}/{PROBE_STEPS + 1}: {t2 - t0:.3f} s"
+        out = train_step(state, [batch], i, cfg, procs, clock=lambda: _now(device))
+        micro.append(out.forward_backward_seconds)
+        updates.append(out.update_seconds)
+        losses.append(out.loss)
+        loss = "-" if out.loss is None else f"{out.loss:.4f}"  # "-": padding only
+        say(f"  probe       step {i + 1}/{PROBE_STEPS + 1}: "
+            f"{out.forward_backward_seconds + out.update_seconds:.3f} s, loss {loss}"
             + (" (warm-up, not counted)" if i == 0 else ""))
-    micro_seconds, opt_seconds = _median(micro[1:]), _median(opt_times[1:])
+    micro_seconds, update_seconds = _median(micro[1:]), _median(updates[1:])
     flops = model.flops_per_token
     scale = (flops(seq) * cfg.batch_size * seq) / (flops(length) * rows * length)
-    step_seconds = micro_seconds * scale * cfg.grad_accum + opt_seconds
+    step_seconds = micro_seconds * scale * cfg.grad_accum + update_seconds
     return {"probe_rows": rows, "probe_tokens": length, "probe_scaled": scaled,
-            "probe_step_seconds": step_seconds, "eta_seconds": step_seconds * cfg.max_steps}
+            "probe_losses": losses, "probe_step_seconds": step_seconds,
+            "eta_seconds": step_seconds * cfg.max_steps}
 
 
 def _prefix(sample, n: int):
