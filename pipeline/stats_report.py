@@ -62,34 +62,28 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
     return scan.report(path, reader.format, tokenizer.result()), scan
 
 
-def _read_plan(reader: SplitReader) -> tuple[int, int, bool]:
-    """(threads, shards queued ahead, whether to ask the kernel for files ahead), from A/B runs
-    of the variants on the 2-core machine of docs/BENCHMARKS.md (pack stats at 8 GiB, checkouts
-    e31e8d1 and dc7dcd9):
-    - compressed MDS shards keep a core busy each: one thread per core, two more shards queued so
-      that a core never waits for the in-order fold, and the file of the shard after those asked
-      of the kernel ahead (posix_fadvise WILLNEED) so that a cold read does not idle a core.
-    - raw shards (memmap, .npy, uncompressed MDS) wait for the disk: one thread more than the
-      cores keeps a read in flight; asking the kernel ahead made it slower there (two reads of
-      each file at once)."""
+def read_threads() -> int:
+    """One reading thread per core this process may use, at most MAX_READ_THREADS. One rule for
+    every format: A/B runs on the 2-core machine (tools/bench_stats.py, warm and cold page cache)
+    found the per-format plans that stood here (a thread more than the cores for raw shards,
+    asking the kernel for the next compressed files ahead with posix_fadvise) within the runs'
+    noise, so they went; the per-thread shard buffer (shard_format.py) stayed: a fresh one per
+    64 MiB memmap shard cost 40-50% more CPU (MDS shards: no difference measured)."""
     usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
               else os.cpu_count() or 1)
-    cores = min(usable, MAX_READ_THREADS)
-    if any(reader.format.raw_bytes(i) > f.bytes for i in range(len(reader.format))
-           for f in reader.format.stored(i)) if reader.format.compressed else False:
-        return cores, cores + 2, True
-    return cores + 1, cores + 1, False
+    return min(usable, MAX_READ_THREADS)
 
 
 def _read_ahead(reader: SplitReader, eos_id, count_every: int, vocab_size: int | None):
     """(shard, digest) in order, the next shards read, decompressed and digested in background
     threads while one is folded in: file reads, zstd and the numpy loops release the GIL, so the
-    cores work on several shards at once (_read_plan says how many). Memory: each thread's kept
-    shard buffer (shards.py), the segments and digests of the shards queued ahead and of the one
-    being folded in. Closing early cancels the shards not yet started."""
-    threads, depth, prefetch = _read_plan(reader)
-    files = reader.shard_files()
-    n = len(files)
+    cores work on several shards at once, and one shard more than the threads is queued so
+    that a thread never waits for the in-order fold. Memory: each thread's kept shard buffer
+    (shard_format.py), the segments and digests of the shards queued ahead and of the one being
+    folded in. Closing early cancels the shards not yet started."""
+    threads = read_threads()
+    depth = threads + 1
+    n = len(reader.format)
 
     def load(i):
         try:
@@ -99,39 +93,15 @@ def _read_ahead(reader: SplitReader, eos_id, count_every: int, vocab_size: int |
             return e, None
 
     pool = ThreadPoolExecutor(threads, thread_name_prefix="read-shard")
-    kernel = ThreadPoolExecutor(1, thread_name_prefix="prefetch")  # the call can wait for the disk
     try:
-        if prefetch:  # the first `threads` files are being read already
-            for i in range(threads, min(depth + 1, n)):
-                kernel.submit(_prefetch, files[i])
         ahead = deque(pool.submit(load, i) for i in range(min(depth, n)))
         for i in range(n):
             shard = ahead.popleft().result()
             if i + depth < n:
                 ahead.append(pool.submit(load, i + depth))
-            if prefetch and i + depth + 1 < n:
-                kernel.submit(_prefetch, files[i + depth + 1])
             yield shard
     finally:
         pool.shutdown(cancel_futures=True)
-        kernel.shutdown(cancel_futures=True)
-
-
-def _prefetch(path: Path):
-    """Ask the kernel to read `path` into the page cache; it returns before the data is there.
-    Advice only: a file that cannot be opened is reported when it is read."""
-    if not hasattr(os, "posix_fadvise"):
-        return
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _agree_with_manifest(name: str, got: dict, manifest: dict, problems: list):
