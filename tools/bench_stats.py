@@ -165,9 +165,8 @@ def replicate(base_split: Path, out: Path, fmt: str, copies: int) -> dict:
     for _ in range(copies):
         for entry in index["shards"]:
             entry = json.loads(json.dumps(entry))
-            for key in (("tokens", "docs") if fmt == "memmap" else ("raw_data", "zip_data")):
-                info = entry[key]
-                if not info:
+            for info in entry.values():  # each file the entry names, whatever its format
+                if not isinstance(info, dict) or "basename" not in info:
                     continue
                 src = base_split / info["basename"]
                 info["basename"] = renamed(info["basename"], number)
@@ -176,7 +175,7 @@ def replicate(base_split: Path, out: Path, fmt: str, copies: int) -> dict:
             shards.append(entry)
             number += 1
     index["shards"] = shards
-    if fmt == "memmap":
+    if "rows" in index:  # memmap's index counts its rows
         index["rows"] = sum(s["rows"] for s in shards)
     (split / "index.json").write_text(json.dumps(index))
     marker.write_text(json.dumps(want))
