@@ -137,6 +137,7 @@ def test_dry_run_says_the_plan_at_once_then_each_probe_step(tmp_path, shards):
     assert "4 x 64 tokens on cpu" in said[1] and "measured here" in text  # small: probed whole
 
 
+@pytest.mark.slow
 def test_the_dry_run_probes_the_step_training_takes(shards):
     """The probe runs the trainer's step (clipping, grad scaler, optimizers), not a forward and
     backward of its own: with the gradient clipped to almost nothing the probe's loss stands

@@ -119,6 +119,7 @@ def upload(client, out: Path, prefix: str) -> str:
     return f"s3://bucket/{prefix}"
 
 
+@pytest.mark.slow
 def test_a_build_on_s3_gives_the_rows_of_the_local_folder(tmp_path, byte_tokenizer, s3):
     out = make_build(tmp_path, byte_tokenizer)
     url = upload(s3, out, "prefix")

@@ -1,4 +1,6 @@
-"""DDP under torchrun on 2 CPU processes (gloo): same global batch, same run; elastic resume."""
+"""DDP under torchrun on 2 CPU processes (gloo): same global batch, same run; elastic resume.
+
+Each test starts torchrun and its processes: slow, all of them."""
 
 import json
 import subprocess
@@ -12,6 +14,8 @@ from test_train import padded_build
 from training import checkpoint
 from training.config import TrainConfig
 from training.loop import train
+
+pytestmark = pytest.mark.slow
 
 STEPS = 6
 COMMON = dict(model="neox-tiny", max_steps=STEPS, warmup=2, lr=3e-3, save_every=3, log_every=1,
@@ -93,3 +97,19 @@ def test_the_documented_torchrun_line_runs(tmp_path, shards):
     assert "done: step 2" in r.stdout and " lr " not in r.stdout  # jsonl only: no step lines
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [0, 1]
+
+
+def test_a_dry_run_under_torchrun_probes_the_ddp_step_together(tmp_path, shards):
+    # The probe is the training step: under torchrun it runs DDP over both processes (each
+    # process alone would wait forever in the other's all-reduce); the first one speaks.
+    train_exe = str(Path(sys.executable).parent / "train")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "2", train_exe, "--shards", str(shards), "--out",
+                        str(tmp_path / "r"), "--batch-size", "2", "--max-steps", "10",
+                        "--dry-run"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("nothing is trained") == 1
+    assert "256 tokens/step" in r.stdout  # 2 processes x batch 2 x 64 predictions
+    assert r.stdout.count("probe       step 3/3: ") == 1 and "ETA" in r.stdout
+    assert not (tmp_path / "r").exists()
+

@@ -18,6 +18,9 @@ counted); the output says what was probed and that it was scaled. The forward an
 scaled (and multiplied by --grad-accum), the update after them is not.
 """
 
+import contextlib
+import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -41,14 +44,35 @@ CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy (its d
 
 
 def plan(cfg: TrainConfig, say=print) -> dict:
-    # The probe reads a few rows; without --cache they go to a temporary one, so a dry run
-    # leaves nothing behind. Under torchrun the processes probe together, as they train.
+    # Under torchrun the processes probe together, as they train.
     procs = distributed.start()
     try:
-        with tempfile.TemporaryDirectory(prefix="longpack-plan-") as tmp:
-            return _plan(cfg, Path(cfg.cache or tmp), say, procs)
+        with probe_cache(cfg, procs) as cache:
+            return _plan(cfg, cache, say, procs)
     finally:
         distributed.stop(procs)
+
+
+@contextlib.contextmanager
+def probe_cache(cfg: TrainConfig, procs: distributed.Processes):
+    """--cache, or else a temporary folder for the rows the probe reads, so that a dry run
+    leaves nothing behind. Under torchrun it is one folder for all the launch's processes:
+    mosaicml-streaming's first process on a machine fills it for the others."""
+    if cfg.cache:
+        yield Path(cfg.cache)
+        return
+    if procs.world == 1:
+        with tempfile.TemporaryDirectory(prefix="longpack-plan-") as tmp:
+            yield Path(tmp)
+        return
+    launch = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT", "0")
+    path = Path(tempfile.gettempdir()) / f"longpack-plan-{launch}"
+    path.mkdir(exist_ok=True)
+    try:
+        yield path
+        distributed.barrier(procs)  # the others are done with it
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> dict:
