@@ -85,7 +85,7 @@ def test_segments_agree_with_eos_positions(tmp_path, corpus, byte_tokenizer):
     assert rows > 3 and continued > 0
 
 
-@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.parametrize("fmt", ["mds", pytest.param("memmap", marks=pytest.mark.slow)])
 def test_output_is_byte_identical_for_any_worker_count(tmp_path, corpus, byte_tokenizer, fmt):
     a, _ = run(tmp_path, corpus[0], "w1", workers=1, format=fmt)
     b, _ = run(tmp_path, corpus[0], "w3", workers=3, format=fmt)
@@ -129,9 +129,10 @@ def crash_on_call(monkeypatch, owner, name, k):
     monkeypatch.setattr(owner, name, wrapper)
 
 
-@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.parametrize("fmt", ["mds", pytest.param("memmap", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("where,k", [
-    ("_consume", 2), ("_consume", 5), ("_checkpoint", 3), ("_finish", 1),
+    ("_consume", 2), pytest.param("_consume", 5, marks=pytest.mark.slow), ("_checkpoint", 3),
+    ("_finish", 1),
     ("_write_manifest", 1), ("finish_shard", 4), ("write_bytes", 6)])
 def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_tokenizer,
                                                        monkeypatch, fmt, where, k):

@@ -146,7 +146,8 @@ def start_paused(tmp_path, args, where) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.parametrize("where", ["_consume", "remove_work_files"])
+@pytest.mark.parametrize("where", ["_consume",
+                                   pytest.param("remove_work_files", marks=pytest.mark.slow)])
 def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path, corpus, where):
     """Paused mid-build, and paused after the work folder is emptied (all but the lock): both
     times a second `pack build` process is refused in one line naming the first one's PID."""

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from conftest import make_texts, write_jsonl
@@ -33,6 +34,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, byte_tokenizer):
     assert r.exit_code == 1 and "memmap shards are uncompressed" in r.output
 
 
+@pytest.mark.slow
 def test_mds_output_reads_back_with_plain_streaming_dataset(tmp_path, byte_tokenizer):
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])
     out = tmp_path / "out"

@@ -73,6 +73,7 @@ def test_real_corpus_round_trips_exactly(tmp_path, shared, dataset, texts_of, do
     assert got["val"] == [t for t in texts if t in in_val]
 
 
+@pytest.mark.slow
 def test_real_build_is_identical_for_1_and_2_workers(tmp_path, shared):
     for w in (1, 2):
         subprocess.run(pack_cmd(shared, tmp_path / f"w{w}", "--workers", str(w),
@@ -83,6 +84,7 @@ def test_real_build_is_identical_for_1_and_2_workers(tmp_path, shared):
         assert (tmp_path / "w1" / f).read_bytes() == (tmp_path / "w2" / f).read_bytes()
 
 
+@pytest.mark.slow
 def test_build_killed_with_sigkill_resumes_to_identical_output(tmp_path, shared):
     small_shards = ["--shard-bytes", str(4 * 32768 * 2)]
     subprocess.run(pack_cmd(shared, tmp_path / "clean", *small_shards), check=True, timeout=300)
