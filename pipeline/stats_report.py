@@ -80,7 +80,7 @@ def _read_ahead(reader: SplitReader, eos_id, count_every: int, vocab_size: int |
     cores work on several shards at once, and one shard more than the threads is queued so
     that a thread never waits for the in-order fold. Memory: each thread's kept shard buffer
     (shard_format.py), the segments and digests of the shards queued ahead and of the one being
-    folded in. Closing early cancels the shards not yet started."""
+    folded in. Closing early cancels the shards not yet started and returns at once."""
     threads = read_threads()
     depth = threads + 1
     n = len(reader.format)
@@ -100,8 +100,8 @@ def _read_ahead(reader: SplitReader, eos_id, count_every: int, vocab_size: int |
             if i + depth < n:
                 ahead.append(pool.submit(load, i + depth))
             yield shard
-    finally:
-        pool.shutdown(cancel_futures=True)
+    finally:  # the shards being read end in their threads; the rest never start
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _agree_with_manifest(name: str, got: dict, manifest: dict, problems: list):
