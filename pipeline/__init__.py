@@ -7,14 +7,16 @@
       |  encode.py (worker threads)           hash + split (split.py), tokens + EOS (tokenizer.py:
       v                                       fastokens or the reference, tokenizer_engines.py)
     pack.py         rows of exactly --seq tokens + per-row document segments (pure)
-      |  writers.py                           write-ahead partial files -> whole shards
+      |  writers.py (a writer thread)         write-ahead partial files -> whole shards
       v
-    write_mds.py / write_memmap.py            OUT/{train,val}/ shards + index.json
+    formats.py -> format_mds.py (bytes: write_mds.py) / format_memmap.py / format_npy.py
+                                              OUT/{train,val}/ shards + index.json, one class
+                                              per format (shard_format.py: what each owns)
     manifest.py                               OUT/manifest.json, written last
 
 build.py runs the arrows and checkpoints its BuildState (build_state.py), holding OUT's lock
 (output_lock.py: one writer) and touching only files it can prove it wrote (output_dir.py);
 cli.py is the `pack` command.
-`pack stats` reads builds back: shards.py, stats.py, stats_report.py, stats_files.py,
-recommend.py. docs/FORMAT.md is the single source of truth for the on-disk format.
+`pack stats` reads builds back through the same format classes: shards.py, stats.py,
+stats_report.py, stats_files.py, recommend.py. docs/FORMAT.md is the single source of truth for the on-disk format.
 """
