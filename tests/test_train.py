@@ -103,7 +103,9 @@ def test_grad_accum_splits_the_step_without_changing_its_loss(tmp_path, byte_tok
     assert [h["loss"] for h in split] == pytest.approx([h["loss"] for h in whole], rel=1e-5)
     assert [h["targets"] for h in split] == [68] * 4
     a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
-    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+    # atol: the key bias has a near-zero gradient (softmax ignores a shift) whose rounding
+    # AdamW scales up to ~1e-6 (as in test_train_distributed.py)
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
 
 
 TIMINGS = ("seconds", "data_seconds", "tokens_per_second", "eta_seconds")
