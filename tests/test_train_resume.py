@@ -154,3 +154,12 @@ def test_metrics_after_a_crash_and_resume_have_each_step_once(tmp_path, shards):
     train(config(shards, run, max_steps=4, workers=0), resume="never", log=lambda m: None)
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(4))  # a fresh start in the same --out starts the file again
+
+
+def test_a_resume_from_a_folder_that_is_no_checkpoint_is_one_line(tmp_path, shards):
+    r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(tmp_path / "r"),
+                                       "--resume", str(tmp_path / "nowhere")])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert (f"Error: --resume {tmp_path / 'nowhere'}: not a complete checkpoint (no COMPLETE "
+            "file); pass a complete checkpoint directory, auto or never") in r.output
+    assert not (tmp_path / "r").exists()

@@ -49,28 +49,41 @@ def save(run: Path, step: int, state: dict, keep_last: int) -> Path:
 def load(path: Path) -> tuple[dict, Path]:
     """The checkpoint in `path`, after checking state.pt against COMPLETE (on the CPU: each
     process moves what it needs to its own device)."""
-    complete = path / "COMPLETE"
-    if not complete.is_file():
-        raise ValueError(f"{path} is not a complete checkpoint (no COMPLETE file)")
-    if complete.read_text().strip() != sha256_file(path / "state.pt"):
-        raise ValueError(f"{path}/state.pt does not match its checksum")
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=False)
-    if state.get("format", 1) > FORMAT:
-        raise TrainingError(f"{path} was written by a newer longpack (checkpoint format "
-                            f"{state['format']}, this one reads up to {FORMAT}); upgrade "
-                            "longpack to resume it, or pass --resume never or another --out")
-    return state, path
+    try:
+        state = _read(path)
+    except Exception as e:  # --resume DIR: one line naming it, not a traceback
+        raise TrainingError(f"--resume {path}: {e}; pass a complete checkpoint directory, "
+                            "auto or never") from None
+    return _readable(state, path), path
 
 
 def load_latest(run: Path) -> tuple[dict, Path] | None:
     for path in sorted(run.glob("step-*"), reverse=True):
         try:
-            return load(path)
-        except TrainingError:  # sound, but not ours to read: falling back would hide it
-            raise
+            state = _read(path)
         except Exception as e:  # truncated, missing or unreadable: fall back to the one before
             warnings.warn(f"skipping checkpoint {path}: {e}", stacklevel=2)
+            continue
+        # sound but newer: refused, since falling back to an older one would undo steps
+        return _readable(state, path), path
     return None
+
+
+def _read(path: Path) -> dict:
+    complete = path / "COMPLETE"
+    if not complete.is_file():
+        raise ValueError("not a complete checkpoint (no COMPLETE file)")
+    if complete.read_text().strip() != sha256_file(path / "state.pt"):
+        raise ValueError("state.pt does not match its checksum")
+    return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+
+
+def _readable(state: dict, path: Path) -> dict:
+    if state.get("format", 1) > FORMAT:
+        raise TrainingError(f"{path} was written by a newer longpack (checkpoint format "
+                            f"{state['format']}, this one reads up to {FORMAT}); upgrade "
+                            "longpack to resume it, or pass --resume never or another --out")
+    return state
 
 
 def find(run: Path, resume: str) -> tuple[dict, Path] | None:
