@@ -18,5 +18,6 @@ build.py runs the arrows and checkpoints its BuildState (build_state.py), holdin
 (output_lock.py: one writer) and touching only files it can prove it wrote (output_dir.py);
 cli.py is the `pack` command.
 `pack stats` reads builds back through the same format classes: shards.py, stats.py,
-stats_report.py, stats_files.py, recommend.py. docs/FORMAT.md is the single source of truth for the on-disk format.
+stats_report.py, stats_files.py, recommend.py. docs/FORMAT.md is the single source of truth
+for the on-disk format.
 """

@@ -10,7 +10,7 @@ from pipeline.settings import setting
 SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (MDS's default size)
 WORK_DIR = ".longpack-build"  # OUT/WORK_DIR exists only while a build is unfinished
 SPLITS = ("train", "val")  # OUT/train, OUT/val
-FORMATS = ("mds", "memmap")
+FORMATS = ("mds", "memmap")  # --format's choices: the names pipeline/formats.py registers
 TOKENIZER_ENGINES = ("auto", "fast", "reference")  # pipeline/tokenizer_engines.py
 LAST_ROW_POLICIES = ("pad", "drop")
 ON_ERROR = ("skip", "fail")
@@ -88,63 +88,23 @@ class BuildConfig:
             raise SettingsError(f"--on-error must be one of {', '.join(ON_ERROR)}")
         if self.last_row not in LAST_ROW_POLICIES:
             raise SettingsError(f"--last-row must be one of {', '.join(LAST_ROW_POLICIES)}")
+        from pipeline.formats import get_format  # numpy: loaded by a build, not by `pack --help`
+
+        fmt = get_format(self.format)
         if self.compression is None:
-            object.__setattr__(self, "compression", "zstd" if self.format == "mds" else "none")
+            object.__setattr__(self, "compression", fmt.default_compression)
         algo, _, level = self.compression.partition(":")
         if not (self.compression == "none" or algo == "zstd" and (
                 not level or level.isdigit() and 1 <= int(level) <= 22)):
             raise SettingsError(f"--compression {self.compression}: use zstd, zstd:LEVEL "
                                 "(1-22) or none")
-        if self.format == "memmap" and self.compression != "none":
-            raise SettingsError("memmap shards are uncompressed .npy files: drop --compression "
-                                "(or use --format mds)")
-        self._check_offsets()
-
-    def _check_offsets(self):
-        """Refuse up front a --seq or --shard-bytes whose shards no reader could open. MDS
-        stores sample positions as u32 (write_mds.MAX_SHARD_BYTES), and a row of one-token
-        documents carries a segment per token (12 bytes more per token): a shard must fit
-        even then. The tokenizer, which picks 2- or 4-byte tokens, is not loaded yet, so both
-        are checked. Memmap shards have no offsets; only doc_starts (uint32) bound --seq."""
-        if self.format == "memmap":
-            if self.seq > 1 << 32:
-                raise SettingsError(f"--seq {self.seq:,} is too long: document starts are uint32, "
-                                    f"so the largest --seq is {1 << 32:,}")
-            return
-        from pipeline import write_mds  # numpy: loaded by a build anyway, not by `pack --help`
-
-        compression = None if self.compression == "none" else self.compression
-        limit = write_mds.MAX_SHARD_BYTES
-
-        def largest(seq: int, itemsize: int, rows: int, size_limit: int) -> int:
-            config = write_mds.shard_config(seq, f"uint{8 * itemsize}", compression, size_limit)
-            return write_mds.max_raw_shard_bytes(seq, itemsize, rows, config)
-
-        if largest(self.seq, 4, 1, self.shard_bytes) > limit:
-            lo, hi = 2, self.seq  # the longest row that fits a shard alone, by bisection
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                fits = largest(mid, 4, 1, self.shard_bytes) <= limit
-                lo, hi = (mid, hi) if fits else (lo, mid - 1)
-            raise SettingsError(f"--seq {self.seq:,} is too long for MDS: a shard's sample "
-                                "offsets are 32-bit and one such row may take "
-                                f"{largest(self.seq, 4, 1, self.shard_bytes):,} bytes; the "
-                                f"largest --seq is {lo:,} (or use --format memmap)")
-        if any(largest(self.seq, i, self.shard_rows(i), self.shard_bytes) > limit for i in (2, 4)):
-            def most_bytes(itemsize: int, size_limit: int) -> int:
-                head = largest(self.seq, itemsize, 0, size_limit)
-                rows = (limit - head) // (write_mds.max_sample_bytes(self.seq, itemsize) + 4)
-                return (rows + 1) * self.seq * itemsize - 1
-
-            most = self.shard_bytes  # the config records the value itself: settle its length
-            for _ in range(3):
-                most = min(most_bytes(i, most) for i in (2, 4))
-            raise SettingsError(f"--shard-bytes {self.shard_bytes:,} is too large for MDS with "
-                                f"--seq {self.seq:,}: a shard's sample offsets are 32-bit; the "
-                                f"largest --shard-bytes is {most:,}")
+        fmt.check_settings(self.seq, self.shard_bytes,
+                           None if self.compression == "none" else self.compression)
 
     def shard_rows(self, itemsize: int) -> int:
-        return max(1, self.shard_bytes // (self.seq * itemsize))
+        from pipeline.shard_format import rows_per_shard
+
+        return rows_per_shard(self.shard_bytes, self.seq, itemsize)
 
     def output_settings(self) -> dict:
         """The settings that determine the output bytes (inputs are fingerprinted separately)."""

@@ -14,7 +14,7 @@ import numpy as np
 import zstandard
 
 from pipeline import write_mds
-from pipeline.errors import LongpackError
+from pipeline.errors import LongpackError, SettingsError
 from pipeline.shard_format import (
     Shard,
     ShardBlocks,
@@ -23,6 +23,7 @@ from pipeline.shard_format import (
     StoredFile,
     read_into_scratch,
     rows_per_block,
+    rows_per_shard,
 )
 
 BYTES_TOKENS = "int64"  # a `bytes` token column: llm-foundry's converter writes int64 ids
@@ -149,6 +150,42 @@ class MdsFormat(ShardFormat):
                   "column_sizes")
     streamed = True
     compressed = True
+    default_compression = "zstd"
+
+    @classmethod
+    def check_settings(cls, seq: int, shard_bytes: int, compression: str | None) -> None:
+        """MDS stores sample positions as u32 (write_mds.MAX_SHARD_BYTES), and a row of
+        one-token documents carries a segment per token (12 bytes more per token): a shard
+        must fit even then. The tokenizer, which picks 2- or 4-byte tokens, is not loaded yet,
+        so both are checked."""
+        limit = write_mds.MAX_SHARD_BYTES
+
+        def largest(seq: int, itemsize: int, rows: int, size_limit: int) -> int:
+            config = write_mds.shard_config(seq, f"uint{8 * itemsize}", compression, size_limit)
+            return write_mds.max_raw_shard_bytes(seq, itemsize, rows, config)
+
+        if largest(seq, 4, 1, shard_bytes) > limit:
+            lo, hi = 2, seq  # the longest row that fits a shard alone, by bisection
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if largest(mid, 4, 1, shard_bytes) <= limit else (lo, mid - 1)
+            raise SettingsError(f"--seq {seq:,} is too long for MDS: a shard's sample offsets "
+                                "are 32-bit and one such row may take "
+                                f"{largest(seq, 4, 1, shard_bytes):,} bytes; the largest --seq "
+                                f"is {lo:,} (or use --format memmap)")
+        if any(largest(seq, i, rows_per_shard(shard_bytes, seq, i), shard_bytes) > limit
+               for i in (2, 4)):
+            def most_bytes(itemsize: int, size_limit: int) -> int:
+                head = largest(seq, itemsize, 0, size_limit)
+                fit = (limit - head) // (write_mds.max_sample_bytes(seq, itemsize) + 4)
+                return (fit + 1) * seq * itemsize - 1
+
+            most = shard_bytes  # the config records the value itself: settle its length
+            for _ in range(3):
+                most = min(most_bytes(i, most) for i in (2, 4))
+            raise SettingsError(f"--shard-bytes {shard_bytes:,} is too large for MDS with --seq "
+                                f"{seq:,}: a shard's sample offsets are 32-bit; the largest "
+                                f"--shard-bytes is {most:,}")
 
     @classmethod
     def for_writing(cls, folder: Path, seq: int, dtype: np.dtype, compression: str | None,

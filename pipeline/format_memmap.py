@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.errors import SettingsError
 from pipeline.shard_format import Shard, ShardError, ShardFormat, StoredFile, load_npy, mapped
 
 INDEX_FORMAT = "longpack-memmap"
@@ -32,6 +33,16 @@ def _info(name: str, data: bytes) -> dict:
 class MemmapFormat(ShardFormat):
     name = "memmap"
     entry_keys = ("rows", "tokens", "docs")
+
+    @classmethod
+    def check_settings(cls, seq: int, shard_bytes: int, compression: str | None) -> None:
+        """Uncompressed files with no offsets; only doc_starts (uint32) bound --seq."""
+        if compression is not None:
+            raise SettingsError("memmap shards are uncompressed .npy files: drop --compression "
+                                "(or use --format mds)")
+        if seq > 1 << 32:
+            raise SettingsError(f"--seq {seq:,} is too long: document starts are uint32, so the "
+                                f"largest --seq is {1 << 32:,}")
 
     @classmethod
     def for_writing(cls, folder: Path, seq: int, dtype: np.dtype, compression: str | None,

@@ -60,6 +60,7 @@ class ShardFormat:
     entry_keys: ClassVar[tuple[str, ...]] = ()  # what each index.json shard entry must have
     streamed: ClassVar[bool] = False  # the trainer reads it through mosaicml-streaming
     compressed: ClassVar[bool] = False  # its files may hold fewer bytes than the rows (raw_bytes)
+    default_compression: ClassVar[str] = "none"  # --compression when not given
 
     def __init__(self, folder: Path, index: dict | None):
         self.folder, self.index = Path(folder), index
@@ -71,6 +72,11 @@ class ShardFormat:
         return False
 
     # ------------------------------------------------------------------ writing
+    @classmethod
+    def check_settings(cls, seq: int, shard_bytes: int, compression: str | None) -> None:
+        """Refuse up front, naming the flag, a --seq, --shard-bytes or --compression (None for
+        none) whose shards this format could not hold or no reader open."""
+
     @classmethod
     def for_writing(cls, folder: Path, seq: int, dtype: np.dtype, compression: str | None,
                     size_limit: int) -> "ShardFormat":
@@ -123,6 +129,11 @@ class ShardFormat:
     def _read(self, i: int, load) -> Shard:
         """Shard i with its .npy files opened by `load` (mapped or read_whole)."""
         raise NotImplementedError
+
+
+def rows_per_shard(shard_bytes: int, seq: int, itemsize: int) -> int:
+    """--shard-bytes in rows: as many whole rows as fit, at least one."""
+    return max(1, shard_bytes // (seq * itemsize))
 
 
 def rows_per_block(block_bytes: int, seq: int, dtype: np.dtype) -> int:

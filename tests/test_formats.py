@@ -134,3 +134,9 @@ def test_a_format_added_in_one_class_is_built_read_and_counted(tmp_path, byte_to
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["splits"]["train"]["bytes"] == sum(p.stat().st_size for p in train.iterdir()
                                                        if p.name != "index.json")
+
+
+def test_the_format_flag_offers_exactly_the_registered_formats():
+    from pipeline import config, formats
+
+    assert set(config.FORMATS) == set(formats.FORMATS)
