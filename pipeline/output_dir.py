@@ -28,7 +28,9 @@ from pipeline.atomic import TEMP_NAME, write_json, writing
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, WORK_DIR
 from pipeline.errors import SettingsError
+from pipeline.formats import open_format
 from pipeline.output_lock import LOCK_NAME
+from pipeline.shard_format import ShardError
 
 JOURNAL = "outputs.txt"
 FINGERPRINT, CHECKPOINT = "fingerprint.json", "checkpoint.npz"
@@ -82,15 +84,14 @@ def _listed_by_manifest(out: Path, m: dict) -> set[str]:
     listed = {"manifest.json", m.get("skipped_log", "skipped.jsonl")}
     for split in m.get("splits", {}).values():
         folder = split.get("path", "")
+        if not (out / folder / "index.json").is_file():
+            continue
         try:
-            index = json.loads((out / folder / "index.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            fmt = open_format(out / folder)
+        except ShardError:
             continue  # its shards cannot be proven ours: they will show up as foreign
         listed.add(f"{folder}/index.json")
-        for shard in index.get("shards", []):
-            for key in ("raw_data", "zip_data", "tokens", "docs"):
-                if isinstance(shard.get(key), dict):
-                    listed.add(f"{folder}/{shard[key]['basename']}")
+        listed.update(f"{folder}/{f.basename}" for i in range(len(fmt)) for f in fmt.stored(i))
     return listed
 
 
