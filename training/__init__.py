@@ -1,11 +1,13 @@
 """longpack's trainer over packed shards (docs/TRAIN.md).
 
     cli.py         `train`: flags generated from config.TrainConfig, --config, --dry-run
-    loop.py        the loop, top to bottom: processes, data, model, resume, steps, checkpoints
+    loop.py        the loop, top to bottom: resume point, data, model, resume, run dir, steps
+    step.py        one optimizer step: what the loop runs and --dry-run times (plan.py)
+    checkpoint.py  save and load; building, checking and restoring a checkpoint's state
     data.py        a build's rows: memmap, or MDS through mosaicml-streaming (local or remote)
     sampler.py     the global order of rows: (seed, epoch, fingerprint) -> rows of step s
     loader.py      micro-batches of this rank, built ahead by worker processes
     batch.py       rows -> input_ids, targets, doc_starts on the device
     distributed.py torchrun's processes (DDP), one process otherwise
-    optim.py, schedule.py, checkpoint.py, metrics.py, plan.py (--dry-run)
+    optim.py, schedule.py, metrics.py, verify.py (shards checked before use), plan.py (--dry-run)
 """
