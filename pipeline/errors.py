@@ -1,4 +1,5 @@
-"""Typed errors. The CLI turns each into one line (click.ClickException), never a traceback."""
+"""Every error a user can fix, for both stages: `pack` and `train` catch LongpackError alone
+and print its one line (click.ClickException); anything else is a bug and keeps its traceback."""
 
 
 class LongpackError(Exception):
@@ -27,3 +28,11 @@ class OutputError(LongpackError):
 
 class TrainingError(LongpackError):
     """A run that cannot start or go on: a checkpoint that does not fit it, a loss not finite."""
+
+
+class DataError(LongpackError):
+    """Shards that cannot be trained on; the message names the file (and row)."""
+
+
+class LoaderError(TrainingError):
+    """The trainer's loader worker processes died or failed outside a typed error."""

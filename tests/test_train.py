@@ -9,12 +9,13 @@ from click.testing import CliRunner
 
 import archs
 from conftest import write_jsonl
+from pipeline.errors import SettingsError, TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
 from training.config import TrainConfig
 from training.data import open_build
 from training.distributed import launched
-from training.loop import TrainingError, evaluate, train
+from training.loop import evaluate, train
 from training.schedule import lr_at
 
 
@@ -257,7 +258,7 @@ def test_a_missing_logger_is_refused_saying_what_to_install(tmp_path, shards, mo
     # runs whether or not it is.
     for module in modules:
         monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(ValueError, match=f"--report-to {kind} needs the {kind} package: pip "
+    with pytest.raises(SettingsError, match=f"--report-to {kind} needs the {kind} package: pip "
                                          f"install {kind}"):
         train(config(shards, tmp_path / "t", max_steps=2, report_to=("jsonl", kind)),
               log=lambda m: None)

@@ -9,9 +9,10 @@ import torch
 from click.testing import CliRunner
 from test_train import config, records, weights
 
+from pipeline.errors import TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
-from training.loop import TrainingError, train
+from training.loop import train
 
 
 @pytest.mark.slow

@@ -11,11 +11,12 @@ import archs
 from conftest import make_texts, write_jsonl
 from pipeline.build import build
 from pipeline.config import BuildConfig
+from pipeline.errors import DataError, LoaderError
 from pipeline.shards import open_split
 from pipeline.streaming_compat import import_streaming
 from training.batch import make_batch
-from training.data import DataError, MemmapRows, StreamingRows, open_build
-from training.loader import LoaderError, StepBatches, batches
+from training.data import MemmapRows, StreamingRows, open_build
+from training.loader import StepBatches, batches
 from training.sampler import GlobalOrder, batch_hash
 
 

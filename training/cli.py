@@ -73,7 +73,7 @@ def train(list_models, dry_run, resume, **settings):
             plan(cfg, say=click.echo if distributed.launched().main else lambda _: None)
             return
         history = run_training(cfg, resume=resume, log=click.echo)
-    except (ValueError, LongpackError, FileNotFoundError) as e:
+    except LongpackError as e:
         raise click.ClickException(str(e)) from None
     if history and distributed.launched().main:
         losses = [h["loss"] for h in history if h["loss"] is not None]  # None: padding only

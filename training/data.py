@@ -37,14 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import LongpackError
+from pipeline.errors import DataError, LongpackError
 from pipeline.format_mds import MdsFormat
 from pipeline.formats import get_format
 from pipeline.shards import SplitReader
 from pipeline.streaming_compat import import_streaming
-from training.verify import GOOD, DataError, ShardChecks, check_ids, file_problem, mds_token_blocks
+from training.verify import GOOD, ShardChecks, check_ids, file_problem, mds_token_blocks
 
-__all__ = ["Build", "DataError", "MemmapRows", "StreamingRows", "Windows", "open_build"]
+__all__ = ["Build", "MemmapRows", "StreamingRows", "Windows", "open_build"]
 
 
 def is_remote(location: str) -> bool:

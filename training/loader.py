@@ -37,7 +37,7 @@ import traceback
 
 import numpy as np
 
-from pipeline.errors import LongpackError
+from pipeline.errors import LoaderError, LongpackError
 from training.batch import collate
 from training.sampler import GlobalOrder
 
@@ -45,10 +45,6 @@ PREFETCH = 4  # slots (batches in flight) per worker
 STOP_BYTES = 8  # each worker's memory starts with an int64: nonzero = stop
 CHECK_AHEAD = 2 * PREFETCH  # items of its own a worker's checking thread runs ahead
 TYPED, TRACEBACK = b"E", b"T"  # what a slot's error text holds: a pickled error, a traceback
-
-
-class LoaderError(LongpackError):
-    pass
 
 
 class StepBatches:

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 from pipeline.atomic import write_bytes
+from pipeline.errors import SettingsError
 
 # Dense bf16 peak FLOP/s by device name, for MFU (vendor datasheets).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -25,7 +26,7 @@ def _import(kind: str):
         import wandb
         return wandb
     except ImportError:
-        raise ValueError(f"--report-to {kind} needs the {kind} package: pip install {kind}") \
+        raise SettingsError(f"--report-to {kind} needs the {kind} package: pip install {kind}") \
             from None
 
 

@@ -39,16 +39,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.atomic import sha256_file
-from pipeline.errors import LongpackError
+from pipeline.errors import DataError, LongpackError
 from pipeline.shards import MdsColumns
 
 UNCHECKED, CHECKING, GOOD, BAD = 0, 1, 2, 3
 MESSAGE_BYTES = 512  # per shard; a page is touched only when its shard's check fails
 WAIT_SECONDS = 0.001  # between looks at a shard another process is checking
-
-
-class DataError(LongpackError):
-    """The shards cannot be trained on; the message names the file (and row)."""
 
 
 class ShardChecks:
