@@ -20,4 +20,30 @@ cli.py is the `pack` command.
 `pack stats` reads builds back through the same format classes: shards.py, stats.py,
 stats_report.py, stats_files.py, recommend.py. docs/FORMAT.md is the single source of truth
 for the on-disk format.
+
+What the rest of longpack (the trainer) uses of the data stage is the names below, and only
+those: `from pipeline import DataError, get_format, ...`. They load on first use, so that
+`import pipeline` stays cheap (`pack --help`, the trainer's start) and pulls in neither torch
+nor mosaicml-streaming.
 """
+
+import importlib
+
+_API = {  # name -> the module that defines it
+    "LongpackError": "errors", "SettingsError": "errors", "DataError": "errors",
+    "TrainingError": "errors", "LoaderError": "errors",
+    "setting": "settings", "click_options": "settings",  # settings declared once, both CLIs
+    "write_bytes": "atomic", "sha256_file": "atomic",  # atomic writes, file checksums
+    "PAD_HASH": "split",  # a segment's hash that marks padding
+    "get_format": "formats", "MdsFormat": "format_mds",  # shard formats
+    "SplitReader": "shards",  # the rows and segments of a split, any format
+    "import_streaming": "streaming_compat",  # the one way to import mosaicml-streaming
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"pipeline.{_API[name]}"), name)
+

@@ -227,6 +227,14 @@ class MdsFormat(ShardFormat):
         """The decompressed shard (what the rows are read from, and its sha256)."""
         return _stored(self.entries[i]["raw_data"])
 
+    @staticmethod
+    def token_blocks(raw_path: Path, entry: dict, block_bytes: int = 1 << 20):
+        """(first row, rows) of a decompressed MDS shard's `tokens` column (`entry`: its
+        index.json entry), about `block_bytes` at a time, copied out of a read-only map of the
+        file: each block is valid until the next is taken."""
+        columns = MdsColumns(np.memmap(raw_path, np.uint8, "r"), entry)
+        return columns.row_blocks(*columns.row_starts("tokens"), block_bytes)
+
     def raw_bytes(self, i):
         return self.raw(i).bytes
 

@@ -15,13 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.format_mds import MdsColumns
 from pipeline.formats import open_format
 from pipeline.shard_format import Shard, ShardBlocks, ShardError
 
-# MdsColumns is imported from here by training/verify.py.
-__all__ = ["MdsColumns", "Shard", "ShardBlocks", "ShardError", "SplitReader", "open_split",
-           "starts_from_eos"]
+__all__ = ["Shard", "ShardBlocks", "ShardError", "SplitReader", "open_split", "starts_from_eos"]
 
 
 def starts_from_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:

@@ -21,7 +21,7 @@ from pipeline.atomic import sha256_file
 from pipeline.build import build
 from pipeline.config import BuildConfig
 from pipeline.errors import DataError
-from pipeline.shards import MdsColumns
+from pipeline.format_mds import MdsColumns
 from training.cli import train as train_cli
 from training.data import open_build
 from training.loader import StepBatches, batches

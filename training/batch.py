@@ -17,7 +17,7 @@ the trainer) widens them to the int64 tensors the model takes.
 import numpy as np
 import torch
 
-from pipeline.split import PAD_HASH
+from pipeline import PAD_HASH
 
 CPU = torch.device("cpu")
 

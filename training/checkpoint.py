@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.atomic import sha256_file, write_bytes
-from pipeline.errors import TrainingError
+from pipeline import TrainingError, sha256_file, write_bytes
 from training.sampler import GlobalOrder, batch_hash
 from training.step import TrainState
 

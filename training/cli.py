@@ -3,8 +3,7 @@
 
 import click
 
-from pipeline.errors import SettingsError
-from pipeline.settings import click_options
+from pipeline import SettingsError, click_options
 from training.config import TrainConfig
 
 
@@ -57,7 +56,7 @@ def _renamed_log(ctx, _param, value):
 @click.version_option(package_name="longpack")
 def train(list_models, dry_run, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
-    from pipeline.errors import LongpackError
+    from pipeline import LongpackError
     from training import distributed
     from training.loop import train as run_training
 

@@ -4,8 +4,7 @@
 import re
 from dataclasses import asdict, dataclass, fields
 
-from pipeline.errors import SettingsError
-from pipeline.settings import setting
+from pipeline import SettingsError, setting
 
 SCHEDULES = ("cosine", "wsd", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -37,12 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import DataError, LongpackError
-from pipeline.format_mds import MdsFormat
-from pipeline.formats import get_format
-from pipeline.shards import SplitReader
-from pipeline.streaming_compat import import_streaming
-from training.verify import GOOD, ShardChecks, check_ids, file_problem, mds_token_blocks
+from pipeline import DataError, LongpackError, MdsFormat, SplitReader, get_format, import_streaming
+from training.verify import GOOD, ShardChecks, check_ids, file_problem
 
 __all__ = ["Build", "MemmapRows", "StreamingRows", "Windows", "open_build"]
 
@@ -203,7 +199,7 @@ class StreamingRows:
             raise DataError(f"{source}: decompressed, {problem}, twice: the shard is damaged; "
                             f"rebuild it{' (and upload it again)' if remote else ''}")
         try:
-            blocks = mds_token_blocks(cached, self.shards.entries[k])
+            blocks = MdsFormat.token_blocks(cached, self.shards.entries[k])
             check_ids(source, blocks, self.vocab_size)
         except (ValueError, LongpackError) as e:
             if isinstance(e, DataError):

@@ -37,7 +37,7 @@ import traceback
 
 import numpy as np
 
-from pipeline.errors import LoaderError, LongpackError
+from pipeline import LoaderError, LongpackError
 from training.batch import collate
 from training.sampler import GlobalOrder
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import archs
-from pipeline.errors import TrainingError
+from pipeline import TrainingError
 from training import checkpoint, distributed
 from training.batch import make_batch, model_inputs
 from training.config import TrainConfig

@@ -38,9 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.atomic import sha256_file
-from pipeline.errors import DataError, LongpackError
-from pipeline.shards import MdsColumns
+from pipeline import DataError, LongpackError, sha256_file
 
 UNCHECKED, CHECKING, GOOD, BAD = 0, 1, 2, 3
 MESSAGE_BYTES = 512  # per shard; a page is touched only when its shard's check fails
@@ -155,17 +153,3 @@ def check_ids(name, blocks: Iterator[tuple[int, np.ndarray]], vocab_size: int) -
                             f"the vocabulary ({vocab_size:,} ids, the build's "
                             "tokenizer.vocab_size, which the model takes); this shard was not "
                             "made with the build's tokenizer: rebuild it with pack build")
-
-
-def mds_token_blocks(path: Path, entry: dict, block_bytes: int = 1 << 20
-                     ) -> Iterator[tuple[int, np.ndarray]]:
-    """The `tokens` rows of a decompressed MDS shard (`entry`: its index.json entry), a block
-    of about `block_bytes` at a time (copied out of a read-only map of the file)."""
-    columns = MdsColumns(np.memmap(path, np.uint8, "r"), entry)
-    starts, seq, dtype = columns.row_starts("tokens")
-    k = max(1, block_bytes // max(1, seq * dtype.itemsize))
-    block = np.empty((k, seq), dtype)
-    for a in range(0, len(starts), k):
-        rows = block[:len(starts) - a]
-        columns.copy_rows(starts[a:a + k], rows)
-        yield a, rows
