@@ -295,6 +295,10 @@ def find_row(path: Path, split: str, row: int, eos_id):
 def decode_row(path: Path, split: str, row: int, eos_id=None) -> str:
     manifest, tokens, starts, hashes = find_row(path, split, row, eos_id)
     tokenizer = _tokenizer(manifest, [])
+    # A row opens with the rest of a document exactly when the row before does not end in EOS.
+    eos = eos_id if eos_id is not None else ((manifest or {}).get("tokenizer") or {}).get("eos_id")
+    continued = (row > 0 and eos is not None
+                 and int(find_row(path, split, row - 1, eos_id)[1][-1]) != eos)
     bounds = list(starts) + [len(tokens)]
     out = [f"{split} row {row}: {len(tokens):,} tokens, {len(starts)} segments"]
     for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
@@ -302,7 +306,7 @@ def decode_row(path: Path, split: str, row: int, eos_id=None) -> str:
         if h == PAD_HASH:
             out.append(f"\n⟦padding: {b - a:,} tokens⟧")
             continue
-        label = "continued document" if k == 0 and row > 0 and a == 0 else "document"
+        label = "continued document" if k == 0 and continued else "document"
         out.append(f"\n⟦{label}" + (f" {h:016x}" if h is not None else "") +
                    f", tokens {a:,}..{b - 1:,}⟧")
         piece = tokens[a:b]

@@ -409,11 +409,19 @@ def test_json_keys_are_stable(tmp_path, byte_tokenizer, texts):
 
 
 def test_decode_marks_document_boundaries(tmp_path, byte_tokenizer, texts):
+    from pipeline.shards import open_split
+
     out = make_build(tmp_path, texts)
-    r = run_stats(out, "--decode", "1")
-    assert r.exit_code == 0
-    assert r.output.startswith("train row 1: 64 tokens")
-    assert "⟦continued document" in r.output or "⟦document" in r.output
+    rows = list(open_split(out / "train").rows())
+    # a row after one that ends in EOS opens with a new document; after any other, a continued one
+    fresh = next(r for r in range(1, len(rows)) if rows[r - 1][0][-1] == EOS)
+    continued = next(r for r in range(1, len(rows)) if rows[r - 1][0][-1] != EOS)
+    for row, label in ((fresh, "⟦document"), (continued, "⟦continued document")):
+        r = run_stats(out, "--decode", str(row))
+        assert r.exit_code == 0 and r.output.startswith(f"train row {row}: 64 tokens")
+        first = r.output.splitlines()[2]
+        assert first.startswith(label), (row, first)
+        assert r.output.count("⟦") == len(rows[row][1])  # a marker per segment
     assert run_stats(out, "--decode", "99999").exit_code == 1
 
 
