@@ -255,7 +255,9 @@ def test_wrong_row_length(tmp_path, byte_tokenizer, texts):
     np.save(shard, tokens[:, :-1])
     r = run_stats(out)
     assert r.exit_code == 1 and f"train/{shard.name}" in r.output
-    assert "rows of 63 tokens" in r.output or "index.json says" in r.output
+    name = f"train/{shard.name}"  # both the size and the row length are wrong: each is said
+    assert f"{name}: truncated ({shard.stat().st_size:,} bytes, index.json says" in r.output
+    assert f"{name}: rows of 63 tokens, the split's seq is 64" in r.output
 
 
 def test_wrong_row_length_in_mds(tmp_path, byte_tokenizer, texts):
