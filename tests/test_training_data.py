@@ -1,6 +1,7 @@
 """The trainer's data side so far: the global row order and batches built from real shards."""
 
 import json
+import multiprocessing
 from pathlib import Path
 
 import numpy as np
@@ -152,8 +153,11 @@ def test_a_remote_build_streams_into_a_bounded_cache(tmp_path, byte_tokenizer, m
         open_build("testfs:///nowhere", tmp_path / "cache3", "1gb")
 
 
-def _shm_segments():
-    return {p.name for p in Path("/dev/shm").iterdir()} if Path("/dev/shm").is_dir() else set()
+def _shared_maps() -> int:
+    """This process's shared anonymous mappings (the loader's slots: mmap(-1, ...), which
+    /proc/self/maps shows as "/dev/zero (deleted)" with "s" in the permissions)."""
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    return sum(1 for line in lines if line.split()[1].endswith("s") and "/dev/zero" in line)
 
 
 @pytest.mark.parametrize("fmt", ["memmap", "mds"])
@@ -162,7 +166,7 @@ def test_worker_processes_deliver_what_the_trainer_would_build_in_order(tmp_path
     b = open_build(str(_build(tmp_path, byte_tokenizer, fmt)), tmp_path / "cache", "1gb")
     order = GlobalOrder(len(b.train), global_batch=6, seed=0, fingerprint=b.fingerprint)
     data = StepBatches(order, b.train, rank=1, world=2, batch_size=1, grad_accum=3)
-    before = _shm_segments()
+    before = _shared_maps()
     expected = [data[k] for k in range(5 * 3, 40 * 3)]  # steps 5..39, in this process
     got = [{k: np.array(v) for k, v in batch.items()} for batch in batches(data, 5, 40, 2)]
     assert len(got) == len(expected)
@@ -170,8 +174,9 @@ def test_worker_processes_deliver_what_the_trainer_would_build_in_order(tmp_path
         assert all(np.array_equal(a[k], e[k]) for k in e)
     stream = batches(data, 0, 40, 3)
     next(stream)
+    assert _shared_maps() > before and multiprocessing.active_children()
     stream.close()  # a trainer that stops early: workers and shared memory go away
-    assert _shm_segments() == before
+    assert _shared_maps() == before and not multiprocessing.active_children()
 
 
 def test_a_killed_worker_is_reported_not_waited_for(tmp_path, byte_tokenizer):
