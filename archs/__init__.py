@@ -8,6 +8,19 @@
 Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
 `num_params()`, `flops_per_token(seq)` and `param_roles()` (each parameter's role, which
 training/optim.py groups by; MoE also `active_params()`).
+
+    input_ids, doc_starts
+      |  layers.py      positions and document masks, rotary, attention, the stacked-LM frame
+      v
+    gpt_neox.py     attention + MLP blocks (parallel residual)
+    moe.py          attention + routed experts (moe_experts.py: dispatch, expert MLPs)
+    resonance.py    FFT long convolution + MLP blocks
+      |  layers.py      the loss: logits, cross-entropy (chunked past a memory budget)
+      v
+    {"loss", "ce", "aux"}
+
+__main__.py prints the presets (`python -m archs`) and writes presets.json, which torch-free
+code (pack stats' recommendations) reads.
 """
 
 from dataclasses import replace
