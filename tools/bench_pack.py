@@ -24,7 +24,8 @@ What it measures, in one run:
    compared with the ceilings) and the steady-state time of the main loop
    (`timings.steady_seconds`, start-up excluded).
 4. Optionally (--hf, on by default when `tokenizers` is installed) the gpt-neox
-   tokenizer.json on a smaller corpus (--hf-tokens): ceiling = Hugging Face tokenizers'
+   tokenizer.json on a corpus of its own (--hf-tokens, by default as large as the GPT-2 one, so
+   that the fixed start-up weighs the same in both): ceiling = Hugging Face tokenizers'
    `encode_batch_fast(texts, add_special_tokens=False)` with RAYON_NUM_THREADS=W; builds with
    both engines.
 
@@ -40,7 +41,7 @@ fast engine >= 10 x the tokenizers ceiling; peak tree RSS <= 1.5 GiB. It prints 
 PASS/FAIL per target and exits 0 whatever the figures are: it is a measuring tool, not a test.
 
     .venv/bin/python tools/bench_pack.py [--work DIR] [--tokens 60e6] [--workers 2] [--repeat 3]
-                                         [--no-hf] [--hf-tokens 15e6] [--memmap] [--keep]
+                                         [--no-hf] [--hf-tokens 60e6] [--memmap] [--keep]
 """
 
 import argparse
@@ -452,7 +453,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hf", action=argparse.BooleanOptionalAction,
                    default=importlib.util.find_spec("tokenizers") is not None,
                    help="also compare the Hugging Face tokenizer (default: if installed)")
-    p.add_argument("--hf-tokens", type=float, default=15e6, help="HF corpus size, approx.")
+    p.add_argument("--hf-tokens", type=float, default=60e6, help="HF corpus size, approx.")
     p.add_argument("--memmap", action="store_true", help="also time --format memmap")
     p.add_argument("--keep", action="store_true", help="keep corpora and build outputs")
     p.add_argument("--ceiling", choices=ENCODERS, help=argparse.SUPPRESS)  # internal: one ceiling
