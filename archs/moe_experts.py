@@ -64,9 +64,9 @@ class Experts(nn.Module):
         order = choice_e.argsort(stable=True)  # grouped by expert, token order within each
         inverse = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order),
                                                                          device=order.device))
-        h = self.expert_mlps(Dispatch.apply(x.reshape(B * T, d), order, inverse, k),
+        h = self.expert_mlps(dispatch_rows(x.reshape(B * T, d), order, inverse, k),
                              choice_e[order])  # (B*T*k, d) in expert order
-        y = Combine.apply(h * weight[order, None].to(h.dtype), order, inverse, k)  # (B*T, d)
+        y = combine_rows(h * weight[order, None].to(h.dtype), order, inverse, k)  # (B*T, d)
         share = F.one_hot(top_e, E).float().mean((0, 1, 2))  # f_e
         stats = {"balance": E * (share * probs.mean((0, 1))).sum(),
                  "z": torch.logsumexp(logits, -1).pow(2).mean(),
@@ -158,33 +158,29 @@ def combine(y: torch.Tensor, inverse: torch.Tensor, k: int) -> torch.Tensor:
     return y.index_select(0, inverse).view(-1, k, y.shape[1]).sum(1)
 
 
-class Dispatch(torch.autograd.Function):
-    """dispatch, whose backward is combine (a gather), not index_select's scatter-add."""
+class _Permute(torch.autograd.Function):
+    """dispatch (to_experts=True) or combine, whose backward is the other one, its adjoint: a
+    gather both ways, never index_select's backward, a scatter-add that runs serially on CPU."""
 
     @staticmethod
-    def forward(ctx, x, order, inverse, k: int):
-        ctx.save_for_backward(inverse)
-        ctx.k = k
-        return dispatch(x, order, k)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad):
-        (inverse,) = ctx.saved_tensors
-        return combine(grad, inverse, ctx.k), None, None, None
-
-
-class Combine(torch.autograd.Function):
-    """combine, whose backward is dispatch (a gather), not index_select's scatter-add."""
-
-    @staticmethod
-    def forward(ctx, y, order, inverse, k: int):
-        ctx.save_for_backward(order)
-        ctx.k = k
-        return combine(y, inverse, k)
+    def forward(ctx, x, order, inverse, k: int, to_experts: bool):
+        ctx.save_for_backward(order, inverse)
+        ctx.k, ctx.to_experts = k, to_experts
+        return dispatch(x, order, k) if to_experts else combine(x, inverse, k)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        (order,) = ctx.saved_tensors
-        return dispatch(grad, order, ctx.k), None, None, None
+        order, inverse = ctx.saved_tensors
+        back = combine(grad, inverse, ctx.k) if ctx.to_experts else dispatch(grad, order, ctx.k)
+        return back, None, None, None, None
+
+
+def dispatch_rows(x, order, inverse, k: int):
+    """dispatch, differentiable through combine."""
+    return _Permute.apply(x, order, inverse, k, True)
+
+
+def combine_rows(y, order, inverse, k: int):
+    """combine, differentiable through dispatch."""
+    return _Permute.apply(y, order, inverse, k, False)

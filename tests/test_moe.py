@@ -245,7 +245,7 @@ def test_capacity_factor_must_be_positive():
 def test_dispatch_and_combine_gradients_are_exact():
     """The two row moves are each other's adjoint: gradcheck in float64 against finite
     differences, and the routed output of every token equals its weighted experts' sum."""
-    from archs.moe_experts import Combine, Dispatch
+    from archs.moe_experts import combine_rows, dispatch_rows
 
     torch.manual_seed(0)
     n, k, d = 7, 2, 3
@@ -254,11 +254,11 @@ def test_dispatch_and_combine_gradients_are_exact():
     inverse = torch.empty_like(order).index_copy_(0, order, torch.arange(n * k))
     x = torch.randn(n, d, dtype=torch.float64, requires_grad=True)
     y = torch.randn(n * k, d, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: Dispatch.apply(x, order, inverse, k), (x,))
-    assert torch.autograd.gradcheck(lambda y: Combine.apply(y, order, inverse, k), (y,))
-    rows = Dispatch.apply(x, order, inverse, k)
+    assert torch.autograd.gradcheck(lambda x: dispatch_rows(x, order, inverse, k), (x,))
+    assert torch.autograd.gradcheck(lambda y: combine_rows(y, order, inverse, k), (y,))
+    rows = dispatch_rows(x, order, inverse, k)
     assert torch.equal(rows, x[order // k])
-    back = Combine.apply(rows, order, inverse, k)
+    back = combine_rows(rows, order, inverse, k)
     assert torch.allclose(back, k * x)  # each token's k copies, summed
 
 
