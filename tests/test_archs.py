@@ -294,6 +294,7 @@ def real_text_bytes() -> torch.Tensor:
     return torch.tensor(list(text.encode()), dtype=torch.long)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILY_TINY)
 def test_loss_falls_clearly_on_real_text(name):
     torch.manual_seed(0)
@@ -316,6 +317,7 @@ def test_loss_falls_clearly_on_real_text(name):
     assert last < 0.5 * losses[0], (losses[0], last)
 
 
+@pytest.mark.slow
 def test_presets_json_is_what_python_m_archs_prints():
     import json
     import subprocess

@@ -157,6 +157,7 @@ def test_damaged_real_files_are_counted_and_the_rest_is_kept(tmp_path, shared):
                           inputs=(str(gz),), seq=4096, on_error="fail"), show_progress=False)
 
 
+@pytest.mark.slow
 def test_loss_falls_training_on_the_real_corpus(tmp_path, shared):
     from training.config import TrainConfig
     from training.loop import train
