@@ -73,6 +73,18 @@ def work_dir(given: Path | None, prefix: str) -> tuple[Path, bool]:
     return work, given is None
 
 
+def clean_work(work: Path, made_here: bool, keep: bool, names) -> None:
+    """At a benchmark's end: keep `work` (--keep), remove it (made here), or remove only what
+    the benchmark wrote into a directory it was given (`names` in it)."""
+    if keep:
+        print(f"\nkept {work}")
+    elif made_here:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        for name in names:
+            shutil.rmtree(work / name, ignore_errors=True)
+
+
 def build_shared_corpus(work: Path, seq: int, formats=("mds", "memmap")) -> dict[str, Path]:
     """The shared FineWeb-Edu sample, gpt2.tiktoken, rows of `seq`, no val split, per format
     (kept in `work` and reused when already built)."""

@@ -61,7 +61,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from bench_common import SHARED, CpuWatch, describe_checkout, pack_executable, verdict, work_dir  # noqa: E402
+from bench_common import (  # noqa: E402
+    SHARED,
+    CpuWatch,
+    clean_work,
+    describe_checkout,
+    pack_executable,
+    verdict,
+    work_dir,
+)  # noqa: E402
 
 FINEWEB_SAMPLE = SHARED / "data" / "fineweb-edu-sample"
 DOLMA_SAMPLE = SHARED / "data" / "dolma-sample"
@@ -524,14 +532,9 @@ def main():
                               builds["hf-reference"], [("tokenizers", TARGET_E2E)], False)
         print_targets(targets)
     finally:
-        if args.keep:
-            print(f"\nkept {work}")
-        elif made_work:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            for name in ("corpus", "corpus-hf", "out-mds-fast", "out-mds-reference",
-                         "out-memmap-fast", "out-hf-fast", "out-hf-reference"):
-                shutil.rmtree(work / name, ignore_errors=True)
+        clean_work(work, made_work, args.keep, (
+            "corpus", "corpus-hf", "out-mds-fast", "out-mds-reference", "out-memmap-fast",
+            "out-hf-fast", "out-hf-reference"))
     return 0
 
 

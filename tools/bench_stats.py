@@ -69,7 +69,15 @@ import zstandard
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench_common import SHARED, CpuWatch, describe_checkout, pack_executable, verdict, work_dir  # noqa: E402
+from bench_common import (  # noqa: E402
+    SHARED,
+    CpuWatch,
+    clean_work,
+    describe_checkout,
+    pack_executable,
+    verdict,
+    work_dir,
+)
 
 from pipeline.formats import open_format  # noqa: E402  (the checkout's code)
 from pipeline.stats_report import collect  # noqa: E402
@@ -521,14 +529,8 @@ def main():
             for fmt in FORMATS:
                 profile(big[fmt])
     finally:
-        if args.keep:
-            print(f"\nkept {work}")
-        elif made_work:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            for fmt in FORMATS:
-                for name in (f"big-{fmt}", f"small-{fmt}"):
-                    shutil.rmtree(work / name, ignore_errors=True)
+        clean_work(work, made_work, args.keep,
+                   [f"{size}-{fmt}" for fmt in FORMATS for size in ("big", "small")])
     return 0
 
 
