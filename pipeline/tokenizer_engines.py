@@ -16,6 +16,7 @@ on the engine; that is what the guards check:
 """
 
 import base64
+import os
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -79,6 +80,10 @@ class FastEngine:
              special_tokens: dict[str, int]) -> "FastEngine":
         """From the tokenizer.json, or from the ranks (a file written from them when the
         encoding came by name from tiktoken's cache, which has no stable path)."""
+        # pack build's --workers threads are the parallelism; fastokens' own BPE helper threads
+        # only crowd the same cores (a quiet 2-core build: ~0.5 CPU s and 4-6% wall less without
+        # them, docs/BENCHMARKS.md). Read when fastokens starts its pool; a user's value wins.
+        os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         import fastokens
 
         if kind == "huggingface":
