@@ -32,7 +32,13 @@ from pipeline.encode import EngineMismatch, encode_batch
 from pipeline.errors import InputError, SettingsError, TokenizerError
 from pipeline.hub import HubFiles, HuggingFaceHub
 from pipeline.inputs import LocalFiles, describe_hub, read_ahead, read_batches
-from pipeline.output_dir import CHECKPOINT, Journal, prepare_output, remove_work_files
+from pipeline.output_dir import (
+    CHECKPOINT,
+    Journal,
+    prepare_output,
+    refuse_tasked_build,
+    remove_work_files,
+)
 from pipeline.output_lock import OutputLock
 from pipeline.pack import RowPacker
 from pipeline.progress import Progress
@@ -68,11 +74,13 @@ class Build:
         self.fingerprint = {"settings": cfg.output_settings(), "tokenizer": tokenizer_id,
                             "inputs": self.inputs, "format_version": manifest_mod.FORMAT_VERSION}
         self.splitter = Splitter(cfg.val_fraction, cfg.seed)
+        self.stop = None  # where reading ends (a task's share ends early: task_build.py)
 
     def run(self) -> dict:
         """Build (or resume, or find complete) OUT; returns its manifest."""
         try:
             with OutputLock(self.work):
+                refuse_tasked_build(self.out, self.cfg.overwrite)
                 found = prepare_output(self.out, self.fingerprint, self.cfg.overwrite)
                 self.already_complete = found == "complete"
                 if self.already_complete:  # nothing to do: the finished build's manifest
@@ -97,7 +105,7 @@ class Build:
             if not state.input_done:
                 self._read_all()
             indexes = self._finish()
-            with writing(self.out / "skipped.jsonl"):
+            with writing(self.skip_path):
                 self.skip_log.close()
         except BaseException:
             self._abandon()
@@ -118,22 +126,30 @@ class Build:
                                    self.journal.claim, self.writer, state.sinks.get(s))
                       for s in SPLITS}
         self.journal.claim(self.out / "skipped.jsonl")
-        with writing(self.out / "skipped.jsonl"):
-            self.skip_log = open(self.out / "skipped.jsonl", "ab")
-            self.skip_log.truncate(state.skip_log_bytes)
+        self._open_skip_log(self.out / "skipped.jsonl")
+
+    def _open_skip_log(self, path: Path):
+        self.skip_path = path
+        with writing(path):
+            self.skip_log = open(path, "ab")
+            self.skip_log.truncate(self.state.skip_log_bytes)
         self.last_checkpoint = time.monotonic()
 
     def _checkpoint(self):
         state = self.state
-        with writing(self.out / "skipped.jsonl"):
+        with writing(self.skip_path):
             self.skip_log.flush()
         state.skip_log_bytes = self.skip_log.tell()
-        state.sinks = {s: self.sinks[s].state() for s in SPLITS}  # waits for shards in flight
-        state.carries = {s: (p.carry, p.carry_segments) for s, p in self.packers.items()}
+        self._record_outputs()
         write_bytes(self.work / CHECKPOINT, state.to_npz())
         for sink in self.sinks.values():
             sink.delete_obsolete()
         self.last_checkpoint = time.monotonic()
+
+    def _record_outputs(self):
+        """Into the state: where each split's output stands."""
+        self.state.sinks = {s: self.sinks[s].state() for s in SPLITS}  # waits for shards in flight
+        self.state.carries = {s: (p.carry, p.carry_segments) for s, p in self.packers.items()}
 
     def _abandon(self) -> None:
         """After a failure, close every output file quietly: a full disk would refuse their
@@ -147,8 +163,8 @@ class Build:
     # -- the loop ----------------------------------------------------------------------------
     def _read_all(self):
         cfg, c = self.cfg, self.state.counts
-        self.bytes_done = sum(s for _, s in self.files.files[: self.state.cursor[0]])
-        self.progress = Progress(sum(s for _, s in self.files.files), cfg.max_tokens,
+        self.bytes_done = self._bytes_before(self.state.cursor[0])
+        self.progress = Progress(self._bytes_total(), cfg.max_tokens,
                                  self.show_progress, (c["documents"], c["tokens"], self.bytes_done))
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
         self.inflight = deque()
@@ -157,7 +173,8 @@ class Build:
                                    self._prefetch_next, self._settle_before_download)
         else:
             batches = read_ahead(read_batches(self.files, self.field, self.state.cursor,
-                                              self._prefetch_next), 2 * cfg.workers)
+                                              self._prefetch_next, stop=self.stop),
+                                 2 * cfg.workers)
         try:
             exhausted = False
             while True:
@@ -194,7 +211,7 @@ class Build:
         # Progress moves within a file too (one big file would otherwise show none until its end).
         in_file = 0 if batch.file_done else batch.bytes_read
         c = self.state.counts
-        self.progress.update(c["documents"], c["tokens"], self.bytes_done + in_file)
+        self._show_progress(c["documents"], c["tokens"], self.bytes_done + in_file)
         if not stop and (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
                          or any(s.obsolete for s in self.sinks.values())):
             self._checkpoint()
@@ -229,8 +246,7 @@ class Build:
             cs["documents"] += taken[i]
             cs["tokens"] += len(tokens)
             cs["text_bytes"] += int(text_bytes.sum())
-            rows, segments = self.packers[s].add(tokens, lengths, hashes)
-            self.sinks[s].append(rows, segments)
+            self._emit(s, tokens, lengths, hashes)
         if batch.file_done:
             self.bytes_done += self.files.files[batch.file_index][1]
             self.state.cursor = (batch.file_index + 1, 0)
@@ -238,13 +254,28 @@ class Build:
             self.state.cursor = (batch.file_index, batch.end)
         return stop
 
+    def _emit(self, split: str, tokens: np.ndarray, lengths: np.ndarray, hashes: np.ndarray):
+        """Documents of one split, whole and in order, to their output."""
+        rows, segments = self.packers[split].add(tokens, lengths, hashes)
+        self.sinks[split].append(rows, segments)
+
+    def _show_progress(self, documents: int, tokens: int, bytes_done: int):
+        self.progress.update(documents, tokens, bytes_done)
+
+    def _bytes_before(self, file_index: int) -> int:
+        """Input bytes of the files before `file_index` (progress)."""
+        return sum(s for _, s in self.files.files[:file_index])
+
+    def _bytes_total(self) -> int:
+        return sum(s for _, s in self.files.files)
+
     def _skip(self, batch_file: int, n: int, skip: Skip):
         self.state.counts["skipped"][skip.reason] += skip.records
         parquet = file_format(self.files.uri(batch_file)) == "parquet"
         where = {"row": n - 1} if parquet else {"line": n}
         record = {"file": self.files.uri(batch_file), **where, "reason": skip.reason,
                   "detail": skip.detail, "records": skip.records}
-        with writing(self.out / "skipped.jsonl"):
+        with writing(self.skip_path):
             self.skip_log.write((json.dumps(record) + "\n").encode())
         if self.cfg.on_error == "fail" and skip.reason != BLANK_LINE:
             place = ", ".join(f"{k} {v}" for k, v in where.items())
@@ -253,7 +284,10 @@ class Build:
 
     def _prefetch_next(self, file_index: int) -> bool:
         """Fetch the next hub file in the background unless the build may stop in this one
-        (before the first file is done there is no tokens-per-byte estimate: no prefetch)."""
+        (before the first file is done there is no tokens-per-byte estimate: no prefetch), nor
+        past the end of a task's share."""
+        if self.stop and file_index + 1 >= self.stop[0] + (self.stop[1] > 0):
+            return False
         if not self.cfg.max_tokens:
             return True
         if not self.bytes_done:
@@ -290,7 +324,8 @@ class Build:
                    "steady_seconds": loop, "tokens_this_run": new_tokens,
                    "steady_tokens_per_second": new_tokens / loop if loop else None,
                    "resumed": self.resumed, "runs": self.state.runs}
-        m = manifest_mod.make_manifest(self.cfg, self.fingerprint, self.tok, self.inputs,
+        m = manifest_mod.make_manifest(self.cfg, self.fingerprint, self.tok.identity(),
+                                       self.tok.engine_identity(), self.inputs,
                                        self.state.counts, indexes, self.out, timings)
         self.journal.claim(self.out / "manifest.json")
         write_json(self.out / "manifest.json", m, fsync=True)

@@ -11,12 +11,14 @@ INTERRUPTED = "\ninterrupted: re-run the same command to resume"
 # this module and click's first call are out of reach: there Python prints its traceback.
 try:
     import contextlib
+    import dataclasses
     from pathlib import Path
 
     import click
 
     from pipeline.config import BuildConfig
     from pipeline.errors import LongpackError
+    from pipeline.launch import LaunchConfig
     from pipeline.settings import click_options
 except KeyboardInterrupt:
     sys.stderr.write(STARTING + "\n")
@@ -68,23 +70,54 @@ def pack():
 
 @pack.command(cls=_ResumableCommand)
 @click_options(BuildConfig)
+@click_options(LaunchConfig)
 @click.option("--quiet", is_flag=True, help="No progress bar and no summary. Re-running a "
               "finished build does nothing and exits 0; without --quiet it says so.")
 def build(quiet, **settings):
     """Tokenize documents and pack them into rows of exactly --seq tokens."""
-    from pipeline.build import Build
+    from pipeline.launch import launch
     from pipeline.manifest import already_complete, summary
 
+    how = {f.name: settings.pop(f.name) for f in dataclasses.fields(LaunchConfig)}
     try:
         cfg = BuildConfig(**settings)
-        builder = Build(cfg, show_progress=False if quiet else None)
-        manifest = builder.run()
+        outcome = launch(cfg, LaunchConfig(**how), show_progress=False if quiet else None)
+    except LongpackError as e:
+        raise click.ClickException(str(e)) from None
+    if outcome.message and not quiet:
+        click.echo(outcome.message)
+    if outcome.manifest is not None and not quiet:
+        if outcome.already_complete:
+            click.echo(already_complete(outcome.manifest, Path(cfg.out)))
+        click.echo(summary(outcome.manifest, Path(cfg.out)))
+    if outcome.exit_code:
+        sys.exit(outcome.exit_code)
+
+
+@pack.command(cls=_ResumableCommand)
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--task-index", type=int, default=None, metavar="I",
+              help="Only place task I's shards (one such command per task, in parallel); the "
+              "last one to finish merges.")
+@click.option("--quiet", is_flag=True, help="No summary.")
+def merge(out, task_index, quiet):
+    """Finish a build split into tasks (`pack build --tasks N`) once its tasks are done."""
+    from pipeline import tasks
+    from pipeline.manifest import summary
+
+    try:
+        if task_index is not None:
+            tasks.place_task(out, task_index)
+            status = tasks.task_status(out)
+            if len(status["placed"]) < status["tasks"]:
+                if not quiet:
+                    click.echo(f"pack merge: task {task_index}'s shards placed")
+                return
+        manifest = tasks.merge(out)
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
     if not quiet:
-        if builder.already_complete:
-            click.echo(already_complete(manifest, Path(cfg.out)))
-        click.echo(summary(manifest, Path(cfg.out)))
+        click.echo(summary(manifest, out))
 
 
 

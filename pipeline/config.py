@@ -62,6 +62,12 @@ class BuildConfig:
                                "(~610 MB).")
     overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
                               show_default=False)
+    tasks: int | None = setting(None, "Split the build into N tasks (machines, processes), "
+                                "merged into the same bytes as one build: docs/SCALE.md.",
+                                show_default="LONGPACK_TASK_COUNT, SLURM_ARRAY_TASK_COUNT or 1")
+    task_index: int | None = setting(None, "The task this process runs, 0 to N-1.",
+                                     show_default="LONGPACK_TASK_INDEX, SLURM_ARRAY_TASK_ID, or "
+                                     "every task in turn")
 
     def __post_init__(self):
         if os.path.isfile(self.out):
@@ -88,6 +94,16 @@ class BuildConfig:
             raise SettingsError(f"--on-error must be one of {', '.join(ON_ERROR)}")
         if self.last_row not in LAST_ROW_POLICIES:
             raise SettingsError(f"--last-row must be one of {', '.join(LAST_ROW_POLICIES)}")
+        if self.tasks is None:
+            object.__setattr__(self, "tasks", _tasks_from_env())
+        if self.tasks < 1:
+            raise SettingsError(f"--tasks must be at least 1 (got {self.tasks})")
+        if self.task_index is not None and not 0 <= self.task_index < self.tasks:
+            raise SettingsError(f"--task-index {self.task_index} is not a task of --tasks "
+                                f"{self.tasks} (0 to {self.tasks - 1})")
+        if self.tasks > 1 and (self.max_tokens or self.limit_docs):
+            raise SettingsError("--max-tokens and --limit-docs cut the document order at one "
+                                "point, which tasks cannot see: build that subset without --tasks")
         from pipeline.formats import get_format  # numpy: loaded by a build, not by `pack --help`
 
         fmt = get_format(self.format)
@@ -109,6 +125,19 @@ class BuildConfig:
     def output_settings(self) -> dict:
         """The settings that determine the output bytes (inputs are fingerprinted separately)."""
         d = asdict(self)
-        for k in ("out", "workers", "on_error", "overwrite", "inputs", "tokenizer_engine"):
+        for k in ("out", "workers", "on_error", "overwrite", "inputs", "tokenizer_engine", "tasks",
+                  "task_index"):
             d.pop(k)
         return d
+
+
+def _tasks_from_env() -> int:
+    """--tasks when not given: LONGPACK_TASK_COUNT, else a Slurm array's size, else 1."""
+    for name in ("LONGPACK_TASK_COUNT", "SLURM_ARRAY_TASK_COUNT"):
+        if name in os.environ:
+            try:
+                return int(os.environ[name])
+            except ValueError:
+                raise SettingsError(f"{name}={os.environ[name]!r} in the environment is not a "
+                                    "task count") from None
+    return 1

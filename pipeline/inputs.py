@@ -65,14 +65,20 @@ class Batch:
 
 
 def read_batches(files, text_field: str, cursor: tuple[int, int],
-                 prefetch_next=lambda i: True, before_file=lambda i: None) -> Iterator[Batch]:
-    """`before_file(i)` runs before file i (after the first) is opened: the build uses it to
-    settle --max-tokens before a hub file is downloaded."""
+                 prefetch_next=lambda i: True, before_file=lambda i: None,
+                 stop: tuple[int, int] | None = None) -> Iterator[Batch]:
+    """Records from `cursor` up to `stop` (a cursor too: (file index, records of that file);
+    None: to the end). `before_file(i)` runs before file i (after the first) is opened: the
+    build uses it to settle --max-tokens before a hub file is downloaded."""
     first_file, first_record = cursor
-    for fi in range(first_file, len(files.files)):
+    last_file, last_record = stop or (len(files.files), 0)
+    for fi in range(first_file, min(last_file + (last_record > 0), len(files.files))):
         if fi != first_file:
             before_file(fi)
         start = first_record if fi == first_file else 0
+        limit = last_record if fi == last_file else None  # a task's share ends inside this file
+        if limit is not None and start >= limit:
+            return
         path = files.path(fi, prefetch_next=prefetch_next(fi))
         batch = Batch(fi, end=start)
         position = ReadPosition()
@@ -81,12 +87,14 @@ def read_batches(files, text_field: str, cursor: tuple[int, int],
             batch.end = n
             if isinstance(value, str):
                 batch.chars += len(value)
+            if limit is not None and n >= limit:
+                break
             if batch.chars >= BATCH_CHARS or len(batch.records) >= BATCH_DOCS:
                 batch.bytes_read = position.bytes
                 yield batch
                 batch = Batch(fi, end=n)
-        batch.file_done = True
-        batch.bytes_read = files.files[fi][1]
+        batch.file_done = limit is None
+        batch.bytes_read = files.files[fi][1] if limit is None else position.bytes
         yield batch
 
 

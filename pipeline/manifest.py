@@ -34,8 +34,9 @@ def _split_outputs(fmt: str, folder: Path, index: dict, seq: int) -> dict:
     return {"rows": rows, "shards": len(shards), "bytes": nbytes, "row_tokens": rows * seq}
 
 
-def make_manifest(cfg, fingerprint: dict, tok, inputs: list[dict], counts: dict,
-                  indexes: dict, out: Path, timings: dict) -> dict:
+def make_manifest(cfg, fingerprint: dict, tokenizer: dict, engine: dict, inputs: list[dict],
+                  counts: dict, indexes: dict, out: Path, timings: dict) -> dict:
+    """`tokenizer`, `engine`: the Tokenizer's identity() and engine_identity()."""
     splits = {}
     for name, index in indexes.items():
         splits[name] = {**counts["splits"][name], **_split_outputs(cfg.format, out / name, index,
@@ -46,10 +47,10 @@ def make_manifest(cfg, fingerprint: dict, tok, inputs: list[dict], counts: dict,
         "format_version": FORMAT_VERSION,
         "format": cfg.format,
         "seq": cfg.seq,
-        "dtype": tok.dtype.name,
-        "tokenizer": tok.identity(),
-        "tokenizer_engine": tok.engine_identity(),  # never in the fingerprint: ids do not depend on it
-        "pad_id": tok.eos_id,
+        "dtype": tokenizer["dtype"],
+        "tokenizer": tokenizer,
+        "tokenizer_engine": engine,  # never in the fingerprint: ids do not depend on it
+        "pad_id": tokenizer["eos_id"],
         "document_order": "input files sorted by path, then records in file order",
         "settings": {**cfg.output_settings(), "workers": cfg.workers, "on_error": cfg.on_error,
                      "tokenizer_engine": cfg.tokenizer_engine},

@@ -34,8 +34,16 @@ from pipeline.shard_format import ShardError
 
 JOURNAL = "outputs.txt"
 FINGERPRINT, CHECKPOINT = "fingerprint.json", "checkpoint.npz"
-_WORK_FILE = re.compile(rf"{re.escape(FINGERPRINT)}|{re.escape(CHECKPOINT)}|{JOURNAL}|"
-                        rf"{LOCK_NAME}|({'|'.join(SPLITS)})\.\d{{5}}\.(rows|segs)")
+TASKS = "tasks.json"  # a build split into tasks (tasks.py): how many, and its settings
+_SPLIT = "|".join(SPLITS)
+# Paths relative to the work folder: the single-machine build's files; a tasked build's record,
+# each task's folder (task_build.py, task_merge.py) and the Slurm engine's scripts and logs.
+_WORK_FILE = re.compile(
+    rf"{re.escape(FINGERPRINT)}|{re.escape(CHECKPOINT)}|{JOURNAL}|{LOCK_NAME}|{re.escape(TASKS)}"
+    rf"|({_SPLIT})\.\d{{5}}\.(rows|segs)"
+    rf"|task\.\d{{5,}}/({LOCK_NAME}|{re.escape(CHECKPOINT)}|skipped\.jsonl|done\.json"
+    rf"|placed\.json|({_SPLIT})\.(tokens|docs)|({_SPLIT})/shard\.\d{{5,}}\.[a-z.]+)"
+    r"|slurm/((tasks|merge)\.sbatch|(task|merge)-\d+\.log)")
 
 
 class Journal:
@@ -127,14 +135,45 @@ def survey(out: Path) -> Survey:
         return s
     for entry in sorted(out.iterdir()):
         if entry.name == WORK_DIR and entry.is_dir() and not entry.is_symlink():
-            for path in sorted(entry.iterdir()):
-                s.sort(path, _WORK_FILE.fullmatch)
+            for path in sorted(_files_under(entry)):
+                folder = path.parent.relative_to(entry).as_posix()
+                s.sort(path, lambda name, d=folder: _WORK_FILE.fullmatch(
+                    name if d == "." else f"{d}/{name}"))
         elif entry.name in SPLITS and entry.is_dir() and not entry.is_symlink():
             for path in sorted(entry.iterdir()):
                 s.sort(path, lambda name, d=entry.name: f"{d}/{name}" in listed)
         else:
             s.sort(entry, lambda name: name in listed)
     return s
+
+
+def _files_under(folder: Path):
+    """Every entry under `folder` but the folders themselves (a link to a folder included)."""
+    for path in folder.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            yield from _files_under(path)
+        else:
+            yield path
+
+
+def _remove_empty_folders(work: Path) -> None:
+    """The task and Slurm folders of the work folder, once their files are gone."""
+    for folder in sorted((p for p in work.iterdir() if p.is_dir() and not p.is_symlink()),
+                         reverse=True):
+        for sub in [folder / s for s in SPLITS] + [folder]:
+            if sub.is_dir() and not any(sub.iterdir()):
+                with writing(sub):
+                    sub.rmdir()
+
+
+def refuse_tasked_build(out: Path, overwrite: bool) -> None:
+    """A single-machine `pack build` never resumes into a build split into tasks."""
+    tasks = out / WORK_DIR / TASKS
+    if tasks.is_file() and not overwrite:
+        n = json.loads(tasks.read_text(encoding="utf-8"))["tasks"]
+        raise SettingsError(f"{out} holds a build split into {n} tasks: run its tasks (the same "
+                            f"command with --tasks {n}), or `pack merge {out}` once they are "
+                            "done; --overwrite replaces it")
 
 
 def _differences(old: dict, new: dict) -> str:
@@ -172,7 +211,14 @@ def remove_work_files(out: Path) -> None:
     """The finished build's last step: its work folder goes, all but the held lock."""
     work = out / WORK_DIR
     if work.is_dir():
-        _remove([p for p in work.iterdir() if _WORK_FILE.fullmatch(_base_name(p.name))])
+        own = []
+        for path in _files_under(work):
+            folder = path.parent.relative_to(work).as_posix()
+            name = _base_name(path.name)
+            if _WORK_FILE.fullmatch(name if folder == "." else f"{folder}/{name}"):
+                own.append(path)
+        _remove(own)
+        _remove_empty_folders(work)
 
 
 def prepare_output(out: Path, fingerprint: dict, overwrite: bool):
@@ -199,6 +245,8 @@ def prepare_output(out: Path, fingerprint: dict, overwrite: bool):
     work = out / WORK_DIR
     if overwrite or s.fingerprint != fingerprint:  # replace a build, or debris of one
         _remove(s.own)
+        if work.is_dir():
+            _remove_empty_folders(work)
         for split in SPLITS:
             if (out / split).is_dir():
                 with writing(out / split):

@@ -24,8 +24,13 @@ LOCK_NAME = "lock"
 
 
 class OutputLock:
-    def __init__(self, work_dir: Path):
+    """`wait`: block until the holder lets go (the short steps of a build split into tasks,
+    which its tasks take in turn) instead of refusing at once; `what`: what the lock guards, in
+    the refusal (default: the output folder)."""
+
+    def __init__(self, work_dir: Path, wait: bool = False, what: str | None = None):
         self.work_dir, self.path = Path(work_dir), Path(work_dir) / LOCK_NAME
+        self.wait, self.what = wait, what or str(Path(work_dir).parent)
         self.fd: int | None = None
 
     def __enter__(self) -> "OutputLock":
@@ -34,12 +39,12 @@ class OutputLock:
             while self.fd is None:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
                 try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    fcntl.flock(fd, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
                     os.close(fd)
                     raise SettingsError(
-                        f"{self.work_dir.parent} is being written by another pack build "
+                        f"{self.what} is being written by another pack build "
                         f"({holder or 'PID unknown: it has just started'}); wait for it to "
                         "finish, or stop it and re-run to resume") from None
                 if self._still_there(fd):

@@ -71,3 +71,26 @@ def _option(f: dataclasses.Field, option_class):
         return click.option(*decls, f.name, is_flag=m["switch"] or None, **kw)
     kw["type"] = click.Choice(m["choices"]) if m["choices"] else kind
     return click.option(flag, f.name, multiple=m["multiple"], **kw)
+
+
+def to_flags(config, skip: tuple[str, ...] = ()) -> list[str]:
+    """The command-line flags that give back `config`'s fields (those not in `skip`), the
+    inverse of click_options: how a launcher (Slurm's batch script) repeats a command."""
+    flags = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name in skip or value is None:
+            continue
+        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            if value or not f.metadata["switch"]:
+                flags.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(value, tuple):
+            if f.metadata["multiple"]:
+                for item in value:
+                    flags += [flag, str(item)]
+            else:
+                flags += [flag, ",".join(map(str, value))]
+        else:
+            flags += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return flags

@@ -8,15 +8,17 @@ from click.testing import CliRunner
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
 from pipeline.errors import SettingsError
+from pipeline.launch import LaunchConfig
+from pipeline.settings import to_flags
 from training.cli import train
 from training.config import TrainConfig
 
 
-@pytest.mark.parametrize("config_class,command", [(BuildConfig, pack.commands["build"]),
-                                                  (TrainConfig, train)])
-def test_every_field_is_a_flag_with_its_help_and_default(config_class, command):
+@pytest.mark.parametrize("config_classes,command", [
+    ((BuildConfig, LaunchConfig), pack.commands["build"]), ((TrainConfig,), train)])
+def test_every_field_is_a_flag_with_its_help_and_default(config_classes, command):
     options = {p.name: p for p in command.params}
-    for f in dataclasses.fields(config_class):
+    for f in [f for c in config_classes for f in dataclasses.fields(c)]:
         option = options.pop(f.name)  # KeyError: a field without its flag
         assert option.help and option.help == f.metadata["help"], f.name
         if f.default is not dataclasses.MISSING:
@@ -28,6 +30,18 @@ def test_every_field_is_a_flag_with_its_help_and_default(config_class, command):
     # what is left are the command's own flags, not settings
     assert set(options) <= {"quiet", "list_models", "config_file", "dry_run", "resume", "log",
                             "version"}
+
+
+def test_to_flags_gives_back_the_same_settings_through_the_command_line(tmp_path):
+    """What a launcher (Slurm's batch script) writes must parse back to the very same build."""
+    cfg = BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=("a b.jsonl", "c"),
+                      seq=4096, val_fraction=0.015625, bos=True, compression="zstd:7",
+                      last_row="drop", tasks=3, max_tokens=None)
+    command = pack.commands["build"]
+    ctx = command.make_context("build", to_flags(cfg), resilient_parsing=True)
+    parsed = {f.name: ctx.params[f.name] for f in dataclasses.fields(BuildConfig)}
+    assert BuildConfig(**parsed) == cfg
+    assert "--task-index" not in to_flags(cfg, skip=("task_index",))
 
 
 @pytest.mark.parametrize("flags,message", [

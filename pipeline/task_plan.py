@@ -1,0 +1,81 @@
+"""Which part of the inputs each task of `pack build --tasks N` reads: its share.
+
+The inputs in document order (catalog.py) are cut into pieces: a file, or, for a local parquet
+file larger than a task's share of the bytes, each of its row groups. Pieces go to tasks in
+order, by bytes: a piece belongs to the task whose equal share of the total holds the piece's
+middle byte. So every task reads one contiguous stretch of the document order, shares differ by
+at most about one piece, and the plan is a pure function of the files, their sizes and footers:
+every task computes the same plan on its own, nothing is exchanged. With more tasks than pieces
+some tasks get no input (their share is empty; they still finish, with nothing).
+
+A share is given as two read cursors, (file index, records of that file already read), the
+same cursor a build checkpoints: the task reads from `start` up to `stop`.
+"""
+
+from dataclasses import dataclass
+
+import pyarrow.parquet as pq
+
+from pipeline.catalog import file_format
+
+
+@dataclass(frozen=True)
+class Share:
+    start: tuple[int, int]
+    stop: tuple[int, int]
+    bytes: int  # input bytes of its pieces (for progress)
+
+
+@dataclass(frozen=True)
+class _Piece:
+    cursor: tuple[int, int]  # where reading the piece starts
+    bytes: int
+
+
+def plan_shares(files: list[tuple[str, int]], tasks: int, text_field: str,
+                local: bool) -> list[Share]:
+    """`files`: (path, size) in build order; `local`: whether parquet footers can be read
+    (hub files are not split: reading a footer would mean downloading the file)."""
+    total = sum(size for _, size in files)
+    pieces = []
+    for i, (path, size) in enumerate(files):
+        groups = (_row_groups(path, text_field)
+                  if local and tasks > 1 and size * tasks > total and file_format(path) == "parquet"
+                  else None)
+        if groups:
+            pieces += [_Piece((i, first), nbytes) for first, nbytes in groups]
+        else:
+            pieces.append(_Piece((i, 0), size))
+    weight = sum(p.bytes for p in pieces)
+    owners, before = [], 0
+    for p in pieces:
+        owners.append(min(tasks - 1, (2 * before + p.bytes) * tasks // (2 * weight))
+                      if weight else 0)
+        before += p.bytes
+    end = (len(files), 0)
+    bounds, shares_bytes, k = [], [0] * tasks, 0  # bounds[t]: the first piece of task t or later
+    for t in range(tasks + 1):
+        while k < len(pieces) and owners[k] < t:
+            k += 1
+        bounds.append(pieces[k].cursor if k < len(pieces) else end)
+    for p, owner in zip(pieces, owners):
+        shares_bytes[owner] += p.bytes
+    return [Share(bounds[t], bounds[t + 1], shares_bytes[t]) for t in range(tasks)]
+
+
+def _row_groups(path: str, text_field: str) -> list[tuple[int, int]] | None:
+    """(first row, stored bytes) of each row group, or None when the file should be read whole:
+    its footer is unreadable or it lacks the text column (the reader then counts one skip for
+    the whole file, as a single-machine build does), or it has one group."""
+    try:
+        meta = pq.ParquetFile(path).metadata
+        if text_field not in meta.schema.to_arrow_schema().names:
+            return None
+    except Exception:  # not parquet, a damaged footer: the reader reports it
+        return None
+    groups, first = [], 0
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        groups.append((first, sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))))
+        first += rg.num_rows
+    return groups if len(groups) > 1 else None

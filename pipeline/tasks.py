@@ -1,0 +1,149 @@
+"""`pack build --tasks N`: one build split over N tasks (processes, machines, Ray tasks, Slurm
+array elements), whose merged output is byte-identical to the single-machine build.
+
+    prepare_tasks(cfg)        check OUT as a build does, record the tasks (tasks.json)
+    run_task(cfg, i)          task i: tokenize its share (task_build.py), place its shards if the
+                              tasks before it are done, merge if it is the last one done
+    place_task(out, i)        phase 2, parallel over tasks: task i's interior shards
+    merge(out)                the rest, and the dataset appears under OUT (task_merge.py)
+
+docs/SCALE.md explains the design and its costs; docs/FORMAT.md the work folder.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from pipeline import task_merge
+from pipeline.atomic import write_json
+from pipeline.config import WORK_DIR, BuildConfig
+from pipeline.errors import SettingsError
+from pipeline.output_dir import CHECKPOINT, TASKS, prepare_output, survey
+from pipeline.output_lock import OutputLock
+from pipeline.task_build import TaskBuild, TaskProgress
+from pipeline.task_merge import TaskedBuild, TasksUnfinished, config_record, place
+
+__all__ = ["TaskProgress", "TasksUnfinished", "merge", "place_task", "prepare_tasks", "run_task",
+           "task_index_from_env", "task_status"]
+
+merge = task_merge.merge
+
+
+def prepare_tasks(cfg: BuildConfig, hub_client=None) -> dict | None:
+    """Check OUT and record the tasks; the finished build's manifest if OUT already holds this
+    very build (nothing to do), else None. Idempotent: every task calls it too."""
+    task = TaskBuild(cfg, 0, hub_client)
+    try:
+        return _prepare(task)
+    finally:
+        task.files.close()
+
+
+def _prepare(task: TaskBuild) -> dict | None:
+    """Under the output's lock, held only for this: a build split into tasks has many writers,
+    each task holding its own folder's lock while it runs."""
+    cfg, out = task.cfg, task.out
+    work = out / WORK_DIR
+    with OutputLock(work, wait=True):
+        recorded = _read_record(work)
+        complete = survey(out).complete
+        overwrite = cfg.overwrite
+        if recorded is not None and not complete and recorded["fingerprint"] == task.fingerprint:
+            if recorded["tasks"] != cfg.tasks and not overwrite:
+                raise SettingsError(f"{out} is being built in {recorded['tasks']} tasks; run its "
+                                    f"tasks with --tasks {recorded['tasks']} (--overwrite "
+                                    f"starts it again in {cfg.tasks})")
+            # --overwrite on a task of a build already under way joins it: the first task to
+            # arrive replaced what was there, the others must not replace its work again.
+            overwrite = overwrite and recorded["tasks"] != cfg.tasks
+        if (work / CHECKPOINT).is_file() and not overwrite:
+            raise SettingsError(f"{out} holds an unfinished single-machine build: re-run it "
+                                "without --tasks to resume it, or pass --overwrite to replace it")
+        found = prepare_output(out, task.fingerprint, overwrite)
+        if found == "complete":
+            return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        if not (work / TASKS).is_file():
+            write_json(work / TASKS, {"tasks": cfg.tasks, "config": config_record(cfg),
+                                      "fingerprint": task.fingerprint}, fsync=True)
+    return None
+
+
+def _read_record(work: Path) -> dict | None:
+    path = work / TASKS
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
+             merge: bool = True, show_progress: bool | None = None,
+             hub_client=None) -> dict | None:
+    """Task `index` of cfg.tasks (resumes from its checkpoint; returns at once when done).
+    `report(TaskProgress)` is called as it goes. Then, with `place`, it places its shards (and
+    those of later tasks that waited for it) if the tasks before it are done; with `merge`, it
+    merges if every task is done. Returns the manifest if OUT is finished, else None."""
+    if not 0 <= index < cfg.tasks:
+        raise SettingsError(f"--task-index {index} is not a task of --tasks {cfg.tasks} "
+                            f"(0 to {cfg.tasks - 1})")
+    task = TaskBuild(cfg, index, hub_client, show_progress, report)
+    try:
+        finished = _prepare(task)
+    except BaseException:
+        task.files.close()
+        raise
+    if finished is not None:
+        task.files.close()
+        return finished
+    task.run()
+    out = task.out
+    if place:
+        _place_ready(out, index)
+    if merge and not TaskedBuild(out).missing():
+        return task_merge.merge(out)
+    return None
+
+
+def _place_ready(out: Path, index: int) -> None:
+    """Place task `index` and each later done task that was waiting for it, unless another
+    process is placing one right now (that one is skipped: it is being done)."""
+    build = TaskedBuild(out)
+    if build.missing(index):
+        return  # an earlier task is unfinished: the task finishing it will place this one
+    for i in range(index, build.tasks):
+        if build.done[i] is None:
+            break
+        if build.placed(i) is None:
+            place(out, i, wait=False)
+
+
+def place_task(out: Path, index: int) -> None:
+    """Phase 2 for task `index`: its interior shards (parallel over tasks, idempotent)."""
+    place(Path(out), index, wait=True)
+
+
+def task_status(out: Path) -> dict:
+    """{"tasks": N, "done": [...], "placed": [...], "missing": [...]} of a build split into
+    tasks (SettingsError if OUT holds none)."""
+    build = TaskedBuild(Path(out))
+    return {"tasks": build.tasks,
+            "done": [i for i, d in enumerate(build.done) if d is not None],
+            "placed": [i for i in range(build.tasks) if build.placed(i) is not None],
+            "missing": build.missing()}
+
+
+def task_index_from_env(tasks: int) -> int | None:
+    """--task-index when not given: LONGPACK_TASK_INDEX, else a Slurm array element's index
+    (counted from the array's first index), else None."""
+    if "LONGPACK_TASK_INDEX" in os.environ:
+        return _env_int("LONGPACK_TASK_INDEX")
+    if "SLURM_ARRAY_TASK_ID" in os.environ:
+        return _env_int("SLURM_ARRAY_TASK_ID") - _env_int("SLURM_ARRAY_TASK_MIN", 0)
+    return None
+
+
+def _env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None and default is not None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise SettingsError(f"{name}={value!r} in the environment is not a task number") from None
