@@ -168,6 +168,24 @@ def test_no_sbatch_is_one_line_and_writes_nothing(tmp_path, byte_tokenizer, monk
     assert not out.exists()
 
 
+def test_pack_build_engine_slurm_from_the_command_line(tmp_path, byte_tokenizer, monkeypatch):
+    from click.testing import CliRunner
+
+    from pipeline.cli import pack
+
+    kw = settings(tmp_path, byte_tokenizer)
+    args = ["build", "--out", str(tmp_path / "out"), "--dataset", "jsonl", "--input",
+            kw["inputs"][0], "--tokenizer", byte_tokenizer, "--tasks", "2", "--engine", "slurm"]
+    dry = CliRunner().invoke(pack, [*args, "--dry-run", "--slurm-option", "--time=01:00:00"])
+    assert dry.exit_code == 0, dry.output
+    assert "#SBATCH --array=0-1" in dry.output and "#SBATCH --time=01:00:00" in dry.output
+    monkeypatch.setenv("PATH", str(tmp_path))
+    no_slurm = CliRunner().invoke(pack, [*args, "--wait"])
+    assert no_slurm.exit_code == 1
+    assert no_slurm.output.startswith("Error: --engine slurm needs Slurm's sbatch on PATH")
+    assert no_slurm.output.count("\n") == 1  # one line, no traceback
+
+
 # -- on a real one-node Slurm -------------------------------------------------------------------
 @pytest.mark.slow
 def test_sbatch_refusal_is_its_own_words_and_submits_nothing(slurm, tmp_path, byte_tokenizer):
