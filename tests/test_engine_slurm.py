@@ -207,6 +207,10 @@ def test_slurm_build_is_byte_identical(slurm, tmp_path, byte_tokenizer, capsys, 
     assert f"pack build: {out}" in printed  # the summary, once finished
     assert_same_build(single_build(tmp_path, **kw), out)
     assert not (out / ".longpack-build").exists()
+    # the same command again finds the build complete and submits nothing
+    assert build_with_slurm(cfg, (), wait=True, dry_run=False, poll_s=POLL_S) == 0
+    assert "already complete" in capsys.readouterr().out
+    assert not (out / ".longpack-build").exists()
 
 
 @pytest.mark.slow
