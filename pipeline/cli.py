@@ -155,3 +155,7 @@ def stats(path, verify, as_json, decode, split, plot, throughput, budget, eos_id
     click.echo(json.dumps(report, indent=2) if as_json else stats_report.render(report))
     if not report["checks"]["ok"]:
         sys.exit(1)
+
+
+if __name__ == "__main__":  # python -m pipeline.cli: the same command without the console script
+    pack()

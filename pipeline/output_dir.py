@@ -112,12 +112,17 @@ class Survey:
     temps: list[Path] = field(default_factory=list)
     foreign: list[Path] = field(default_factory=list)
 
-    def sort(self, path: Path, is_own) -> None:
+    def sort(self, path: Path, is_own, live: bool = False) -> None:
+        """`live`: a folder other processes write in while this one looks (a running task's):
+        a file gone since it was listed is not there, and a temp file is someone's write in
+        progress, left alone unless the whole build is replaced."""
         temp = TEMP_NAME.fullmatch(path.name)
+        if live and not os.path.lexists(path):
+            return
         if path.is_file() and not path.is_symlink() and is_own(path.name):
             self.own.append(path)
         elif path.is_file() and temp and is_own(temp["name"]):
-            self.temps.append(path)
+            (self.own if live else self.temps).append(path)
         else:
             self.foreign.append(path)
 
@@ -138,7 +143,7 @@ def survey(out: Path) -> Survey:
             for path in sorted(_files_under(entry)):
                 folder = path.parent.relative_to(entry).as_posix()
                 s.sort(path, lambda name, d=folder: _WORK_FILE.fullmatch(
-                    name if d == "." else f"{d}/{name}"))
+                    name if d == "." else f"{d}/{name}"), live=folder != ".")
         elif entry.name in SPLITS and entry.is_dir() and not entry.is_symlink():
             for path in sorted(entry.iterdir()):
                 s.sort(path, lambda name, d=entry.name: f"{d}/{name}" in listed)
@@ -148,8 +153,13 @@ def survey(out: Path) -> Survey:
 
 
 def _files_under(folder: Path):
-    """Every entry under `folder` but the folders themselves (a link to a folder included)."""
-    for path in folder.iterdir():
+    """Every entry under `folder` but the folders themselves (a link to a folder included).
+    A folder removed while listed (a task's, by the merge) has nothing under it."""
+    try:
+        entries = list(folder.iterdir())
+    except FileNotFoundError:
+        return
+    for path in entries:
         if path.is_dir() and not path.is_symlink():
             yield from _files_under(path)
         else:

@@ -18,9 +18,13 @@ import socket
 from pathlib import Path
 
 from pipeline.atomic import writing
-from pipeline.errors import SettingsError
+from pipeline.errors import LongpackError, SettingsError
 
 LOCK_NAME = "lock"
+
+
+class FolderGone(LongpackError):
+    """The folder a lock was to go in has gone with its parent (a merged build's work folder)."""
 
 
 class OutputLock:
@@ -28,15 +32,23 @@ class OutputLock:
     which its tasks take in turn) instead of refusing at once; `what`: what the lock guards, in
     the refusal (default: the output folder)."""
 
-    def __init__(self, work_dir: Path, wait: bool = False, what: str | None = None):
+    def __init__(self, work_dir: Path, wait: bool = False, what: str | None = None,
+                 parents: bool = True):
+        """`parents=False`: the folder's parent must exist (a task's folder inside a work
+        folder that a finished merge removes): FolderGone if it does not."""
         self.work_dir, self.path = Path(work_dir), Path(work_dir) / LOCK_NAME
         self.wait, self.what = wait, what or str(Path(work_dir).parent)
+        self.parents = parents
         self.fd: int | None = None
 
     def __enter__(self) -> "OutputLock":
         with writing(self.path):
-            self.work_dir.mkdir(parents=True, exist_ok=True)
             while self.fd is None:
+                # in the loop: a holder we waited for may have removed the folder with the lock
+                try:
+                    self.work_dir.mkdir(parents=self.parents, exist_ok=True)
+                except FileNotFoundError:
+                    raise FolderGone(f"{self.work_dir.parent} is gone") from None
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX if self.wait else fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -13,6 +13,7 @@ from pipeline.atomic import sha256_file
 from pipeline.config import WORK_DIR
 from pipeline.errors import LongpackError
 from pipeline.formats import holds_shards
+from pipeline.output_dir import TASKS
 from pipeline.shards import SplitReader
 from pipeline.stats import SPLITS, Problem
 
@@ -47,6 +48,8 @@ def open_output(path: Path) -> tuple[dict | None, dict[str, Path], Problem | Non
         raise LongpackError(f"{path}: no such directory")
     if not path.is_dir():
         raise LongpackError(f"{path}: not a directory (pass the --out of pack build)")
+    if (path / WORK_DIR / TASKS).exists() and not (path / "manifest.json").exists():
+        raise LongpackError(_unfinished_tasks(path))
     root, splits = path, {s: path / s for s in SPLITS if (path / s).is_dir()}
     if not _is_build_root(path):  # a train/ or val/ of no build counts only if it holds shards
         splits = {s: d for s, d in splits.items() if holds_shards(d)}
@@ -98,3 +101,17 @@ def _read_manifest(path: Path) -> dict:
         raise LongpackError(f"{path}: not a longpack manifest (no {', '.join(lacks)}); re-run "
                             "the pack build that wrote it")
     return manifest
+
+
+def _unfinished_tasks(root: Path) -> str:
+    from pipeline.tasks import task_status
+
+    status = task_status(root)
+    n, missing = status["tasks"], status["missing"]
+    if not missing:
+        return (f"{root}: an unfinished build split into {n} tasks, all done but not merged; "
+                f"run `pack merge {root}`")
+    shown = ", ".join(map(str, missing[:20])) + (", ..." if len(missing) > 20 else "")
+    return (f"{root}: an unfinished build split into {n} tasks: tasks {shown} of {n} are not "
+            f"done; run them (the build's command with --tasks {n} --task-index I), then "
+            f"`pack merge {root}`")

@@ -61,7 +61,7 @@ class TaskBuild(Build):
     def run(self) -> dict:
         """Run (or resume) the task; returns its done.json record (at once when it is done)."""
         try:
-            with OutputLock(self.folder, what=f"task {self.index} of {self.out}"):
+            with OutputLock(self.folder, what=f"task {self.index} of {self.out}", parents=False):
                 done = read_done(self.folder)
                 self.already_complete = done is not None
                 if done is not None:

@@ -26,7 +26,7 @@ from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.errors import SettingsError
 from pipeline.formats import get_format
 from pipeline.output_dir import FINGERPRINT, TASKS, Journal, remove_work_files
-from pipeline.output_lock import OutputLock
+from pipeline.output_lock import FolderGone, OutputLock
 from pipeline.task_build import read_done, task_folder
 from pipeline.task_layout import SplitLayout, SplitStreams, cut_shard
 
@@ -101,6 +101,8 @@ def place(out: Path, index: int, wait: bool = True) -> bool:
     """Task `index`'s interior shards into its work folder; False if another process is
     placing it right now and `wait` is False. Raises TasksUnfinished if a task up to it is not
     done."""
+    if _merged(Path(out)):
+        return True
     build = TaskedBuild(out)
     missing = build.missing(index + 1)
     if missing:
@@ -109,8 +111,11 @@ def place(out: Path, index: int, wait: bool = True) -> bool:
     if build.placed(index) is not None:
         return True
     try:
-        lock = OutputLock(folder, wait=wait, what=f"task {index} of {out}").__enter__()
-    except SettingsError:
+        lock = OutputLock(folder, wait=wait, what=f"task {index} of {out}",
+                          parents=False).__enter__()
+    except FolderGone:  # merged meanwhile
+        return True
+    except SettingsError:  # another process is placing it
         return False
     try:
         if build.placed(index) is None:
@@ -118,6 +123,10 @@ def place(out: Path, index: int, wait: bool = True) -> bool:
     finally:
         lock.__exit__(None, None, None)
     return True
+
+
+def _merged(out: Path) -> bool:
+    return (out / "manifest.json").is_file() and not (out / WORK_DIR / TASKS).is_file()
 
 
 def _place(build: TaskedBuild, index: int, folder: Path) -> None:
@@ -142,10 +151,10 @@ def _place(build: TaskedBuild, index: int, folder: Path) -> None:
 def merge(out: Path) -> dict:
     """Finish the build in OUT; returns its manifest (at once if it is finished)."""
     out = Path(out)
-    if (out / "manifest.json").is_file() and not (out / WORK_DIR / TASKS).is_file():
+    if _merged(out):
         return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
     with OutputLock(out / WORK_DIR, wait=True):
-        if (out / "manifest.json").is_file() and not (out / WORK_DIR / TASKS).is_file():
+        if _merged(out):
             return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
         build = TaskedBuild(out)
         missing = build.missing()

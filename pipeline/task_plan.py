@@ -12,7 +12,9 @@ A share is given as two read cursors, (file index, records of that file already 
 same cursor a build checkpoints: the task reads from `start` up to `stop`.
 """
 
+import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -73,9 +75,16 @@ def _row_groups(path: str, text_field: str) -> list[tuple[int, int]] | None:
             return None
     except Exception:  # not parquet, a damaged footer: the reader reports it
         return None
-    groups, first = [], 0
+    firsts, stored, first = [], [], 0
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
-        groups.append((first, sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))))
+        firsts.append(first)
+        stored.append(sum(rg.column(c).total_compressed_size for c in range(rg.num_columns)))
         first += rg.num_rows
-    return groups if len(groups) > 1 else None
+    if len(firsts) < 2:
+        return None
+    # The file's bytes shared out in proportion to the groups' (the footer's go with them), so
+    # a split file weighs what it would weigh whole.
+    size, total = Path(path).stat().st_size, max(1, sum(stored))
+    ends = [size * c // total for c in itertools.accumulate(stored)]
+    return list(zip(firsts, (b - a for a, b in zip([0, *ends], ends))))

@@ -1,0 +1,295 @@
+"""pack build --tasks N: every split of the work gives back the single-machine build's bytes."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import make_texts, write_jsonl, write_parquet
+from pipeline import tasks
+from pipeline.build import build
+from pipeline.cli import pack
+from pipeline.config import WORK_DIR, BuildConfig
+from pipeline.errors import SettingsError
+from pipeline.settings import to_flags
+from pipeline.task_layout import SplitLayout
+from pipeline.task_plan import plan_shares
+
+
+def build_tree(out: Path) -> dict[str, bytes]:
+    """Every file under `out`, hidden ones included, manifest.json without its timings."""
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+             if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("timings")
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
+@pytest.fixture
+def jsonl_corpus(tmp_path) -> Path:
+    """Five files of uneven size, a bad record and a skipped one among them."""
+    folder = tmp_path / "jsonl"
+    folder.mkdir()
+    texts = make_texts(900, seed=3)
+    bounds = [0, 100, 400, 420, 700, 900]
+    for i in range(5):
+        records = [{"text": t} for t in texts[bounds[i]:bounds[i + 1]]]
+        if i == 2:
+            records += [b"{not json", {"text": ""}]
+        write_jsonl(folder / f"part{i}.jsonl", records)
+    return folder
+
+
+@pytest.fixture
+def parquet_corpus(tmp_path) -> Path:
+    """One large file of many row groups (tasks split it) and two small ones."""
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    texts = make_texts(1200, seed=5)
+    write_parquet(folder / "a.parquet", texts[:1000], row_group_size=40)
+    write_parquet(folder / "b.parquet", texts[1000:1100], row_group_size=40)
+    write_parquet(folder / "c.parquet", texts[1100:], row_group_size=1000)
+    return folder
+
+
+def settings(out: Path, corpus: Path, tokenizer: str, **kw) -> BuildConfig:
+    dataset = "parquet" if corpus.name == "parquet" else "jsonl"
+    base = dict(out=str(out), dataset=dataset, inputs=(str(corpus),), tokenizer=tokenizer,
+                seq=128, val_fraction=0.1, shard_bytes=128 * 2 * 5, workers=2)
+    return BuildConfig(**{**base, **kw})
+
+
+def run_tasks_in_order(cfg: BuildConfig, order: list[int]) -> dict:
+    manifests = [tasks.run_task(cfg, i) for i in order]
+    assert all(m is None for m in manifests[:-1]), "only the last task done may merge"
+    assert manifests[-1] is not None
+    return manifests[-1]
+
+
+# -- byte-identical for any N -------------------------------------------------------------------
+
+@pytest.mark.parametrize("corpus_name", ["jsonl_corpus", "parquet_corpus"])
+@pytest.mark.parametrize("fmt,val,last_row", [("mds", 0.1, "pad"), ("memmap", 0.1, "drop"),
+                                              ("mds", 0.0, "drop")])
+def test_tasks_finishing_in_any_order_give_the_single_machine_bytes(
+        request, tmp_path, byte_tokenizer, corpus_name, fmt, val, last_row):
+    corpus = request.getfixturevalue(corpus_name)
+    kw = dict(format=fmt, val_fraction=val, last_row=last_row)
+    single = build(settings(tmp_path / "single", corpus, byte_tokenizer, **kw), show_progress=False)
+    want = build_tree(tmp_path / "single")
+    assert single["counts"]["documents"] > 800
+    rng = random.Random(f"{corpus_name}{fmt}{val}")
+    for n in (1, 2, 3, 7):
+        out = tmp_path / f"tasks{n}"
+        order = rng.sample(range(n), n)
+        run_tasks_in_order(settings(out, corpus, byte_tokenizer, tasks=n, **kw), order)
+        assert build_tree(out) == want, f"{n} tasks finishing in order {order}"
+
+
+def test_bos_and_a_token_dtype_of_uint32_are_merged_alike(tmp_path, jsonl_corpus,
+                                                          byte_tokenizer_u32):
+    kw = dict(bos=False, shard_bytes=128 * 4 * 3)
+    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer_u32, **kw),
+          show_progress=False)
+    run_tasks_in_order(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer_u32, tasks=4, **kw),
+                       [3, 1, 0, 2])
+    assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
+
+
+def test_tasks_run_as_separate_processes_through_the_command_line(tmp_path, jsonl_corpus,
+                                                                  byte_tokenizer):
+    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+    flags = to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer, tasks=3),
+                     skip=("task_index",))
+    procs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", *flags,
+                               "--task-index", str(i), "--quiet"], env={
+        **os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}) for i in range(3)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
+    assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
+
+
+def test_the_task_index_comes_from_a_slurm_array_or_longpack_environment(
+        tmp_path, jsonl_corpus, byte_tokenizer, monkeypatch):
+    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+    args = ["build", *to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer),
+                               skip=("tasks", "task_index"))]
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "5")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "6")  # element 6 of 5-6: task 1
+    r = CliRunner().invoke(pack, args)
+    assert r.exit_code == 0 and "task 1 of 2 done; 1 still to run (0)" in r.output, r.output
+    for name in ("SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LONGPACK_TASK_COUNT", "2")
+    monkeypatch.setenv("LONGPACK_TASK_INDEX", "0")
+    r = CliRunner().invoke(pack, args)
+    assert r.exit_code == 0 and "train" in r.output, r.output
+    assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
+
+
+def test_without_a_task_index_every_task_runs_here_in_turn(tmp_path, jsonl_corpus,
+                                                            byte_tokenizer):
+    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+    flags = to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer, tasks=5))
+    r = CliRunner().invoke(pack, ["build", *flags])
+    assert r.exit_code == 0 and "900 documents" in r.output, r.output
+    assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
+
+
+# -- nothing under OUT until the merge; merge by hand; what is missing ---------------------------
+
+def test_unfinished_tasks_leave_no_dataset_and_name_what_is_missing(tmp_path, jsonl_corpus,
+                                                                    byte_tokenizer):
+    out = tmp_path / "t"
+    cfg = settings(out, jsonl_corpus, byte_tokenizer, tasks=4)
+    assert tasks.run_task(cfg, 2, merge=False) is None
+    assert tasks.run_task(cfg, 0, merge=False) is None
+    assert sorted(p.name for p in out.iterdir()) == [WORK_DIR]  # no train/, val/, manifest
+    with pytest.raises(tasks.TasksUnfinished, match=r"2 of its 4 tasks are not done \(task 1, 3\)"):
+        tasks.merge(out)
+    r = CliRunner().invoke(pack, ["stats", str(out)])
+    assert r.exit_code == 1 and "tasks 1, 3 of 4 are not done" in r.output, r.output
+    assert "Traceback" not in r.output
+    assert tasks.task_status(out) == {"tasks": 4, "done": [0, 2], "placed": [0],
+                                      "missing": [1, 3]}
+    for i in (1, 3):
+        assert tasks.run_task(cfg, i, merge=False) is None
+    r = CliRunner().invoke(pack, ["merge", str(out)])
+    assert r.exit_code == 0 and "900 documents" in r.output, r.output
+    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+    assert build_tree(out) == build_tree(tmp_path / "single")
+    r = CliRunner().invoke(pack, ["stats", str(out), "--verify"])
+    assert r.exit_code == 0, r.output
+
+
+def test_merge_per_task_places_in_parallel_and_the_last_one_merges(tmp_path, jsonl_corpus,
+                                                                   byte_tokenizer):
+    out = tmp_path / "t"
+    cfg = settings(out, jsonl_corpus, byte_tokenizer, tasks=3)
+    for i in range(3):
+        tasks.run_task(cfg, i, place=False, merge=False)
+    assert tasks.task_status(out)["placed"] == []
+    for i, expect in ((2, "task 2's shards placed"), (0, "task 0's shards placed"), (1, "train")):
+        r = CliRunner().invoke(pack, ["merge", str(out), "--task-index", str(i)])
+        assert r.exit_code == 0 and expect in r.output, r.output
+    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+    assert build_tree(out) == build_tree(tmp_path / "single")
+
+
+# -- killed anywhere, re-run: the same bytes ------------------------------------------------------
+
+KILLED_AT = """
+import os, signal, sys
+from pathlib import Path
+from pipeline import build as build_mod
+from pipeline.cli import pack
+
+target, nth, real_replace = sys.argv[1], int(sys.argv[2]), os.replace
+build_mod.CHECKPOINT_SECONDS = 0.0  # a checkpoint after every batch
+seen = 0
+
+def replace(src, dst):  # the file is complete: die just before its rename
+    global seen
+    if Path(dst).name == target:
+        seen += 1
+        if seen == nth:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst)
+
+os.replace = replace
+pack(sys.argv[3:])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target,nth", [("checkpoint.npz", 2), ("done.json", 1),
+                                        ("placed.json", 1), ("shard.00003.mds.zstd", 1),
+                                        ("index.json", 1), ("skipped.jsonl", 1),
+                                        ("manifest.json", 1)])
+def test_a_task_killed_at_any_point_and_run_again_gives_the_same_bytes(
+        tmp_path, jsonl_corpus, byte_tokenizer, target, nth):
+    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+    out = tmp_path / "t"
+    flags = to_flags(settings(out, jsonl_corpus, byte_tokenizer, tasks=3), skip=("task_index",))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    for i in (0, 1):
+        assert CliRunner().invoke(pack, ["build", *flags, "--task-index", str(i)]).exit_code == 0
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT, target, str(nth), "build", *flags,
+                             "--task-index", "2", "--quiet"], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (out / "manifest.json").exists()
+    r = CliRunner().invoke(pack, ["build", *flags, "--task-index", "2"])
+    assert r.exit_code == 0 and "train" in r.output, r.output
+    assert build_tree(out) == build_tree(tmp_path / "single")
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+def test_a_different_task_count_or_a_single_build_is_refused_into_a_tasked_build(
+        tmp_path, jsonl_corpus, byte_tokenizer):
+    out = tmp_path / "t"
+    tasks.run_task(settings(out, jsonl_corpus, byte_tokenizer, tasks=3), 1)
+    with pytest.raises(SettingsError, match="is being built in 3 tasks; run its tasks with "
+                                            "--tasks 3"):
+        tasks.run_task(settings(out, jsonl_corpus, byte_tokenizer, tasks=2), 0)
+    r = CliRunner().invoke(pack, ["build", *to_flags(settings(out, jsonl_corpus, byte_tokenizer),
+                                                     skip=("tasks", "task_index"))])
+    assert r.exit_code == 1 and "is being built in 3 tasks" in r.output, r.output
+    with pytest.raises(SettingsError, match="holds a build split into 3 tasks: run its tasks"):
+        build(settings(out, jsonl_corpus, byte_tokenizer), show_progress=False)
+    # --overwrite starts it again with the new count
+    run_tasks_in_order(settings(out, jsonl_corpus, byte_tokenizer, tasks=2, overwrite=True),
+                       [0, 1])
+    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+    assert build_tree(out) == build_tree(tmp_path / "single")
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"tasks": 2, "max_tokens": 100}, "--max-tokens and --limit-docs cut the document order"),
+    ({"tasks": 2, "task_index": 2}, r"--task-index 2 is not a task of --tasks 2 \(0 to 1\)"),
+    ({"tasks": 0}, "--tasks must be at least 1"),
+])
+def test_bad_task_settings_are_one_line(tmp_path, jsonl_corpus, byte_tokenizer, kw, message):
+    with pytest.raises(SettingsError, match=message):
+        settings(tmp_path / "t", jsonl_corpus, byte_tokenizer, **kw)
+
+
+# -- the plan and the layout --------------------------------------------------------------------
+
+def test_shares_are_contiguous_balanced_and_cover_every_record(parquet_corpus):
+    files = [(str(p), p.stat().st_size) for p in sorted(parquet_corpus.iterdir())]
+    for n in (1, 2, 3, 7, 40):
+        shares = plan_shares(files, n, "text", local=True)
+        assert shares[0].start == (0, 0) and shares[-1].stop == (len(files), 0)
+        assert all(a.stop == b.start for a, b in zip(shares, shares[1:]))
+        sizes = [s.bytes for s in shares]
+        assert sum(sizes) == sum(size for _, size in files)
+        if n <= 3:  # the large file is cut at row groups: shares stay within a group's bytes
+            assert max(sizes) - min(sizes) < 0.25 * max(sizes), sizes
+    # hub files are never split (a footer would mean a download): whole files only
+    assert all(s.start[1] == 0 for s in plan_shares(files, 3, "text", local=False))
+
+
+def test_interior_shards_lie_wholly_in_a_task_and_the_rest_are_few():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        counts = rng.integers(0, 50, rng.integers(1, 30)).tolist()
+        seq, per_shard = int(rng.integers(1, 9)), int(rng.integers(1, 4))
+        layout = SplitLayout(counts, seq, per_shard, "pad")
+        interior = set()
+        for i, n in enumerate(counts):
+            for k in SplitLayout.interior_shards(layout.offsets[i], n, seq, per_shard):
+                start, end, padded = layout.span(k)
+                assert layout.offsets[i] <= start and end <= layout.offsets[i + 1] and not padded
+                interior.add(k)
+        assert interior <= set(range(layout.shards))
+        assert layout.shards - len(interior) <= len(counts)  # one per task boundary, + the last
