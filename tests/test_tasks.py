@@ -293,3 +293,24 @@ def test_interior_shards_lie_wholly_in_a_task_and_the_rest_are_few():
                 interior.add(k)
         assert interior <= set(range(layout.shards))
         assert layout.shards - len(interior) <= len(counts)  # one per task boundary, + the last
+
+
+# -- the shared real corpora ----------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset,folder", [("fineweb-edu", "fineweb-edu-sample"),
+                                            ("dolma", "dolma-sample")])
+@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+def test_real_corpora_split_into_tasks_give_the_single_machine_bytes(tmp_path, shared, dataset,
+                                                                     folder, fmt):
+    base = dict(dataset=dataset, inputs=(str(shared / "data" / folder),),
+                tokenizer=str(shared / "tokenizers" / "gpt2.tiktoken"), seq=2048,
+                val_fraction=0.02, format=fmt, shard_bytes=2048 * 2 * 64)
+    single = build(BuildConfig(out=str(tmp_path / "single"), **base), show_progress=False)
+    assert single["splits"]["val"]["documents"] > 0
+    want = build_tree(tmp_path / "single")
+    for n in (3, 7):
+        out = tmp_path / f"t{n}"
+        run_tasks_in_order(BuildConfig(out=str(out), tasks=n, **base),
+                           random.Random(n).sample(range(n), n))
+        assert build_tree(out) == want, f"{n} tasks"
