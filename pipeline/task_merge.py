@@ -27,7 +27,7 @@ from pipeline.errors import SettingsError
 from pipeline.formats import get_format
 from pipeline.output_dir import FINGERPRINT, TASKS, Journal, remove_work_files
 from pipeline.output_lock import FolderGone, OutputLock
-from pipeline.task_build import read_done, task_folder
+from pipeline.task_build import DONE, read_done, task_folder
 from pipeline.task_layout import SplitLayout, SplitStreams, cut_shard
 
 PLACED = "placed.json"
@@ -58,10 +58,23 @@ class TaskedBuild:
         config = {**record["config"], "out": str(self.out), "inputs": tuple(record["config"]["inputs"])}
         self.cfg = BuildConfig(**config)
         self.fingerprint = json.loads((self.work / FINGERPRINT).read_text(encoding="utf-8"))
-        self.done = [read_done(task_folder(self.out, i)) for i in range(self.tasks)]
+        self._done: dict[int, dict] = {}
+
+    def is_done(self, i: int) -> bool:
+        return i in self._done or (task_folder(self.out, i) / DONE).is_file()
+
+    def done(self, i: int) -> dict:
+        """Task i's done.json (read once)."""
+        if i not in self._done:
+            self._done[i] = read_done(task_folder(self.out, i))
+        return self._done[i]
+
+    def dones(self, upto: int | None = None) -> list[dict]:
+        return [self.done(i) for i in range(self.tasks if upto is None else upto)]
 
     def missing(self, upto: int | None = None) -> list[int]:
-        return [i for i, d in enumerate(self.done[:upto]) if d is None]
+        """The tasks (up to `upto`) not done: a look at each folder, no file read."""
+        return [i for i in range(self.tasks if upto is None else upto) if not self.is_done(i)]
 
     def placed(self, i: int) -> dict | None:
         path = task_folder(self.out, i) / PLACED
@@ -69,7 +82,7 @@ class TaskedBuild:
 
     # -- the pieces a shard is cut from ------------------------------------------------------
     def _any_done(self) -> dict:
-        return next(d for d in self.done if d is not None)
+        return self.done(next(i for i in range(self.tasks) if self.is_done(i)))
 
     @property
     def dtype(self):
@@ -83,7 +96,7 @@ class TaskedBuild:
 
     def streams(self, split: str, upto: int) -> SplitStreams:
         """The documents of tasks 0..upto-1 in `split`."""
-        counts = [d["counts"]["splits"][split] for d in self.done[:upto]]
+        counts = [d["counts"]["splits"][split] for d in self.dones(upto)]
         return SplitStreams([task_folder(self.out, i) for i in range(upto)], split, self.dtype,
                             [c["tokens"] for c in counts], [c["documents"] for c in counts])
 
@@ -97,13 +110,13 @@ class TaskedBuild:
         return self.cfg.shard_rows(self.dtype.itemsize)
 
 
-def place(out: Path, index: int, wait: bool = True) -> bool:
+def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = None) -> bool:
     """Task `index`'s interior shards into its work folder; False if another process is
     placing it right now and `wait` is False. Raises TasksUnfinished if a task up to it is not
-    done."""
+    done. `build`: the TaskedBuild already read, if any."""
     if _merged(Path(out)):
         return True
-    build = TaskedBuild(out)
+    build = build or TaskedBuild(out)
     missing = build.missing(index + 1)
     if missing:
         raise TasksUnfinished(build.out, build.tasks, missing)
@@ -161,7 +174,7 @@ def merge(out: Path) -> dict:
         if missing:
             raise TasksUnfinished(out, build.tasks, missing)
         for i in range(build.tasks):
-            place(out, i)
+            place(out, i, build=build)
         journal = Journal(out)
         try:
             return _merge(build, journal)
@@ -170,7 +183,7 @@ def merge(out: Path) -> dict:
 
 
 def _merge(build: TaskedBuild, journal: Journal) -> dict:
-    out, cfg, dones = build.out, build.cfg, build.done
+    out, cfg, dones = build.out, build.cfg, build.dones()
     first = dones[0]
     counts = _sum_counts(dones)
     indexes = {}
@@ -229,7 +242,7 @@ def _concatenate_skip_logs(build: TaskedBuild, journal: Journal) -> None:
     tmp = temp_name(target)
     with writing(target):
         with open(tmp, "wb") as f:
-            for i, done in enumerate(build.done):
+            for i, done in enumerate(build.dones()):
                 with open(task_folder(build.out, i) / "skipped.jsonl", "rb") as log:
                     _copy_prefix(log, f, done["skip_log_bytes"])
             f.flush()

@@ -18,7 +18,7 @@ from pipeline import task_merge
 from pipeline.atomic import write_json
 from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.errors import SettingsError
-from pipeline.output_dir import CHECKPOINT, TASKS, prepare_output, survey
+from pipeline.output_dir import CHECKPOINT, TASKS, prepare_output
 from pipeline.output_lock import OutputLock
 from pipeline.task_build import TaskBuild, TaskProgress
 from pipeline.task_merge import TaskedBuild, TasksUnfinished, config_record, place
@@ -45,17 +45,18 @@ def _prepare(task: TaskBuild) -> dict | None:
     cfg, out = task.cfg, task.out
     work = out / WORK_DIR
     with OutputLock(work, wait=True):
-        recorded = _read_record(work)
-        complete = survey(out).complete
+        recorded = _read_record(work)  # present only while a build split into tasks is unfinished
         overwrite = cfg.overwrite
-        if recorded is not None and not complete and recorded["fingerprint"] == task.fingerprint:
-            if recorded["tasks"] != cfg.tasks and not overwrite:
+        if recorded is not None and recorded["fingerprint"] == task.fingerprint:
+            if recorded["tasks"] == cfg.tasks:
+                # A task of the build under way joins it, --overwrite or not: the first task to
+                # arrive replaced what was there, the others must not replace its work again.
+                # (No survey of OUT: with 1,000 tasks that would cost every task O(tasks).)
+                return None
+            if not overwrite:
                 raise SettingsError(f"{out} is being built in {recorded['tasks']} tasks; run its "
                                     f"tasks with --tasks {recorded['tasks']} (--overwrite "
                                     f"starts it again in {cfg.tasks})")
-            # --overwrite on a task of a build already under way joins it: the first task to
-            # arrive replaced what was there, the others must not replace its work again.
-            overwrite = overwrite and recorded["tasks"] != cfg.tasks
         if (work / CHECKPOINT).is_file() and not overwrite:
             raise SettingsError(f"{out} holds an unfinished single-machine build: re-run it "
                                 "without --tasks to resume it, or pass --overwrite to replace it")
@@ -108,10 +109,10 @@ def _place_ready(out: Path, index: int) -> None:
     if build.missing(index):
         return  # an earlier task is unfinished: the task finishing it will place this one
     for i in range(index, build.tasks):
-        if build.done[i] is None:
+        if not build.is_done(i):
             break
         if build.placed(i) is None:
-            place(out, i, wait=False)
+            place(out, i, wait=False, build=build)
 
 
 def place_task(out: Path, index: int) -> None:
@@ -124,7 +125,7 @@ def task_status(out: Path) -> dict:
     tasks (SettingsError if OUT holds none)."""
     build = TaskedBuild(Path(out))
     return {"tasks": build.tasks,
-            "done": [i for i, d in enumerate(build.done) if d is not None],
+            "done": [i for i in range(build.tasks) if build.is_done(i)],
             "placed": [i for i in range(build.tasks) if build.placed(i) is not None],
             "missing": build.missing()}
 
