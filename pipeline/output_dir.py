@@ -217,6 +217,12 @@ def _remove(paths: list[Path]) -> None:
                 path.unlink(missing_ok=True)
 
 
+def remove_stale_temps(out: Path) -> None:
+    """With the lock held: the temp files a killed writer left in OUT and its split folders
+    (not in a task's folder, where a running task may be writing)."""
+    _remove(survey(out).temps)
+
+
 def remove_work_files(out: Path) -> None:
     """The finished build's last step: its work folder goes, all but the held lock."""
     work = out / WORK_DIR

@@ -4,12 +4,12 @@ the tasks' documents (task_stream.py).
 A split's tokens are its tasks' tokens in task order: task i's lie at global positions
 [offset(i), offset(i) + tokens(i)), where offset(i) is the sum of the earlier tasks' counts (a
 prefix sum). Row r is tokens [r * seq, (r + 1) * seq), shard k rows [k * R, (k + 1) * R)
-(R = rows per shard), exactly as in a single-machine build. So once the tasks before it are
-counted, a task knows which whole shards lie inside its own tokens ("interior" shards: every
-shard is full there, and none is the split's padded last one) and can write them alone, in
-parallel with every other task. Only the shards that straddle a task boundary and the last,
-padded, shard need more than one task's tokens: at most one per task boundary plus one, so
-their cost grows with the number of tasks, never with the tokens.
+(R = rows per shard), exactly as in a single-machine build. Every full shard is written by the
+task holding its last token: once the tasks up to it are counted, that task knows its offset,
+and every token of the shard lies in it or in tasks before it, which are done. So the tasks
+write all full shards between them, in parallel, each about its own share; a shard that began
+in earlier tasks is read from their files. Only the split's last shard (partial: its padded
+row, or fewer than R rows) is left to the merge: one per split, whatever the tasks or tokens.
 
 Cutting a shard: its tokens and the document pieces in them (the first document may have
 begun in an earlier row, the last one go on in the next) are fed to the same RowPacker a
@@ -41,12 +41,11 @@ class SplitLayout:
         self.dropped = 0 if self.pad else self.total - self.rows * seq
 
     @staticmethod
-    def interior_shards(offset: int, tokens: int, seq: int, rows_per_shard: int) -> range:
-        """The shards lying wholly in a task's tokens [offset, offset + tokens): needs only the
-        counts of the tasks before it."""
+    def owned_shards(offset: int, tokens: int, seq: int, rows_per_shard: int) -> range:
+        """The full shards whose last token lies in a task's tokens [offset, offset + tokens):
+        the ones it writes. Needs only the counts of the tasks up to it."""
         span = rows_per_shard * seq
-        first, end = -(-offset // span), (offset + tokens) // span
-        return range(first, max(first, end))
+        return range(offset // span, (offset + tokens) // span)
 
     def span(self, k: int) -> tuple[int, int, bool]:
         """(first token, end token, padded) of shard k: padded when it holds the split's last,

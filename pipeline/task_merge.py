@@ -1,17 +1,16 @@
 """The two steps after a build's tasks have tokenized their shares (task_build.py):
 
-  place(out, i)   task i's interior shards (task_layout.py), encoded into its work folder
-                  (task.NNNNN/<split>/, recorded in placed.json). Needs tasks 0..i done, not
-                  the later ones; tasks place in parallel, each only its own tokens.
-  merge(out)      places what no one has placed, cuts the shards that straddle tasks and the
-                  padded last one, moves every shard into OUT/<split>/, writes index.json,
-                  skipped.jsonl (the tasks' logs, in task order) and manifest.json, and removes
-                  the work folder: the same files as a single-machine build, byte for byte
-                  (manifest.json apart from its timings).
+  place(out, i)   the full shards ending in task i's tokens (task_layout.py), encoded into its
+                  work folder (task.NNNNN/<split>/, recorded in placed.json). Needs tasks 0..i
+                  done, not the later ones; tasks place in parallel, each about its own share.
+  merge(out)      places what no one has placed, cuts each split's last (partial) shard, moves
+                  every shard into OUT/<split>/, writes index.json, skipped.jsonl (the tasks'
+                  logs, in task order) and manifest.json, and removes the work folder: the same
+                  files as a single-machine build, byte for byte (manifest.json but its timings).
 
-The merge reads O(tasks) records and writes O(tasks) shards itself; what it does per token is
-renaming the placed files. Killed at any point it is simply run again: shards already moved
-are found in place, the rest is redone.
+The merge reads O(tasks) records, writes one shard per split and renames the placed ones (one
+metadata operation per shard, no byte copied). Killed at any point it is simply run again:
+shards already moved are found in place, the rest is redone.
 """
 
 import json
@@ -25,7 +24,13 @@ from pipeline.atomic import temp_name, write_bytes, write_json, writing
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.errors import SettingsError
 from pipeline.formats import get_format
-from pipeline.output_dir import FINGERPRINT, TASKS, Journal, remove_work_files
+from pipeline.output_dir import (
+    FINGERPRINT,
+    TASKS,
+    Journal,
+    remove_stale_temps,
+    remove_work_files,
+)
 from pipeline.output_lock import FolderGone, OutputLock
 from pipeline.task_build import DONE, read_done, task_folder
 from pipeline.task_layout import SplitLayout, SplitStreams, cut_shard
@@ -111,7 +116,7 @@ class TaskedBuild:
 
 
 def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = None) -> bool:
-    """Task `index`'s interior shards into its work folder; False if another process is
+    """The shards task `index` owns, into its work folder; False if another process is
     placing it right now and `wait` is False. Raises TasksUnfinished if a task up to it is not
     done. `build`: the TaskedBuild already read, if any."""
     if _merged(Path(out)):
@@ -150,7 +155,7 @@ def _place(build: TaskedBuild, index: int, folder: Path) -> None:
         layout = SplitLayout(streams.counts, build.cfg.seq, build.rows_per_shard(),
                              build.cfg.last_row)
         fmt, entries = build.format(split), {}
-        for k in SplitLayout.interior_shards(offset, tokens, build.cfg.seq, build.rows_per_shard()):
+        for k in SplitLayout.owned_shards(offset, tokens, build.cfg.seq, build.rows_per_shard()):
             files, entry = fmt.encode_shard(k, *cut_shard(layout, streams, k, build.eos_id))
             with writing(folder / split):
                 (folder / split).mkdir(exist_ok=True)
@@ -173,6 +178,7 @@ def merge(out: Path) -> dict:
         missing = build.missing()
         if missing:
             raise TasksUnfinished(out, build.tasks, missing)
+        remove_stale_temps(out)  # a merge killed mid-write left them
         for i in range(build.tasks):
             place(out, i, build=build)
         journal = Journal(out)

@@ -279,20 +279,21 @@ def test_shares_are_contiguous_balanced_and_cover_every_record(parquet_corpus):
     assert all(s.start[1] == 0 for s in plan_shares(files, 3, "text", local=False))
 
 
-def test_interior_shards_lie_wholly_in_a_task_and_the_rest_are_few():
+def test_every_shard_but_the_last_is_written_by_the_one_task_holding_its_last_token():
     rng = np.random.default_rng(0)
-    for _ in range(200):
+    for _ in range(300):
         counts = rng.integers(0, 50, rng.integers(1, 30)).tolist()
         seq, per_shard = int(rng.integers(1, 9)), int(rng.integers(1, 4))
-        layout = SplitLayout(counts, seq, per_shard, "pad")
-        interior = set()
+        layout = SplitLayout(counts, seq, per_shard, str(rng.choice(["pad", "drop"])))
+        owners = {}
         for i, n in enumerate(counts):
-            for k in SplitLayout.interior_shards(layout.offsets[i], n, seq, per_shard):
+            for k in SplitLayout.owned_shards(layout.offsets[i], n, seq, per_shard):
                 start, end, padded = layout.span(k)
-                assert layout.offsets[i] <= start and end <= layout.offsets[i + 1] and not padded
-                interior.add(k)
-        assert interior <= set(range(layout.shards))
-        assert layout.shards - len(interior) <= len(counts)  # one per task boundary, + the last
+                assert layout.offsets[i] < end <= layout.offsets[i + 1] and not padded
+                assert end - start == per_shard * seq  # full
+                assert k not in owners
+                owners[k] = i
+        assert set(owners) | {layout.shards - 1} >= set(range(layout.shards))
 
 
 # -- the shared real corpora ----------------------------------------------------------------------
