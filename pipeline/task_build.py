@@ -131,6 +131,20 @@ class TaskBuild(Build):
         return record
 
 
+_done_records: dict[tuple, dict] = {}
+
+
 def read_done(folder: Path) -> dict | None:
+    """A task's done.json, or None. Read once per process: a task placing its shards needs the
+    records of every task before it, and one process running many tasks in turn (`--tasks N`
+    without an index) would otherwise read them O(N^2) times. A record never changes once
+    written; its size and time tell a replaced build's apart."""
     path = folder / DONE
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    if key not in _done_records:
+        _done_records[key] = json.loads(path.read_text(encoding="utf-8"))
+    return _done_records[key]

@@ -140,7 +140,7 @@ def test_without_a_task_index_every_task_runs_here_in_turn(tmp_path, jsonl_corpu
     build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
     flags = to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer, tasks=5))
     r = CliRunner().invoke(pack, ["build", *flags])
-    assert r.exit_code == 0 and "900 documents" in r.output, r.output
+    assert r.exit_code == 0 and "900 documents" in r.output and " in 5 tasks, " in r.output, r.output
     assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
 
 
