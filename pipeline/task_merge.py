@@ -64,9 +64,13 @@ class TaskedBuild:
         self.cfg = BuildConfig(**config)
         self.fingerprint = json.loads((self.work / FINGERPRINT).read_text(encoding="utf-8"))
         self._done: dict[int, dict] = {}
+        self._seen_done: set[int] = set()
 
     def is_done(self, i: int) -> bool:
-        return i in self._done or (task_folder(self.out, i) / DONE).is_file()
+        """Once done, a task stays done: only a task not seen done is looked at again."""
+        if i not in self._seen_done and (task_folder(self.out, i) / DONE).is_file():
+            self._seen_done.add(i)
+        return i in self._seen_done
 
     def done(self, i: int) -> dict:
         """Task i's done.json (read once)."""
