@@ -301,16 +301,16 @@ def test_every_shard_but_the_last_is_written_by_the_one_task_holding_its_last_to
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset,folder", [("fineweb-edu", "fineweb-edu-sample"),
                                             ("dolma", "dolma-sample")])
-@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.parametrize("fmt,val", [("mds", 0.02), ("memmap", 0.02), ("mds", 0.0)])
 def test_real_corpora_split_into_tasks_give_the_single_machine_bytes(tmp_path, shared, dataset,
-                                                                     folder, fmt):
+                                                                     folder, fmt, val):
     base = dict(dataset=dataset, inputs=(str(shared / "data" / folder),),
                 tokenizer=str(shared / "tokenizers" / "gpt2.tiktoken"), seq=2048,
-                val_fraction=0.02, format=fmt, shard_bytes=2048 * 2 * 64)
+                val_fraction=val, format=fmt, shard_bytes=2048 * 2 * 64)
     single = build(BuildConfig(out=str(tmp_path / "single"), **base), show_progress=False)
-    assert single["splits"]["val"]["documents"] > 0
+    assert (single["splits"]["val"]["documents"] > 0) == (val > 0)
     want = build_tree(tmp_path / "single")
-    for n in (3, 7):
+    for n in (1, 2, 3, 7):
         out = tmp_path / f"t{n}"
         run_tasks_in_order(BuildConfig(out=str(out), tasks=n, **base),
                            random.Random(n).sample(range(n), n))

@@ -42,6 +42,7 @@ PASS/FAIL per target and exits 0 whatever the figures are: it is a measuring too
 
     .venv/bin/python tools/bench_pack.py [--work DIR] [--tokens 60e6] [--workers 2] [--repeat 3]
                                          [--no-hf] [--hf-tokens 60e6] [--memmap] [--keep]
+                                         [--tasks N]   (instead: tools/bench_tasks.py)
 """
 
 import argparse
@@ -59,6 +60,7 @@ import threading
 import time
 from pathlib import Path
 
+import bench_tasks  # noqa: E402
 import pyarrow as pa
 import pyarrow.parquet as pq
 from bench_common import (  # noqa: E402
@@ -464,6 +466,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hf-tokens", type=float, default=60e6, help="HF corpus size, approx.")
     p.add_argument("--memmap", action="store_true", help="also time --format memmap")
     p.add_argument("--keep", action="store_true", help="keep corpora and build outputs")
+    p.add_argument("--tasks", type=int, help="instead: a build split into N tasks (Ray, and N "
+                   "processes) against one process (tools/bench_tasks.py)")
     p.add_argument("--ceiling", choices=ENCODERS, help=argparse.SUPPRESS)  # internal: one ceiling
     p.add_argument("--corpus", type=Path, help=argparse.SUPPRESS)
     return p.parse_args()
@@ -496,6 +500,10 @@ def main():
     targets = []
     try:
         corpus = make_corpus(work / "corpus", args.tokens)
+        if args.tasks:
+            print_targets(bench_tasks.run(corpus, GPT2_TIKTOKEN, work, args.tasks, args.workers,
+                                          args.repeat, build_env, SEQ))
+            return 0
         engine = ("--tokenizer-engine",)
         variants = [("mds-fast", GPT2_TIKTOKEN, (*engine, "fast")),
                     ("mds-reference", GPT2_TIKTOKEN, (*engine, "reference"))]
@@ -534,7 +542,7 @@ def main():
     finally:
         clean_work(work, made_work, args.keep, (
             "corpus", "corpus-hf", "out-mds-fast", "out-mds-reference", "out-memmap-fast",
-            "out-hf-fast", "out-hf-reference"))
+            "out-hf-fast", "out-hf-reference", *bench_tasks.out_names(args.tasks or 0)))
     return 0
 
 
