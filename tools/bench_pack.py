@@ -447,6 +447,9 @@ def report(title: str, ceilings: dict, builds: list, judged: list[tuple[str, flo
 
 def print_targets(rows: list[tuple]):
     print("\n== targets")
+    if not rows:
+        print("  none measured (a build failed: see above)")
+        return
     width = max(len(r[0]) for r in rows)
     for name, value, v in rows:
         print(f"  {name:<{width}}  {value:>12}  {v}")

@@ -17,12 +17,19 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from bench_common import CpuWatch, pack_executable, verdict
 
 TARGET_RAY_VS_SINGLE = 0.9
+
+
+def _ray_executable() -> str:
+    """The `ray` command beside this interpreter (the project venv), else the one on PATH."""
+    here = Path(sys.executable).parent / "ray"
+    return str(here) if here.exists() else (shutil.which("ray") or "ray")
 
 
 def _free_port() -> int:
@@ -38,6 +45,7 @@ def _digest(out: Path) -> str:
             h.update(p.relative_to(out).as_posix().encode() + p.read_bytes())
     m = json.loads((out / "manifest.json").read_text())
     m.pop("timings")
+    m["settings"].pop("workers")  # recorded as given: a task here has fewer threads than one build
     h.update(json.dumps(m, sort_keys=True).encode())
     return h.hexdigest()
 
@@ -65,7 +73,8 @@ def run(corpus: Path, tokenizer: Path, work: Path, tasks: int, workers: int, rep
     ray_temp = work / "ray"
     port = _free_port()
     t0 = time.perf_counter()
-    subprocess.run(["ray", "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+    ray = _ray_executable()
+    subprocess.run([ray, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
                     f"--num-cpus={workers}", f"--temp-dir={ray_temp}", "--disable-usage-stats",
                     "--include-dashboard=false"], env=env, check=True, capture_output=True)
     ray_start = time.perf_counter() - t0
@@ -96,7 +105,7 @@ def run(corpus: Path, tokenizer: Path, work: Path, tasks: int, workers: int, rep
                 print(f"  round {r + 1}: {name:<14} {wall:6.2f} s  {tokens / wall / 1e6:6.3f} M "
                       f"tok/s  cpu {cpu:5.1f} s", flush=True)
     finally:
-        subprocess.run(["ray", "stop", "--force"], env=env, capture_output=True)
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True)
         shutil.rmtree(ray_temp, ignore_errors=True)
     print(f"\n== {tasks} tasks against one process (best of {repeat}; --workers {workers} for "
           f"the single build, {per_task} per task)")
