@@ -173,5 +173,6 @@ def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry
                f"{tasks_job},{merge_job}")
     if not wait:
         return 0
-    return wait_for_build(cfg.out, folder, tasks_job, merge_job, poll_s)
+    return wait_for_build(cfg.out, folder, tasks_job, merge_job, poll_s,
+                          resubmit_merge=lambda: submit(folder / "merge.sbatch"))
 

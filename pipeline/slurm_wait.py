@@ -25,6 +25,11 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_F
          "BOOT_FAIL", "DEADLINE"}
 SQUEUE_GIVE_UP_S = 300  # slurmctld unreachable this long: stop waiting (the jobs go on)
 LISTED = 5  # failed tasks named one by one in the final line; the rest are counted
+# Slurm (22.05 here) shows a requeued element as FAILED for a moment before it is pending again,
+# and that moment is enough for it to cancel the merge job (afterok can no longer be met):
+# before calling a build failed, look again this much later; and once every task is done,
+# submit the merge again rather than report a failure.
+SETTLE_S = 5.0
 
 
 def command(args: list[str]) -> subprocess.CompletedProcess:
@@ -96,6 +101,15 @@ def _named(what: str, indexes: list[int], states: dict, job: str, logs: Path, na
     return "; ".join(parts)
 
 
+def _all_tasks_done(out: str) -> bool:
+    from pipeline.tasks import task_status
+
+    try:
+        return not task_status(Path(out))["missing"]
+    except LongpackError:
+        return False
+
+
 def _failure(out: str, logs: Path, tasks_job: str, merge_job: str, states: dict,
              cancelled: bool) -> str:
     from pipeline.tasks import task_status
@@ -118,15 +132,18 @@ def _failure(out: str, logs: Path, tasks_job: str, merge_job: str, states: dict,
             f"`pack merge {out}` finishes it")
 
 
-def wait_for_build(out: str, logs: Path, tasks_job: str, merge_job: str, poll_s: float) -> int:
+def wait_for_build(out: str, logs: Path, tasks_job: str, merge_job: str, poll_s: float,
+                   resubmit_merge=None) -> int:
     """Poll until the merge job has ended (or never can); 0 if OUT/manifest.json is there,
-    else 1 with one line naming the unfinished tasks and their logs (in `logs`)."""
+    else 1 with one line naming the unfinished tasks and their logs (in `logs`).
+    `resubmit_merge()`: submits the merge job again, without a dependency, returning its id:
+    for a merge Slurm cancelled although every task ended done (a requeue, above)."""
     from pipeline.manifest import summary
 
     states: dict[tuple[str, int], tuple[str, str]] = {}
     start = time.monotonic()
     shown = unanswered_since = None
-    cancelled = False
+    cancelled = settled = resubmitted = False
     try:
         while True:
             rows = queue([tasks_job, merge_job])
@@ -148,13 +165,26 @@ def wait_for_build(out: str, logs: Path, tasks_job: str, merge_job: str, poll_s:
                 shown = line
             if not any(j == tasks_job and s not in ENDED for (j, _), (s, _) in rows.items()):
                 merge = [(s, r) for (j, _), (s, r) in rows.items() if j == merge_job]
-                if any(r == "DependencyNeverSatisfied" and s not in ENDED for s, r in merge):
+                never = any(r == "DependencyNeverSatisfied" and s not in ENDED for s, r in merge)
+                if never:
                     command(["scancel", merge_job])
-                    cancelled = True
+                if never or all(s in ENDED for s, _ in merge):
+                    cancelled = never or any(r == "DependencyNeverSatisfied" for _, r in merge)
+                    if (Path(out) / "manifest.json").is_file():
+                        break
+                    if not settled:
+                        settled = True
+                        time.sleep(SETTLE_S)
+                        continue
+                    if cancelled and resubmit_merge and not resubmitted and _all_tasks_done(out):
+                        merge_job, resubmitted, cancelled, settled = resubmit_merge(), True, \
+                            False, False
+                        click.echo(f"every task is done but Slurm cancelled the merge job (a "
+                                   f"requeued task counted as failed for a moment): merge job "
+                                   f"{merge_job} submitted again")
+                        continue
                     break
-                if all(s in ENDED for s, _ in merge):
-                    cancelled = any(r == "DependencyNeverSatisfied" for _, r in merge)
-                    break
+            settled = False
             time.sleep(poll_s)
     except KeyboardInterrupt:
         click.echo(f"\ninterrupted: jobs {tasks_job} and {merge_job} go on running (squeue -j "

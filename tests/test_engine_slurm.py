@@ -244,19 +244,32 @@ def test_requeued_task_resumes_and_the_build_is_identical(slurm, tmp_path, byte_
     with pytest.raises(SettingsError, match="already being built by Slurm job"):
         build_with_slurm(cfg, (), wait=False, dry_run=False)
     subprocess.run(["scontrol", "requeue", f"{job}_1"], check=True)
-    # Slurm holds a requeued job back ~2 minutes (BeginTime); let it start again now.
+    # Slurm holds a requeued job back ~2 minutes (BeginTime); let it start again now. Slurm
+    # 22.05 here records some requeues of an element that started a moment ago as FAILED
+    # (NonZeroExitCode) instead (about 1 run in 3 of this test): then --wait names the task and
+    # the same command resumes it; both ways must end in the same bytes.
     deadline = time.monotonic() + 60
-    while queue([job]).get((job, 1), ("", ""))[1] != "BeginTime":
-        assert time.monotonic() < deadline
+    while (state := queue([job]).get((job, 1), ("", ""))) not in (("PENDING", "BeginTime"),
+                                                                   ("FAILED", "NonZeroExitCode")):
+        assert time.monotonic() < deadline, state
         time.sleep(0.05)
-    subprocess.run(["scontrol", "update", f"jobid={job}_1", "starttime=now"], check=True)
     log = slurm_folder(out) / "task-1.log"
-    while "attempt 2 " not in log.read_text():  # the merge removes the log once it is done
-        assert time.monotonic() < deadline and thread.is_alive(), log.read_text()
-        time.sleep(0.02)
-    assert "DUE TO JOB REQUEUE" in log.read_text()
-    thread.join(timeout=300)
-    assert result == [0]
+    if state[0] == "PENDING":
+        # Not at once: an element started again within a moment of its requeue may fail to
+        # launch (the last attempt's step still being cleaned up), which a real cluster's two
+        # minutes of BeginTime never meet.
+        time.sleep(2)
+        subprocess.run(["scontrol", "update", f"jobid={job}_1", "starttime=now"], check=True)
+        while "attempt 2 " not in log.read_text():  # the merge removes the log once it is done
+            assert time.monotonic() < deadline and thread.is_alive(), log.read_text()
+            time.sleep(0.02)
+        assert "DUE TO JOB REQUEUE" in log.read_text()
+        thread.join(timeout=300)
+        assert result == [0]
+    else:
+        thread.join(timeout=300)
+        assert result == [1] and "DUE TO JOB REQUEUE" in log.read_text()
+        assert build_with_slurm(cfg, (), wait=True, dry_run=False, poll_s=POLL_S) == 0
     assert_same_build(single_build(tmp_path, **kw), out)
 
 
