@@ -88,6 +88,17 @@ def write_parquet(path: Path, texts: list, row_group_size: int = 50) -> Path:
     return path
 
 
+def build_tree(out: Path) -> dict[str, bytes]:
+    """Every file under `out`, hidden ones included, manifest.json without its timings: what
+    two builds of the same inputs and settings must share byte for byte."""
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+             if p.is_file()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("timings")
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    return files
+
+
 def split_documents(out: Path, split: str, eos_id: int) -> list[np.ndarray]:
     """Documents of a split, in order: rows concatenated, padding removed, cut after each EOS."""
     tokens = []

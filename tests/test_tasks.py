@@ -1,6 +1,5 @@
 """pack build --tasks N: every split of the work gives back the single-machine build's bytes."""
 
-import json
 import os
 import random
 import signal
@@ -12,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_texts, write_jsonl, write_parquet
+from conftest import build_tree, make_texts, write_jsonl, write_parquet
 from pipeline import tasks
 from pipeline.build import build
 from pipeline.cli import pack
@@ -21,16 +20,6 @@ from pipeline.errors import SettingsError
 from pipeline.settings import to_flags
 from pipeline.task_layout import SplitLayout
 from pipeline.task_plan import plan_shares
-
-
-def build_tree(out: Path) -> dict[str, bytes]:
-    """Every file under `out`, hidden ones included, manifest.json without its timings."""
-    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
-             if p.is_file()}
-    manifest = json.loads(files.pop("manifest.json"))
-    manifest.pop("timings")
-    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
-    return files
 
 
 @pytest.fixture

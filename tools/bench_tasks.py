@@ -68,6 +68,9 @@ def _timed(cmds: list[list[str]], env: dict) -> tuple[float, float, list[int]]:
 def run(corpus: Path, tokenizer: Path, work: Path, tasks: int, workers: int, repeat: int,
         env: dict, seq: int) -> list[tuple]:
     pack = pack_executable()
+    # The cluster listens on 127.0.0.1 only; without a token (Ray 2.60's `ray start` and a
+    # driver did not agree on ~/.ray/auth_token here).
+    env = {**env, "RAY_AUTH_MODE": "disabled"}
     base = [pack, "build", "--dataset", "fineweb-edu", "--input", str(corpus), "--tokenizer",
             str(tokenizer), "--seq", str(seq), "--quiet"]
     ray_temp = work / "ray"

@@ -1,0 +1,187 @@
+"""`pack build --engine ray --tasks N [--ray-address ADDR]`: the tasks of a build
+(pipeline/tasks.py) as Ray tasks on an existing cluster, or on a local one started here.
+
+    1. prepare_tasks (here, once): OUT checked, the tasks recorded
+    2. N Ray tasks run_task(cfg, i) (tokenize), each asking Ray for --workers CPUs and running
+       --workers tokenizer threads; a worker process that dies is retried by Ray and the retry
+       resumes from the task's own checkpoint; an error of the build itself (bad input under
+       --on-error fail, a full disk) is not retried: it stops the build with its own line
+    3. N Ray tasks place_task(out, i) (the shards of each task, in parallel)
+    4. merge (here): the dataset appears under OUT
+One progress bar here sums what the tasks report through a small actor. Every node must see OUT
+and the inputs at the same paths and have longpack installed (the workers import it).
+"""
+
+import dataclasses
+import logging
+import os
+import socket
+
+from pipeline.config import BuildConfig
+from pipeline.errors import LongpackError, SettingsError
+from pipeline.progress import Progress
+
+MAX_RETRIES = 3  # a task's worker process may die this many times before the build stops
+POLL_SECONDS = 0.5
+
+
+def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | None) -> dict:
+    from pipeline import tasks
+
+    finished = tasks.prepare_tasks(cfg)
+    if finished is not None:
+        return finished
+    ray = _import_ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        _connect(ray, address)
+    try:
+        _check_cpus(ray, cfg.workers)
+        board = _ProgressBoard(ray)
+        run = ray.remote(num_cpus=cfg.workers, max_retries=MAX_RETRIES,
+                         retry_exceptions=False)(_tokenize)
+        refs = {run.remote(cfg, i, board.actor): i for i in range(cfg.tasks)}
+        _wait_with_progress(ray, refs, board, _input_bytes(cfg), show_progress)
+        place = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_place)
+        refs = {place.remote(cfg.out, i): i for i in range(cfg.tasks)}
+        _wait_with_progress(ray, refs, None, None, False)
+        return tasks.merge(cfg.out)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _tokenize(cfg: BuildConfig, index: int, board) -> int:
+    """In a Ray worker: task `index`, its progress sent to the board (fire and forget)."""
+    from pipeline.tasks import run_task
+
+    def report(progress):
+        board.report.remote(dataclasses.asdict(progress))
+
+    run_task(cfg, index, report=report, place=False, merge=False, show_progress=False)
+    return index
+
+
+def _place(out: str, index: int) -> int:
+    from pipeline.tasks import place_task
+
+    place_task(out, index)
+    return index
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise SettingsError("--engine ray needs Ray: pip install 'longpack[ray]'") from None
+    return ray
+
+
+def _connect(ray, address: str | None) -> None:
+    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
+    if address:
+        _reachable(address)
+    try:
+        if address:
+            ray.init(address=address, **quiet)
+        else:  # a local cluster of this machine's cores, reachable on the loopback only
+            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"--ray-address {address}" if address else "a local Ray cluster"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SettingsError(f"{where}: cannot connect ({first}); start the cluster with `ray "
+                            "start --head` (and pass its address), or leave --ray-address out "
+                            "for a local one") from None
+
+
+def _reachable(address: str) -> None:
+    """Fail at once where nothing listens (ray.init would retry for minutes)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except ValueError:
+        raise SettingsError(f"--ray-address {address}: give HOST:PORT of the cluster's head "
+                            "(what `ray start --head` printed)") from None
+    except OSError as e:
+        raise SettingsError(f"--ray-address {address}: cannot connect ({e.strerror or e}); "
+                            "start the cluster with `ray start --head` (and pass its address), "
+                            "or leave --ray-address out for a local one") from None
+
+
+def _check_cpus(ray, workers: int) -> None:
+    """A task asks for --workers CPUs: more than the largest node has would wait forever."""
+    largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n.get("Alive")),
+                  default=0)
+    if workers > largest:
+        raise SettingsError(f"--workers {workers}: each Ray task asks for that many CPUs and the "
+                            f"largest node of the cluster has {largest:g}; pass --workers "
+                            f"{max(1, int(largest))} or less")
+
+
+def _input_bytes(cfg: BuildConfig) -> int | None:
+    from pipeline.catalog import expand_inputs, get_dataset
+
+    if not cfg.inputs:
+        return None
+    return sum(os.path.getsize(p) for p in expand_inputs(get_dataset(cfg.dataset),
+                                                         list(cfg.inputs))
+               if os.path.exists(p))
+
+
+class _ProgressBoard:
+    """A small actor the tasks report to: the latest TaskProgress of each task."""
+
+    def __init__(self, ray):
+        @ray.remote(num_cpus=0)
+        class Board:
+            def __init__(self):
+                self.latest = {}
+
+            def report(self, progress: dict):
+                self.latest[progress["task"]] = progress
+
+            def totals(self) -> tuple[int, int, int]:
+                return tuple(sum(p[k] for p in self.latest.values())
+                             for k in ("documents", "tokens", "bytes_done"))
+
+        self.ray, self.actor = ray, Board.remote()
+
+    def totals(self) -> tuple[int, int, int]:
+        return self.ray.get(self.actor.totals.remote())
+
+
+def _wait_with_progress(ray, refs: dict, board, total_bytes, show_progress) -> None:
+    """Until every task has ended; the first task that failed stops the build with its error
+    (the other tasks are cancelled: what they did stays for a re-run to resume)."""
+    progress = Progress(total_bytes, None, show_progress) if board is not None else None
+    pending = list(refs)
+    try:
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
+            for ref in done:
+                _result(ray, ref, refs[ref])
+            if progress is not None:
+                progress.update(*board.totals())
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+
+
+def _result(ray, ref, index: int) -> None:
+    try:
+        ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else None
+        if isinstance(cause, LongpackError):
+            raise LongpackError(f"task {index}: {cause}") from None
+        raise LongpackError(f"task {index} failed: {cause or e}") from None
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
+            ray.exceptions.RaySystemError) as e:
+        raise LongpackError(f"task {index}: its worker died {MAX_RETRIES + 1} times "
+                            f"({type(e).__name__}); re-run the same command: finished tasks "
+                            "are not redone, the others resume") from None
+
