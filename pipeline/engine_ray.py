@@ -6,7 +6,8 @@
        --workers tokenizer threads; a worker process that dies is retried by Ray and the retry
        resumes from the task's own checkpoint; an error of the build itself (bad input under
        --on-error fail, a full disk) is not retried: it stops the build with its own line
-    3. N Ray tasks place_task(out, i) (the shards of each task, in parallel)
+    3. each task places its own shards as soon as the tasks before it are done (overlapping
+       the others' tokenizing); Ray tasks place_task(out, i) for the rest, in parallel
     4. merge (here): the dataset appears under OUT
 One progress bar here sums what the tasks report through a small actor. Every node must see OUT
 and the inputs at the same paths and have longpack installed (the workers import it).
@@ -16,6 +17,7 @@ import dataclasses
 import logging
 import os
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 from pipeline.config import BuildConfig
 from pipeline.errors import LongpackError, SettingsError
@@ -28,13 +30,22 @@ POLL_SECONDS = 0.5
 def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | None) -> dict:
     from pipeline import tasks
 
-    finished = tasks.prepare_tasks(cfg)
-    if finished is not None:
-        return finished
     ray = _import_ray()
     started_here = not ray.is_initialized()
-    if started_here:
-        _connect(ray, address)
+    with ThreadPoolExecutor(1) as pool:  # checking OUT (the tokenizer's load) while connecting
+        prepared = pool.submit(tasks.prepare_tasks, cfg)
+        if started_here:
+            _connect(ray, address)
+        try:
+            finished = prepared.result()
+        except BaseException:
+            if started_here:
+                ray.shutdown()
+            raise
+    if finished is not None:
+        if started_here:
+            ray.shutdown()
+        return finished
     try:
         _check_cpus(ray, cfg.workers)
         board = _ProgressBoard(ray)
@@ -43,7 +54,8 @@ def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | 
         refs = {run.remote(cfg, i, board.actor): i for i in range(cfg.tasks)}
         _wait_with_progress(ray, refs, board, _input_bytes(cfg), show_progress)
         place = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_place)
-        refs = {place.remote(cfg.out, i): i for i in range(cfg.tasks)}
+        placed = set(tasks.task_status(cfg.out)["placed"])
+        refs = {place.remote(cfg.out, i): i for i in range(cfg.tasks) if i not in placed}
         _wait_with_progress(ray, refs, None, None, False)
         return tasks.merge(cfg.out)
     finally:
@@ -58,7 +70,7 @@ def _tokenize(cfg: BuildConfig, index: int, board) -> int:
     def report(progress):
         board.report.remote(dataclasses.asdict(progress))
 
-    run_task(cfg, index, report=report, place=False, merge=False, show_progress=False)
+    run_task(cfg, index, report=report, place=True, merge=False, show_progress=False)
     return index
 
 
