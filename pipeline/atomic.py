@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from pipeline.errors import OutputError
+from pipeline.errors import OutputError, SettingsError
 
 TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp\d+")  # what temp_name gives, for any pid
 
@@ -71,3 +71,16 @@ def sha256_file(path: Path) -> str:
         while chunk := f.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
+
+
+def open_write_ahead(path: Path, valid_bytes: int):
+    """An append-only write-ahead file (a build's partial shard, a task's documents) opened
+    where its checkpoint left it: cut back to the `valid_bytes` the checkpoint recorded. A
+    file shorter than that cannot be resumed from: SettingsError naming it."""
+    if (path.stat().st_size if path.exists() else 0) < valid_bytes:
+        raise SettingsError(f"resume state does not match {path} (shorter than its "
+                            "checkpoint); re-run with --overwrite to rebuild")
+    with writing(path):
+        f = open(path, "ab")
+        f.truncate(valid_bytes)
+    return f

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.atomic import writing
+from pipeline.atomic import open_write_ahead, writing
 from pipeline.errors import SettingsError
 
 DOC_BYTES = 2 * 8
@@ -32,16 +32,9 @@ class TaskStream:
         self.dtype = np.dtype(dtype)
         state = state or {"tokens": 0, "docs": 0}
         self.tokens, self.docs = state["tokens"], state["docs"]
-        self._files = []
         sizes = (self.tokens * self.dtype.itemsize, self.docs * DOC_BYTES)
-        for path, size in zip(stream_paths(folder, split), sizes):
-            if (path.stat().st_size if path.exists() else 0) < size:
-                raise SettingsError(f"resume state does not match {path} (shorter than its "
-                                    "checkpoint); re-run with --overwrite to rebuild")
-            with writing(path):
-                f = open(path, "ab")
-                self._files.append(f)
-                f.truncate(size)
+        self._files = [open_write_ahead(path, size)
+                       for path, size in zip(stream_paths(folder, split), sizes)]
 
     def append(self, tokens: np.ndarray, lengths: np.ndarray, hashes: np.ndarray) -> None:
         docs = np.stack([lengths.astype("<u8"), hashes.astype("<u8")], axis=1)

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.atomic import write_bytes, write_json, writing
-from pipeline.errors import SettingsError
+from pipeline.atomic import open_write_ahead, write_bytes, write_json, writing
 from pipeline.formats import get_format
 
 SEGMENT_BYTES = 3 * 8
@@ -63,15 +62,8 @@ class ShardSink:
     def _open_partial(self, truncate_to: tuple[int, int]):
         rows_path, segs_path = self._paths()
         sizes = (truncate_to[0] * self.seq * self.dtype.itemsize, truncate_to[1] * SEGMENT_BYTES)
-        self._files = []
-        for path, size in zip((rows_path, segs_path), sizes):
-            if path.exists() and path.stat().st_size < size or not path.exists() and size:
-                raise SettingsError(f"resume state does not match {path} (shorter than its "
-                                    "checkpoint); re-run with --overwrite to rebuild")
-            with writing(path):
-                f = open(path, "ab")
-                self._files.append(f)
-                f.truncate(size)
+        self._files = [open_write_ahead(path, size)
+                       for path, size in zip((rows_path, segs_path), sizes)]
 
     def append(self, rows: np.ndarray, segments: np.ndarray) -> None:
         """`segments` rows index into `rows` and are sorted."""
