@@ -16,7 +16,13 @@
 
 build.py runs the arrows and checkpoints its BuildState (build_state.py), holding OUT's lock
 (output_lock.py: one writer) and touching only files it can prove it wrote (output_dir.py);
-cli.py is the `pack` command.
+cli.py is the `pack` command, launch.py picks where a build runs.
+
+A build split into tasks (`--tasks N`, tasks.py; docs/SCALE.md) runs the same arrows per task
+over its share of the inputs (task_plan.py), stopping before pack.py: task_build.py writes the
+task's documents (task_stream.py). Then task_layout.py + task_merge.py cut the same rows with the
+same packer once the tasks before are counted, and the merge makes OUT the single build's bytes.
+engine_ray.py and engine_slurm.py (slurm_wait.py) run the tasks on a cluster.
 `pack stats` reads builds back through the same format classes: shards.py, stats.py,
 stats_report.py, stats_files.py, recommend.py. docs/FORMAT.md is the single source of truth
 for the on-disk format.
