@@ -103,7 +103,12 @@ def run(corpus: Path, tokenizer: Path, work: Path, tasks: int, workers: int, rep
                     continue
                 m = json.loads((out / "manifest.json").read_text())
                 tokens = m["counts"]["tokens"] - m["counts"]["documents"]
-                results[name].append((wall, cpu, tokens))
+                # the build proper: from its first step (the single build's, or the first task
+                # starting in its worker) to manifest.json; the rest of the wall clock is
+                # start-up and end (Python's imports; for Ray, connecting, its worker processes'
+                # start, disconnecting)
+                built = m["timings"]["seconds"]
+                results[name].append((wall, cpu, tokens, built))
                 digests[name] = _digest(out)
                 print(f"  round {r + 1}: {name:<14} {wall:6.2f} s  {tokens / wall / 1e6:6.3f} M "
                       f"tok/s  cpu {cpu:5.1f} s", flush=True)
@@ -116,14 +121,23 @@ def run(corpus: Path, tokenizer: Path, work: Path, tasks: int, workers: int, rep
     best = {n: min(rs) for n, rs in results.items() if rs}
     single = best.get("single")
     rows = []
-    for name, (wall, cpu, tokens) in best.items():
+    print(f"  {'':<16} {'wall s':>7} {'M tok/s':>8} {'x single':>8}   {'build s':>7} "
+          f"{'x single':>8} {'start+end s':>11}  {'cpu s':>6}")
+    for name, (wall, cpu, tokens, built) in best.items():
         ratio = single[0] / wall if single else float("nan")
+        ratio_built = single[3] / built if single else float("nan")
         same = "same bytes" if digests.get(name) == digests.get("single") else "DIFFERENT BYTES"
-        print(f"  {name:<16} {wall:6.2f} s  {tokens / wall / 1e6:6.3f} M tok/s  x single "
-              f"{ratio:5.3f}  cpu {cpu:5.1f} s  {same}")
+        print(f"  {name:<16} {wall:7.2f} {tokens / wall / 1e6:8.3f} {ratio:8.3f}   {built:7.2f} "
+              f"{ratio_built:8.3f} {wall - built:11.2f}  {cpu:6.1f}  {same}")
         if name.startswith("ray"):
-            rows.append((f"ray build, {tasks} tasks, x one process (>= {TARGET_RAY_VS_SINGLE})",
-                         f"{ratio:.3f}", verdict(ratio >= TARGET_RAY_VS_SINGLE)))
+            rows.append((f"ray build, {tasks} tasks, x one process, end to end "
+                         f"(>= {TARGET_RAY_VS_SINGLE})", f"{ratio:.3f}",
+                         verdict(ratio >= TARGET_RAY_VS_SINGLE)))
+            rows.append((f"ray build, {tasks} tasks, x one process, start-up apart "
+                         f"(>= {TARGET_RAY_VS_SINGLE})", f"{ratio_built:.3f}",
+                         verdict(ratio_built >= TARGET_RAY_VS_SINGLE)))
+    print("  (build s: manifest timings.seconds, from the build's first step, or the first task's "
+          "start, to manifest.json; start+end s: the rest of the wall clock)")
     return rows
 
 
