@@ -63,11 +63,12 @@ class BuildConfig:
     overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
                               show_default=False)
     tasks: int | None = setting(None, "Split the build into N tasks (machines, processes), "
-                                "merged into the same bytes as one build: docs/SCALE.md.",
-                                show_default="LONGPACK_TASK_COUNT, SLURM_ARRAY_TASK_COUNT or 1")
-    task_index: int | None = setting(None, "The task this process runs, 0 to N-1.",
-                                     show_default="LONGPACK_TASK_INDEX, SLURM_ARRAY_TASK_ID, or "
-                                     "every task in turn")
+                                "merged into the same bytes as one build: docs/SCALE.md "
+                                "[LONGPACK_TASK_COUNT, SLURM_ARRAY_TASK_COUNT, or 1].",
+                                metavar="N")
+    task_index: int | None = setting(None, "The task this process runs, 0 to N-1 "
+                                     "[LONGPACK_TASK_INDEX, SLURM_ARRAY_TASK_ID - "
+                                     "SLURM_ARRAY_TASK_MIN, or every task in turn].", metavar="I")
 
     def __post_init__(self):
         if os.path.isfile(self.out):
