@@ -9,14 +9,18 @@
     3. each task places its own shards as soon as the tasks before it are done (overlapping
        the others' tokenizing); Ray tasks place_task(out, i) for the rest, in parallel
     4. merge (here): the dataset appears under OUT
-One progress bar here sums what the tasks report through a small actor. Every node must see OUT
-and the inputs at the same paths and have longpack installed (the workers import it).
+One progress bar here sums what the tasks report: each tokenize task is a Ray streaming
+generator that yields its progress as it goes (no actor: one Python process fewer per build).
+Every node must see OUT and the inputs at the same paths and have longpack installed (the
+workers import it).
 """
 
 import dataclasses
 import logging
 import os
+import queue
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from pipeline.config import BuildConfig
@@ -48,30 +52,43 @@ def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | 
         return finished
     try:
         _check_cpus(ray, cfg.workers)
-        board = _ProgressBoard(ray)
-        run = ray.remote(num_cpus=cfg.workers, max_retries=MAX_RETRIES,
-                         retry_exceptions=False)(_tokenize)
-        refs = {run.remote(cfg, i, board.actor): i for i in range(cfg.tasks)}
-        _wait_with_progress(ray, refs, board, _input_bytes(cfg), show_progress)
+        run = ray.remote(num_cpus=cfg.workers, max_retries=MAX_RETRIES, retry_exceptions=False,
+                         num_returns="streaming")(_tokenize)
+        _wait(ray, {run.remote(cfg, i): i for i in range(cfg.tasks)},
+              Progress(_input_bytes(cfg), None, show_progress))
         place = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_place)
         placed = set(tasks.task_status(cfg.out)["placed"])
-        refs = {place.remote(cfg.out, i): i for i in range(cfg.tasks) if i not in placed}
-        _wait_with_progress(ray, refs, None, None, False)
+        _wait(ray, {place.remote(cfg.out, i): i for i in range(cfg.tasks) if i not in placed})
         return tasks.merge(cfg.out)
     finally:
         if started_here:
             ray.shutdown()
 
 
-def _tokenize(cfg: BuildConfig, index: int, board) -> int:
-    """In a Ray worker: task `index`, its progress sent to the board (fire and forget)."""
+def _tokenize(cfg: BuildConfig, index: int):
+    """In a Ray worker: task `index` in a thread, its progress reports yielded as they come (a
+    Ray streaming generator); its error, if any, raised at the end."""
     from pipeline.tasks import run_task
 
-    def report(progress):
-        board.report.remote(dataclasses.asdict(progress))
+    reports: queue.Queue = queue.Queue()
+    failed: list[BaseException] = []
 
-    run_task(cfg, index, report=report, place=True, merge=False, show_progress=False)
-    return index
+    def work():
+        try:
+            run_task(cfg, index, report=reports.put, place=True, merge=False,
+                     show_progress=False)
+        except BaseException as e:  # raised below, in the task itself
+            failed.append(e)
+        finally:
+            reports.put(None)
+
+    thread = threading.Thread(target=work, name=f"task-{index}")
+    thread.start()
+    while (progress := reports.get()) is not None:
+        yield dataclasses.asdict(progress)
+    thread.join()
+    if failed:
+        raise failed[0]
 
 
 def _place(out: str, index: int) -> int:
@@ -140,40 +157,28 @@ def _input_bytes(cfg: BuildConfig) -> int | None:
                if os.path.exists(p))
 
 
-class _ProgressBoard:
-    """A small actor the tasks report to: the latest TaskProgress of each task."""
-
-    def __init__(self, ray):
-        @ray.remote(num_cpus=0)
-        class Board:
-            def __init__(self):
-                self.latest = {}
-
-            def report(self, progress: dict):
-                self.latest[progress["task"]] = progress
-
-            def totals(self) -> tuple[int, int, int]:
-                return tuple(sum(p[k] for p in self.latest.values())
-                             for k in ("documents", "tokens", "bytes_done"))
-
-        self.ray, self.actor = ray, Board.remote()
-
-    def totals(self) -> tuple[int, int, int]:
-        return self.ray.get(self.actor.totals.remote())
-
-
-def _wait_with_progress(ray, refs: dict, board, total_bytes, show_progress) -> None:
-    """Until every task has ended; the first task that failed stops the build with its error
-    (the other tasks are cancelled: what they did stays for a re-run to resume)."""
-    progress = Progress(total_bytes, None, show_progress) if board is not None else None
+def _wait(ray, refs: dict, progress: Progress | None = None) -> None:
+    """Until every task has ended (`refs`: object refs, or the streaming generators of tasks
+    that yield their TaskProgress); the first task that failed stops the build with its error
+    (the others are cancelled: what they did stays for a re-run to resume)."""
+    latest: dict[int, dict] = {}
     pending = list(refs)
     try:
         while pending:
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
-            for ref in done:
-                _result(ray, ref, refs[ref])
-            if progress is not None:
-                progress.update(*board.totals())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+            for ref in ready:
+                index = refs[ref]
+                if not isinstance(ref, ray.ObjectRefGenerator):
+                    _result(ray, ref, index)
+                    continue
+                try:
+                    latest[index] = _result(ray, next(ref), index)
+                    pending.append(ref)
+                except StopIteration:  # the task has ended
+                    pass
+            if progress is not None and latest:
+                progress.update(*(sum(p[k] for p in latest.values())
+                                  for k in ("documents", "tokens", "bytes_done")))
     except BaseException:
         for ref in pending:
             ray.cancel(ref, force=True)
@@ -183,9 +188,9 @@ def _wait_with_progress(ray, refs: dict, board, total_bytes, show_progress) -> N
             progress.close()
 
 
-def _result(ray, ref, index: int) -> None:
+def _result(ray, ref, index: int):
     try:
-        ray.get(ref)
+        return ray.get(ref)
     except ray.exceptions.RayTaskError as e:
         cause = e.cause if isinstance(getattr(e, "cause", None), BaseException) else None
         if isinstance(cause, LongpackError):

@@ -66,15 +66,21 @@ def ray_cluster():
 
 @pytest.mark.slow
 def test_a_ray_build_on_an_existing_cluster_is_byte_identical(tmp_path, byte_tokenizer,
-                                                              ray_cluster):
+                                                              ray_cluster, capsys):
     from pipeline.engine_ray import build_with_ray
 
-    inputs = corpus(tmp_path)
+    inputs = corpus(tmp_path, docs=1000, repeat=4)
     build(settings(tmp_path, inputs, byte_tokenizer, "single"), show_progress=False)
     m = build_with_ray(settings(tmp_path, inputs, byte_tokenizer, "ray", tasks=3), ray_cluster,
-                       False)
+                       True)
     assert m["timings"]["tasks"] == 3
     assert build_tree(tmp_path / "ray") == build_tree(tmp_path / "single")
+    # one bar, fed by the three tasks' reports: it counts documents of more than one task
+    bars = [line for line in capsys.readouterr().err.split("\r") if " docs (" in line]
+    assert bars, "no progress shown"
+    shown = max(float(b.split(" docs")[0].rstrip("k")) * (1000 if "k docs" in b else 1)
+                for b in bars)
+    assert shown > 1500, bars[-3:]
 
 
 @pytest.mark.slow
