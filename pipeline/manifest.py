@@ -91,7 +91,8 @@ def summary(m: dict, out: Path) -> str:
     rate_text = f", {rate / 1e6:.2f} M tokens/s steady" if rate else ""
     if t.get("tasks"):  # a build split into tasks: its rate over the wall time of them all
         rate = t.get("tokens_per_second")
-        rate_text = f" in {t['tasks']} tasks" + (f", {rate / 1e6:.2f} M tokens/s" if rate else "")
+        rate_text = (f" in {t['tasks']} task{'s' if t['tasks'] > 1 else ''}"
+                     + (f", {rate / 1e6:.2f} M tokens/s" if rate else ""))
     resumed = f" (resumed; run {t['runs']})" if t.get("resumed") else ""
     lines.append(f"  time        {t['seconds']:.1f} s{rate_text}{resumed}")
     return "\n".join(lines)
