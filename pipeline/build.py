@@ -120,10 +120,10 @@ class Build:
         cfg, state, dtype = self.cfg, self.state, self.tok.dtype
         self.packers = {s: RowPacker(cfg.seq, dtype, *state.carries.get(s, (None, None)))
                         for s in SPLITS}
-        compression = None if cfg.compression == "none" else cfg.compression
         self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
-                                   cfg.shard_rows(dtype.itemsize), compression, cfg.shard_bytes,
-                                   self.journal.claim, self.writer, state.sinks.get(s))
+                                   cfg.shard_rows(dtype.itemsize), cfg.shard_compression(),
+                                   cfg.shard_bytes, self.journal.claim, self.writer,
+                                   state.sinks.get(s))
                       for s in SPLITS}
         self.journal.claim(self.out / "skipped.jsonl")
         self._open_skip_log(self.out / "skipped.jsonl")

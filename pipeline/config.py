@@ -115,8 +115,11 @@ class BuildConfig:
                 not level or level.isdigit() and 1 <= int(level) <= 22)):
             raise SettingsError(f"--compression {self.compression}: use zstd, zstd:LEVEL "
                                 "(1-22) or none")
-        fmt.check_settings(self.seq, self.shard_bytes,
-                           None if self.compression == "none" else self.compression)
+        fmt.check_settings(self.seq, self.shard_bytes, self.shard_compression())
+
+    def shard_compression(self) -> str | None:
+        """--compression as the shard formats take it: None for none."""
+        return None if self.compression == "none" else self.compression
 
     def shard_rows(self, itemsize: int) -> int:
         from pipeline.shard_format import rows_per_shard

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from pipeline import manifest as manifest_mod
 from pipeline.atomic import temp_name, write_bytes, write_json, writing
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
@@ -49,7 +51,7 @@ class TasksUnfinished(SettingsError):
 
 class TaskedBuild:
     """A build split into tasks, as its work folder records it: tasks.json and each task's
-    done.json (None while the task is unfinished)."""
+    done.json, read when first needed."""
 
     def __init__(self, out: Path):
         self.out, self.work = Path(out), Path(out) / WORK_DIR
@@ -94,9 +96,7 @@ class TaskedBuild:
         return self.done(next(i for i in range(self.tasks) if self.is_done(i)))
 
     @property
-    def dtype(self):
-        import numpy as np
-
+    def dtype(self) -> np.dtype:
         return np.dtype(self._any_done()["tokenizer"]["dtype"])
 
     @property
@@ -111,9 +111,8 @@ class TaskedBuild:
 
     def format(self, split: str):
         cfg = self.cfg
-        compression = None if cfg.compression == "none" else cfg.compression
         return get_format(cfg.format).for_writing(self.out / split, cfg.seq, self.dtype,
-                                                  compression, cfg.shard_bytes)
+                                                  cfg.shard_compression(), cfg.shard_bytes)
 
     def rows_per_shard(self) -> int:
         return self.cfg.shard_rows(self.dtype.itemsize)
