@@ -26,12 +26,11 @@ import numpy as np
 from pipeline import manifest as manifest_mod
 from pipeline.atomic import write_bytes, write_json, writing
 from pipeline.build_state import BuildState
-from pipeline.catalog import expand_inputs, file_format, get_dataset
+from pipeline.catalog import file_format, get_dataset
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.encode import EngineMismatch, encode_batch
-from pipeline.errors import InputError, SettingsError, TokenizerError
-from pipeline.hub import HubFiles, HuggingFaceHub
-from pipeline.inputs import LocalFiles, describe_hub, read_ahead, read_batches
+from pipeline.errors import InputError, TokenizerError
+from pipeline.inputs import open_inputs, read_ahead, read_batches
 from pipeline.output_dir import (
     CHECKPOINT,
     Journal,
@@ -67,7 +66,7 @@ class Build:
             # tokenizers parallelises each batch on rayon's global pool, sized from this variable
             # when first used; without it the pool takes every core whatever --workers says.
             os.environ.setdefault("RAYON_NUM_THREADS", str(cfg.workers))
-        self.files, self.inputs = _open_inputs(cfg, self.dataset, hub_client)
+        self.files, self.inputs = open_inputs(cfg, self.dataset, hub_client)
         self.out = Path(cfg.out)
         self.work = self.out / WORK_DIR
         tokenizer_id = {k: v for k, v in self.tok.identity().items() if k != "source"}
@@ -335,13 +334,3 @@ class Build:
 
 class _Stop(Exception):
     """--max-tokens or --limit-docs was reached while settling before a download."""
-
-
-def _open_inputs(cfg: BuildConfig, dataset, hub_client):
-    if cfg.inputs:
-        files = LocalFiles(expand_inputs(dataset, list(cfg.inputs)))
-        return files, files.describe()
-    if dataset.hub_repo is None:
-        raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
-    hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
-    return hub, describe_hub(hub)

@@ -14,13 +14,26 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.catalog import file_format, is_broken_link
+from pipeline.catalog import expand_inputs, file_format, is_broken_link
+from pipeline.errors import SettingsError
+from pipeline.hub import HubFiles, HuggingFaceHub
 from pipeline.read_jsonl import read_jsonl
 from pipeline.read_parquet import read_parquet
 from pipeline.records import BROKEN_LINK, ReadPosition, Skip
 
 BATCH_CHARS = 1 << 20  # ~250k tokens: ~0.1 s of one tokenizer thread
 BATCH_DOCS = 4096
+
+
+def open_inputs(cfg, dataset, hub_client=None):
+    """(the build's input files, their description for the fingerprint)."""
+    if cfg.inputs:
+        files = LocalFiles(expand_inputs(dataset, list(cfg.inputs)))
+        return files, files.describe()
+    if dataset.hub_repo is None:
+        raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
+    hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
+    return hub, describe_hub(hub)
 
 
 class LocalFiles:

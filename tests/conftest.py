@@ -2,6 +2,7 @@
 
 import base64
 import gzip
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -126,3 +127,68 @@ def shards(tmp_path, byte_tokenizer) -> Path:
                       tokenizer=byte_tokenizer, seq=65, val_fraction=0.05,
                       shard_bytes=65 * 2 * 8), show_progress=False)
     return out
+
+
+# -- a real S3-compatible server (moto's, in this process) on the loopback ---------------------
+
+@pytest.fixture(scope="session")
+def _moto_server():
+    moto_server = pytest.importorskip("moto.server", reason="needs moto[server] (the test extra)")
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+class S3Bucket:
+    """A fresh bucket on the test server: `url(prefix)` is s3://NAME/prefix, `client` boto3's."""
+
+    def __init__(self, endpoint: str, name: str):
+        import boto3
+
+        self.endpoint, self.name = endpoint, name
+        self.client = boto3.client("s3", endpoint_url=endpoint)
+        self.client.create_bucket(Bucket=name)
+
+    def url(self, prefix: str = "") -> str:
+        return f"s3://{self.name}/{prefix}".rstrip("/")
+
+    def keys(self, prefix: str = "") -> dict[str, int]:
+        """key -> size of every object under `prefix`."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.name,
+                                                                     Prefix=prefix)
+        return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+
+    def read(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=self.name, Key=key)["Body"].read()
+
+    def upload_tree(self, local: Path, prefix: str) -> str:
+        for path in sorted(local.rglob("*")):
+            if path.is_file():
+                self.client.upload_file(str(path), self.name, f"{prefix}/{path.relative_to(local)}")
+        return self.url(prefix)
+
+
+@pytest.fixture
+def s3(_moto_server, tmp_path, monkeypatch, request) -> S3Bucket:
+    """A real S3 server on 127.0.0.1 with a fresh bucket; every S3 client of the process and its
+    subprocesses points at it through S3_ENDPOINT_URL and dummy credentials (exported)."""
+    for key, value in {"S3_ENDPOINT_URL": _moto_server,
+                       "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1",
+                       # nothing of this machine's own AWS setup
+                       "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+                       "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials")
+                       }.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    test = "".join(c if c.isalnum() else "-" for c in request.node.name.lower())[:40]
+    return S3Bucket(_moto_server, f"b{next(_bucket_numbers)}-{test}".rstrip("-"))
+
+
+_bucket_numbers = itertools.count()

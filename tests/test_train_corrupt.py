@@ -2,7 +2,6 @@
 (issue 12): training/verify.py, training/data.py, training/loader.py."""
 
 import json
-import logging
 import math
 import multiprocessing
 import os
@@ -88,49 +87,17 @@ def index_entries(split: Path) -> list[dict]:
 
 # -- 1. a remote build through a real S3-compatible server -------------------------------------
 
-@pytest.fixture
-def s3(tmp_path, monkeypatch):
-    """A moto S3 server on 127.0.0.1 with bucket `bucket`; mosaicml-streaming and boto3 point at
-    it through S3_ENDPOINT_URL and dummy credentials (exported, so subprocesses see them)."""
-    moto_server = pytest.importorskip("moto.server", reason="needs moto[server] (the test extra)")
-    import boto3
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    for key, value in {"S3_ENDPOINT_URL": f"http://{host}:{port}",
-                       "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1",
-                       # nothing of this machine's own AWS setup
-                       "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-                       "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials")
-                       }.items():
-        monkeypatch.setenv(key, value)
-    client = boto3.client("s3", endpoint_url=f"http://{host}:{port}")
-    client.create_bucket(Bucket="bucket")
-    yield client
-    server.stop()
-
-
-def upload(client, out: Path, prefix: str) -> str:
-    for path in sorted(out.rglob("*")):
-        if path.is_file():
-            client.upload_file(str(path), "bucket", f"{prefix}/{path.relative_to(out)}")
-    return f"s3://bucket/{prefix}"
-
-
 @pytest.mark.slow
 def test_a_build_on_s3_gives_the_rows_of_the_local_folder(tmp_path, byte_tokenizer, s3):
     out = make_build(tmp_path, byte_tokenizer)
-    url = upload(s3, out, "prefix")
+    url = s3.upload_tree(out, "prefix")
     remote, local = (open_build(where, tmp_path / f"cache-{i}", "1gb")
                      for i, where in enumerate((url, str(out))))
     assert len(remote.train) == len(local.train) > 0 and remote.fingerprint == local.fingerprint
     for i in range(len(local.train)):
         assert all(np.array_equal(a, b) for a, b in zip(remote.train.get(i), local.train.get(i)))
-    with pytest.raises(DataError, match="cannot fetch s3://bucket/nowhere/manifest.json"):
-        open_build("s3://bucket/nowhere", tmp_path / "cache-x", "1gb")
+    with pytest.raises(DataError, match=f"cannot fetch {s3.url()}/nowhere/manifest.json"):
+        open_build(s3.url("nowhere"), tmp_path / "cache-x", "1gb")
     assert not (tmp_path / "cache-x").exists()
 
 
@@ -139,7 +106,7 @@ def test_train_from_s3_in_a_fresh_process_matches_the_local_folder(tmp_path, byt
     """`train` as the README runs it: a new interpreter, where torchvision cannot load next to
     a CPU torch (streaming must be imported through pipeline/streaming_compat.py)."""
     out = make_build(tmp_path, byte_tokenizer)
-    url = upload(s3, out, "prefix")
+    url = s3.upload_tree(out, "prefix")
     runs = {}
     for name, shards in (("s3", url), ("local", str(out))):
         run = tmp_path / f"run-{name}"
@@ -270,12 +237,12 @@ def test_a_damaged_shard_on_s3_is_named_by_its_url(tmp_path, byte_tokenizer, s3)
     out = make_build(tmp_path, byte_tokenizer)
     entry = index_entries(out / "train")[2]
     _flip_a_byte_that_still_decodes(out / "train" / entry["zip_data"]["basename"], entry)
-    rows = open_build(upload(s3, out, "bad"), tmp_path / "cache", "1gb").train
+    rows = open_build(s3.upload_tree(out, "bad"), tmp_path / "cache", "1gb").train
     with pytest.raises(DataError) as caught:
         for i in range(len(rows)):
             rows.get(i)
     assert str(caught.value).startswith(
-        f"s3://bucket/bad/train/{entry['zip_data']['basename']}: decompressed, its bytes differ "
+        f"{s3.url()}/bad/train/{entry['zip_data']['basename']}: decompressed, its bytes differ "
         "from the sha256 in index.json")
     assert str(caught.value).endswith("rebuild it (and upload it again)")
 
