@@ -74,6 +74,7 @@ class Build:
                             "inputs": self.inputs, "format_version": manifest_mod.FORMAT_VERSION}
         self.splitter = Splitter(cfg.val_fraction, cfg.seed)
         self.stop = None  # where reading ends (a task's share ends early: task_build.py)
+        self.publish = None  # called with each finished shard file (remote_build.py uploads it)
 
     def run(self) -> dict:
         """Build (or resume, or find complete) OUT; returns its manifest."""
@@ -122,7 +123,7 @@ class Build:
         self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
                                    cfg.shard_rows(dtype.itemsize), cfg.shard_compression(),
                                    cfg.shard_bytes, self.journal.claim, self.writer,
-                                   state.sinks.get(s))
+                                   state.sinks.get(s), self.publish)
                       for s in SPLITS}
         self.journal.claim(self.out / "skipped.jsonl")
         self._open_skip_log(self.out / "skipped.jsonl")

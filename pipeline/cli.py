@@ -88,8 +88,8 @@ def build(quiet, **settings):
         click.echo(outcome.message)
     if outcome.manifest is not None and not quiet:
         if outcome.already_complete:
-            click.echo(already_complete(outcome.manifest, Path(cfg.out)))
-        click.echo(summary(outcome.manifest, Path(cfg.out)))
+            click.echo(already_complete(outcome.manifest, cfg.out))
+        click.echo(summary(outcome.manifest, cfg.out))
     if outcome.exit_code:
         sys.exit(outcome.exit_code)
 
@@ -117,7 +117,7 @@ def merge(out, task_index, quiet):
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
     if not quiet:
-        click.echo(summary(manifest, out))
+        click.echo(summary(manifest, str(out)))
 
 
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pipeline.catalog import DATASETS
 from pipeline.errors import SettingsError
 from pipeline.settings import setting
+from pipeline.storage import is_url, refuse_unwritable
 
 SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (MDS's default size)
 WORK_DIR = ".longpack-build"  # OUT/WORK_DIR exists only while a build is unfinished
@@ -20,8 +21,9 @@ ON_ERROR = ("skip", "fail")
 class BuildConfig:
     """The settings of one build; each field is also a `pack build` flag (pipeline/settings.py)."""
 
-    out: str = setting(help="Output directory: OUT/train, OUT/val, OUT/manifest.json.",
-                       metavar="DIR")
+    out: str = setting(help="Output directory (OUT/train, OUT/val, OUT/manifest.json), or a "
+                       "store's URL: s3://BUCKET/PREFIX, gs://... (docs/SCALE.md).",
+                       metavar="DIR|URL")
     dataset: str = setting("fineweb-edu", "Named dataset: text field, file patterns, hub "
                            "location.", choices=list(DATASETS))
     inputs: tuple[str, ...] = setting((), "File, directory or glob (repeatable). Without it the "
@@ -69,8 +71,16 @@ class BuildConfig:
     task_index: int | None = setting(None, "The task this process runs, 0 to N-1 "
                                      "[LONGPACK_TASK_INDEX, SLURM_ARRAY_TASK_ID - "
                                      "SLURM_ARRAY_TASK_MIN, or every task in turn].", metavar="I")
+    staging: str | None = setting(None, "--out URL: the local folder where shards wait for "
+                                  "their upload, a few at a time [~/.cache/longpack/staging].",
+                                  metavar="DIR")
 
     def __post_init__(self):
+        if is_url(self.out):
+            refuse_unwritable(self.out, "pack build")
+        elif self.staging is not None:
+            raise SettingsError("--staging is for an --out URL (s3://...): a local --out is "
+                                "written in place")
         if os.path.isfile(self.out):
             raise SettingsError(f"--out {self.out} is a file; choose a directory (new or empty, "
                                 "or a build's)")
@@ -130,7 +140,7 @@ class BuildConfig:
         """The settings that determine the output bytes (inputs are fingerprinted separately)."""
         d = asdict(self)
         for k in ("out", "workers", "on_error", "overwrite", "inputs", "tokenizer_engine", "tasks",
-                  "task_index"):
+                  "task_index", "staging"):
             d.pop(k)
         return d
 

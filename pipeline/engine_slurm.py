@@ -155,8 +155,8 @@ def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry
 
     finished = tasks.prepare_tasks(cfg)
     if finished is not None:
-        click.echo(already_complete(finished, Path(cfg.out)))
-        click.echo(summary(finished, Path(cfg.out)))
+        click.echo(already_complete(finished, cfg.out))
+        click.echo(summary(finished, cfg.out))
         return 0
     folder.mkdir(parents=True, exist_ok=True)
     write_bytes(folder / "tasks.sbatch", tasks_script.encode())

@@ -59,8 +59,12 @@ def launch(cfg: BuildConfig, how: LaunchConfig, show_progress: bool | None) -> O
 
     index = cfg.task_index if cfg.task_index is not None else tasks.task_index_from_env(cfg.tasks)
     if cfg.tasks == 1 and index in (None, 0) and not _is_tasked(cfg):
-        from pipeline.build import Build
+        from pipeline.storage import is_url
 
+        if is_url(cfg.out):
+            from pipeline.remote_build import RemoteBuild as Build
+        else:
+            from pipeline.build import Build
         build = Build(cfg, show_progress=show_progress)
         manifest = build.run()
         return Outcome(manifest, already_complete=build.already_complete)

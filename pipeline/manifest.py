@@ -63,14 +63,14 @@ def make_manifest(cfg, fingerprint: dict, tokenizer: dict, engine: dict, inputs:
     }
 
 
-def already_complete(m: dict, out: Path) -> str:
+def already_complete(m: dict, out: str) -> str:
     """What a re-run of a finished build says before its summary: it wrote nothing."""
     finished = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m["timings"]["finished"]))
     return (f"pack build: {out} is already complete (finished {finished}): nothing to do; "
             "the summary is that build's. --overwrite rebuilds it.")
 
 
-def summary(m: dict, out: Path) -> str:
+def summary(m: dict, out: str) -> str:
     c, t = m["counts"], m["timings"]
     lines = [f"pack build: {out}  ({m['format']}, seq {m['seq']}, {m['dtype']}, "
              f"tokenizer {m['tokenizer']['name']})",
@@ -80,7 +80,7 @@ def summary(m: dict, out: Path) -> str:
     skipped = {k: v for k, v in c["skipped"].items() if v}
     if skipped:
         lines.append("  skipped     " + ", ".join(f"{k} {v:,}" for k, v in skipped.items())
-                     + f"  (each one in {out / m['skipped_log']})")
+                     + f"  (each one in {out.rstrip('/')}/{m['skipped_log']})")
     else:
         lines.append("  skipped     none")
     for name, s in m["splits"].items():

@@ -186,7 +186,7 @@ def refuse_tasked_build(out: Path, overwrite: bool) -> None:
                             "done; --overwrite replaces it")
 
 
-def _differences(old: dict, new: dict) -> str:
+def differences(old: dict, new: dict) -> str:
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
@@ -248,7 +248,7 @@ def prepare_output(out: Path, fingerprint: dict, overwrite: bool):
                             "new or empty --out")
     if s.fingerprint is not None and s.fingerprint != fingerprint and not overwrite:
         raise SettingsError(f"{out} holds a build with different settings "
-                            f"({_differences(s.fingerprint, fingerprint)}); re-run with the "
+                            f"({differences(s.fingerprint, fingerprint)}); re-run with the "
                             "same settings to resume it, or pass --overwrite to replace it")
     if s.complete and not overwrite:
         remove_work_files(out)  # left by a build killed while cleaning up

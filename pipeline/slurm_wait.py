@@ -195,7 +195,7 @@ def wait_for_build(out: str, logs: Path, tasks_job: str, merge_job: str, poll_s:
     if manifest.is_file():
         import json
 
-        click.echo(summary(json.loads(manifest.read_text(encoding="utf-8")), Path(out)))
+        click.echo(summary(json.loads(manifest.read_text(encoding="utf-8")), str(out)))
         return 0
     click.echo(f"Error: {_failure(out, logs, tasks_job, merge_job, states, cancelled)}", err=True)
     return 1

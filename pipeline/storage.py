@@ -155,8 +155,9 @@ class Store:
                     else path] = int(info.get("size") or 0)
         return out
 
-    def size(self, rel: str) -> int | None:
-        """The object's size, or None when there is none."""
+    def info(self, rel: str) -> dict | None:
+        """The object's details as the store gives them (size, ETag, ...), or None when there is
+        no such object."""
         self.fs.invalidate_cache(self._path(rel))
         with errors(self.url_of(rel), "look at"):
             try:
@@ -165,7 +166,12 @@ class Store:
                 if "bucket" in str(e).lower():
                     raise
                 return None
-        return int(info.get("size") or 0) if info.get("type", "file") == "file" else None
+        return info if info.get("type", "file") == "file" else None
+
+    def size(self, rel: str) -> int | None:
+        """The object's size, or None when there is none."""
+        info = self.info(rel)
+        return None if info is None else int(info.get("size") or 0)
 
     def read_bytes(self, rel: str) -> bytes:
         with errors(self.url_of(rel), "read"):

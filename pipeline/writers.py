@@ -37,9 +37,10 @@ class ShardSink:
     def __init__(self, fmt: str, split_dir: Path, work_dir: Path, split: str, seq: int,
                  dtype: np.dtype, rows_per_shard: int, compression: str | None,
                  size_limit: int, claim: Callable[[Path], None], writer: ThreadPoolExecutor,
-                 state: dict | None = None):
+                 state: dict | None = None, publish: Callable[[Path], None] | None = None):
+        """`publish`: called (in the writer thread) with each shard file once it is written."""
         self.split_dir, self.work_dir, self.split = split_dir, work_dir, split
-        self.claim, self.writer = claim, writer
+        self.claim, self.writer, self.publish = claim, writer, publish
         self.in_flight: deque[Future] = deque()  # shards handed to the writer, oldest first
         self.seq, self.dtype, self.rows_per_shard = seq, np.dtype(dtype), rows_per_shard
         self.format = get_format(fmt).for_writing(split_dir, seq, dtype, compression, size_limit)
@@ -115,6 +116,9 @@ class ShardSink:
         for name, data in files.items():
             self.claim(self.split_dir / name)
             write_bytes(self.split_dir / name, data, fsync=True)
+        if self.publish is not None:
+            for name in files:
+                self.publish(self.split_dir / name)
         return entry
 
     def _collect(self, until: Future | None = None) -> None:

@@ -29,7 +29,7 @@ def test_summary_fits_one_screen_and_names_the_skip_log(tmp_path):
          "splits": {s: {"documents": 1, "tokens": 4, "rows": 1, "shards": 1, "bytes": 50,
                         "padding_tokens": 4, "dropped_tokens": 0} for s in ("train", "val")},
          "timings": {"seconds": 1.5, "steady_tokens_per_second": 2e6, "resumed": False}}
-    text = summary(m, tmp_path)
+    text = summary(m, str(tmp_path))
     assert len(text.splitlines()) <= 24
     assert "bad_json 1" in text and "empty" not in text and "skipped.jsonl" in text
     assert "2.00 M tokens/s" in text
