@@ -35,7 +35,7 @@ from pipeline.errors import SettingsError
 from pipeline.formats import open_format
 from pipeline.output_dir import FINGERPRINT, differences
 from pipeline.output_lock import OutputLock
-from pipeline.storage import StorageError, Store, redact
+from pipeline.storage import StorageError, Store, is_url, redact
 from pipeline.uploader import Uploader
 
 MARKER = f"{WORK_DIR}/{FINGERPRINT}"
@@ -44,11 +44,20 @@ _OWN = re.compile(rf"manifest\.json|skipped\.jsonl|({_SPLIT})/(index\.json|shard
                   rf"|{re.escape(WORK_DIR)}/.+")
 
 
-def staging_root(cfg: BuildConfig) -> Path:
-    """This URL's staging folder: under --staging, else the user's cache."""
-    base = Path(cfg.staging) if cfg.staging else Path(
+def staging_root(url: str, staging: str | None) -> Path:
+    """The URL's staging folder: under `staging` (--staging), else the user's cache."""
+    base = Path(staging) if staging else Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longpack" / "staging"
-    return base / hashlib.sha256(cfg.out.rstrip("/").encode()).hexdigest()[:16]
+    return base / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
+
+
+def staged(cfg: BuildConfig) -> tuple[BuildConfig, str | None]:
+    """(the settings the build runs with, the URL its files go to): an --out URL becomes its
+    staging folder; a local --out stays (no URL)."""
+    if not is_url(cfg.out):
+        return cfg, None
+    out = staging_root(cfg.out, cfg.staging) / "out"
+    return dataclasses.replace(cfg, out=str(out), staging=None), cfg.out.rstrip("/")
 
 
 @dataclasses.dataclass
@@ -61,37 +70,19 @@ class RemoteSurvey:
     foreign: list[str]
 
 
-class RemoteBuild:
-    def __init__(self, cfg: BuildConfig, show_progress: bool | None = None):
-        self.url = cfg.out.rstrip("/")
-        self.store = Store(self.url)
-        self.root = staging_root(cfg)
-        self.staged = self.root / "out"
-        self.cfg, self.show_progress = cfg, show_progress
-        self.already_complete = False
+FRESH = "fresh"  # RemoteOut.prepare: the staged build must start afresh
 
-    def run(self) -> dict:
-        """Build (or resume, or find complete) the URL; returns its manifest."""
-        self.store.check_writable()  # credentials, endpoint, bucket: before any work
-        with OutputLock(self.root, what=f"the staging folder of {redact(self.url)}"):
-            build = Build(dataclasses.replace(self.cfg, out=str(self.staged), staging=None),
-                          show_progress=self.show_progress)
-            found = self._prepare(build.fingerprint)
-            if found is not None:
-                self.already_complete = True
-                self._remove_staging()
-                return found
-            self.store.write_bytes(MARKER, json.dumps(build.fingerprint).encode())
-            uploader = Uploader(self.store, self.staged, self.root / "uploaded.jsonl")
-            try:
-                build.publish = uploader.put
-                manifest = build.run()
-                uploader.drain()
-                self._finish(manifest, uploader)
-            finally:
-                uploader.close()
-            self._remove_staging()  # the lock's folder goes with the lock
-        return manifest
+
+class RemoteOut:
+    """The URL a build goes to, and its staged copy (`staged_out`, the --out the build writes)."""
+
+    def __init__(self, url: str, staged_out: Path):
+        self.url, self.staged = url.rstrip("/"), Path(staged_out)
+        self.store = Store(self.url)
+        self.ledger = self.staged.parent / "uploaded.jsonl"
+
+    def uploader(self) -> Uploader:
+        return Uploader(self.store, self.staged, self.ledger)
 
     # -- the start: what is there --------------------------------------------------------------
     def survey(self) -> RemoteSurvey:
@@ -112,11 +103,12 @@ class RemoteBuild:
         return RemoteSurvey(sizes, manifest, fingerprint, sorted(own),
                             sorted(set(sizes) - set(own)))
 
-    def _prepare(self, fingerprint: dict) -> dict | None:
+    def prepare(self, fingerprint: dict, overwrite: bool) -> dict | str | None:
         """The finished build's manifest when this very build is in the store already; else
-        readies store and staging for building (resuming what is staged when it is this
-        build's), or raises SettingsError rather than touch a foreign object."""
-        s, url, overwrite = self.survey(), redact(self.url), self.cfg.overwrite
+        readies the store (the marker up) and returns FRESH when the staged build must start
+        afresh (nothing of it is in the store), None when it resumes. Raises SettingsError
+        rather than touch a foreign object."""
+        s, url = self.survey(), redact(self.url)
         if s.fingerprint is None and s.foreign:
             raise SettingsError(f"{url} is not empty and holds no longpack build ({url}/"
                                 f"{s.foreign[0]} is not one of its files); refusing to write "
@@ -132,14 +124,26 @@ class RemoteBuild:
             raise SettingsError(f"{url}/{s.foreign[0]} is not a file of the longpack build in "
                                 f"{url}: a build never deletes or replaces an object it did not "
                                 "write; move it away and re-run")
-        if overwrite or s.fingerprint != fingerprint:  # replace a build, or start afresh
+        fresh = overwrite or s.fingerprint != fingerprint
+        if fresh:  # replace a build, or start afresh: nothing staged or uploaded counts
             # the manifest first: from its removal on no reader takes the prefix as complete
             self.store.remove([rel for rel in s.own if rel == "manifest.json"])
             self.store.remove([rel for rel in s.own if rel != "manifest.json"])
-            self._remove_staging()
-        return None
+            self.ledger.unlink(missing_ok=True)
+        self.store.write_bytes(MARKER, json.dumps(fingerprint).encode())
+        return FRESH if fresh else None
 
     # -- the end: the rest goes up, the manifest last -----------------------------------------
+    def finish(self, manifest: dict) -> None:
+        """Everything the staged build's manifest lists up in the store, checked; the manifest
+        last, then the marker goes. Shards already up (and gone from the staging disk) are
+        checked against the ledger and the store."""
+        uploader = self.uploader()
+        try:
+            self._finish(manifest, uploader)
+        finally:
+            uploader.close()
+
     def _finish(self, manifest: dict, uploader: Uploader) -> None:
         listed = {"manifest.json", manifest["skipped_log"]}
         for split in manifest["splits"].values():
@@ -160,7 +164,7 @@ class RemoteBuild:
         stale = [rel for rel in self.survey().own if rel not in listed and rel != MARKER]
         self.store.remove(stale)
         uploader.ensure(self.staged / "manifest.json")
-        self.store.remove([MARKER])
+        self.store.remove(list(self.store.sizes(WORK_DIR)))  # the marker: complete now
 
     def _ensure_shard(self, uploader: Uploader, local: Path, rel: str, sha256: str | None):
         if local.is_file():
@@ -170,8 +174,42 @@ class RemoteBuild:
             raise StorageError(f"{redact(self.store.url_of(rel))} is neither in the store nor in "
                                f"the staging folder {self.staged}: re-run with --overwrite")
 
-    def _remove_staging(self) -> None:
-        """What is staged (a finished build needs none, a fresh one must not find any); the
-        held lock's folder goes when the lock is let go (output_lock.py)."""
+    def remove_staging(self) -> None:
+        """What is staged (a finished build needs none); a held lock's folder goes when the
+        lock is let go (output_lock.py)."""
         shutil.rmtree(self.staged, ignore_errors=True)
-        (self.root / "uploaded.jsonl").unlink(missing_ok=True)
+        self.ledger.unlink(missing_ok=True)
+
+
+class RemoteBuild:
+    """`pack build --out URL` on one machine: the local build staged, its shards uploaded as
+    the writer finishes them."""
+
+    def __init__(self, cfg: BuildConfig, show_progress: bool | None = None):
+        self.cfg, self.show_progress = cfg, show_progress
+        self.local_cfg, url = staged(cfg)
+        self.remote = RemoteOut(url, Path(self.local_cfg.out))
+        self.already_complete = False
+
+    def run(self) -> dict:
+        """Build (or resume, or find complete) the URL; returns its manifest."""
+        remote = self.remote
+        remote.store.check_writable()  # credentials, endpoint, bucket: before any work
+        with OutputLock(remote.staged.parent, what=f"the staging of {redact(remote.url)}"):
+            build = Build(self.local_cfg, show_progress=self.show_progress)
+            found = remote.prepare(build.fingerprint, self.cfg.overwrite)
+            if isinstance(found, dict):
+                self.already_complete = True
+                remote.remove_staging()
+                return found
+            if found == FRESH:  # whatever is staged is of no use
+                build.cfg = dataclasses.replace(build.cfg, overwrite=True)
+            uploader = remote.uploader()
+            try:
+                build.publish = uploader.put
+                manifest = build.run()
+            finally:
+                uploader.close()
+            remote.finish(manifest)
+            remote.remove_staging()
+        return manifest
