@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pipeline.config import BuildConfig
 from pipeline.errors import LongpackError, SettingsError
 from pipeline.progress import Progress
+from pipeline.remote_build import staged
 
 MAX_RETRIES = 3  # a task's worker process may die this many times before the build stops
 POLL_SECONDS = 0.5
@@ -57,9 +58,10 @@ def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | 
         _wait(ray, {run.remote(cfg, i): i for i in range(cfg.tasks)},
               Progress(_input_bytes(cfg), None, show_progress))
         place = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_place)
-        placed = set(tasks.task_status(cfg.out)["placed"])
-        _wait(ray, {place.remote(cfg.out, i): i for i in range(cfg.tasks) if i not in placed})
-        return tasks.merge(cfg.out)
+        work = staged(cfg)[0].out  # --out, or the staging folder of an --out URL
+        placed = set(tasks.task_status(work)["placed"])
+        _wait(ray, {place.remote(work, i): i for i in range(cfg.tasks) if i not in placed})
+        return tasks.merge(work)
     finally:
         if started_here:
             ray.shutdown()

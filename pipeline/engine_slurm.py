@@ -24,6 +24,7 @@ import click
 from pipeline.atomic import write_bytes
 from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.errors import SettingsError
+from pipeline.remote_build import staged
 from pipeline.settings import to_flags
 from pipeline.slurm_wait import command, queued_jobs, wait_for_build
 
@@ -84,19 +85,20 @@ def scripts(cfg: BuildConfig, options: tuple[str, ...]) -> tuple[str, str]:
     """(tasks.sbatch, merge.sbatch). --overwrite is not repeated: the launcher's prepare_tasks
     has already replaced the old build, and a requeued element must join the build under way."""
     pack, n, name = pack_command(), cfg.tasks, Path(cfg.out).absolute().name
+    work = staged(cfg)[0].out  # --out, or the staging folder of an --out URL
     flags = to_flags(cfg, skip=("tasks", "task_index", "overwrite"))
     build = " ".join(shlex.quote(part) for part in [pack, "build", *flags, "--tasks", str(n)])
-    tasks = _header(f"longpack-{name}", n, cfg.workers, slurm_folder(cfg.out) / "task-%a.log",
+    tasks = _header(f"longpack-{name}", n, cfg.workers, slurm_folder(work) / "task-%a.log",
                     options)
     tasks += ["", f"# task I of {n}: tokenize its share of the inputs into OUT/{WORK_DIR}/task.I/",
               "# (a requeued element resumes from its checkpoint)",
               _started("task", n),
               f'exec {build} --task-index "$SLURM_ARRAY_TASK_ID" --no-merge', ""]
-    merge = _header(f"longpack-{name}-merge", n, 1, slurm_folder(cfg.out) / "merge-%a.log",
+    merge = _header(f"longpack-{name}-merge", n, 1, slurm_folder(work) / "merge-%a.log",
                     options, ("--kill-on-invalid-dep=yes",))
     merge += ["", "# once every task is done: place task I's shards; the element that places the",
               "# last one finishes the build", _started("merge of task", n),
-              f"exec {shlex.quote(pack)} merge {shlex.quote(cfg.out)} "
+              f"exec {shlex.quote(pack)} merge {shlex.quote(work)} "
               '--task-index "$SLURM_ARRAY_TASK_ID"', ""]
     return "\n".join(tasks), "\n".join(merge)
 
@@ -133,7 +135,8 @@ def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry
     `wait`, wait for the merge. The exit status for `pack build`."""
     check_options(options)
     tasks_script, merge_script = scripts(cfg, options)
-    folder = slurm_folder(cfg.out)
+    work = staged(cfg)[0].out
+    folder = slurm_folder(work)
     if dry_run:
         click.echo(f"# {folder / 'tasks.sbatch'}   (sbatch --parsable tasks.sbatch)")
         click.echo(tasks_script)
@@ -149,7 +152,7 @@ def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry
     if limit is not None and cfg.tasks > limit:
         raise SettingsError(f"--tasks {cfg.tasks}: this cluster's MaxArraySize is {limit}, so an "
                             f"array holds at most {limit} tasks; use --tasks {limit} or fewer")
-    _refuse_running_jobs(cfg.out)
+    _refuse_running_jobs(work)
     from pipeline import tasks
     from pipeline.manifest import already_complete, summary
 
@@ -173,6 +176,6 @@ def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry
                f"{tasks_job},{merge_job}")
     if not wait:
         return 0
-    return wait_for_build(cfg.out, folder, tasks_job, merge_job, poll_s,
+    return wait_for_build(work, folder, tasks_job, merge_job, poll_s,
                           resubmit_merge=lambda: submit(folder / "merge.sbatch"))
 

@@ -73,14 +73,23 @@ def launch(cfg: BuildConfig, how: LaunchConfig, show_progress: bool | None) -> O
         for i in range(cfg.tasks):
             manifest = tasks.run_task(cfg, i, merge=how.merge, show_progress=show_progress)
         return Outcome(manifest, None if manifest else
-                       f"pack build: all {cfg.tasks} tasks done; `pack merge {cfg.out}` merges them")
+                       f"pack build: all {cfg.tasks} tasks done; `pack merge {_work_out(cfg)}` "
+                       "merges them")
     manifest = tasks.run_task(cfg, index, merge=how.merge, show_progress=show_progress)
     if manifest is not None:
         return Outcome(manifest)
-    left = tasks.task_status(cfg.out)["missing"]
+    work = _work_out(cfg)
+    left = tasks.task_status(work)["missing"]
     return Outcome(message=f"pack build: task {index} of {cfg.tasks} done; " + (
         f"{len(left)} still to run ({', '.join(map(str, left[:20]))}{', ...' if len(left) > 20 else ''})"
-        if left else f"all done: `pack merge {cfg.out}` merges them"))
+        if left else f"all done: `pack merge {work}` merges them"))
+
+
+def _work_out(cfg: BuildConfig) -> str:
+    """Where the build's tasks work: --out, or the staging folder of an --out URL."""
+    from pipeline.remote_build import staged
+
+    return staged(cfg)[0].out
 
 
 def _is_tasked(cfg: BuildConfig) -> bool:
@@ -90,4 +99,4 @@ def _is_tasked(cfg: BuildConfig) -> bool:
     from pipeline.config import WORK_DIR
     from pipeline.output_dir import TASKS
 
-    return (Path(cfg.out) / WORK_DIR / TASKS).is_file() and not cfg.overwrite
+    return (Path(_work_out(cfg)) / WORK_DIR / TASKS).is_file() and not cfg.overwrite

@@ -21,6 +21,7 @@ foreign, and the build refuses to start, --overwrite or not. Two machines buildi
 URL at once are not kept apart (stores have no locks): one URL, one writer.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -179,6 +180,8 @@ class RemoteOut:
         lock is let go (output_lock.py)."""
         shutil.rmtree(self.staged, ignore_errors=True)
         self.ledger.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty while a lock is held in it
+            self.staged.parent.rmdir()
 
 
 class RemoteBuild:

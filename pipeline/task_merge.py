@@ -34,6 +34,7 @@ from pipeline.output_dir import (
     remove_work_files,
 )
 from pipeline.output_lock import FolderGone, OutputLock
+from pipeline.remote_build import RemoteOut
 from pipeline.task_build import DONE, read_done, task_folder
 from pipeline.task_layout import SplitLayout, SplitStreams, cut_shard
 
@@ -62,6 +63,7 @@ class TaskedBuild:
                                 f"{WORK_DIR}/{TASKS}); `pack merge` finishes a build that "
                                 "`pack build --tasks N` started") from None
         self.tasks = record["tasks"]
+        self.upload_to = record.get("upload_to")  # an --out URL: OUT is its staging folder
         config = {**record["config"], "out": str(self.out), "inputs": tuple(record["config"]["inputs"])}
         self.cfg = BuildConfig(**config)
         self.fingerprint = json.loads((self.work / FINGERPRINT).read_text(encoding="utf-8"))
@@ -151,7 +153,19 @@ def _merged(out: Path) -> bool:
 
 
 def _place(build: TaskedBuild, index: int, folder: Path) -> None:
+    """With an --out URL each shard goes up as it is written, and leaves the staging disk."""
     placed = {}
+    uploader = RemoteOut(build.upload_to, build.out).uploader() if build.upload_to else None
+    try:
+        _place_splits(build, index, folder, placed, uploader)
+    finally:
+        if uploader is not None:
+            uploader.close()
+    placed["uploaded"] = uploader is not None
+    write_json(folder / PLACED, placed, fsync=True)
+
+
+def _place_splits(build: TaskedBuild, index: int, folder: Path, placed: dict, uploader) -> None:
     for split in SPLITS:
         streams = build.streams(split, index + 1)
         offset, tokens = streams.offsets[index], streams.counts[index]
@@ -164,9 +178,10 @@ def _place(build: TaskedBuild, index: int, folder: Path) -> None:
                 (folder / split).mkdir(exist_ok=True)
             for name, data in files.items():
                 write_bytes(folder / split / name, data, fsync=True)
+                if uploader is not None:
+                    uploader.put(folder / split / name, f"{split}/{name}")
             entries[str(k)] = entry
         placed[split] = entries
-    write_json(folder / PLACED, placed, fsync=True)
 
 
 def merge(out: Path) -> dict:
@@ -203,9 +218,12 @@ def _merge(build: TaskedBuild, journal: Journal) -> dict:
         with writing(out / split):
             (out / split).mkdir(exist_ok=True)
         for i in range(build.tasks):
-            for k, entry in build.placed(i)[split].items():
-                for stored in _stored_names(fmt, entry):
-                    _move(task_folder(out, i) / split / stored, out / split / stored, journal)
+            placed = build.placed(i)
+            for k, entry in placed[split].items():
+                if not placed.get("uploaded"):  # else in the store already (OUT stages a URL)
+                    for stored in _stored_names(fmt, entry):
+                        _move(task_folder(out, i) / split / stored, out / split / stored,
+                              journal)
                 entries[int(k)] = entry
         for k in range(layout.shards):
             if k in entries:
@@ -226,6 +244,8 @@ def _merge(build: TaskedBuild, journal: Journal) -> dict:
                                    _timings(dones))
     journal.claim(out / "manifest.json")
     write_json(out / "manifest.json", m, fsync=True)
+    if build.upload_to:  # before the work folder goes: until then a re-run merges again
+        RemoteOut(build.upload_to, out).finish(m)
     remove_work_files(out)
     return m
 

@@ -20,6 +20,7 @@ from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.errors import SettingsError
 from pipeline.output_dir import CHECKPOINT, TASKS, prepare_output
 from pipeline.output_lock import OutputLock
+from pipeline.remote_build import FRESH, RemoteOut, staged
 from pipeline.task_build import TaskBuild, TaskProgress
 from pipeline.task_merge import TaskedBuild, TasksUnfinished, config_record, place
 
@@ -31,17 +32,20 @@ merge = task_merge.merge
 
 def prepare_tasks(cfg: BuildConfig, hub_client=None) -> dict | None:
     """Check OUT and record the tasks; the finished build's manifest if OUT already holds this
-    very build (nothing to do), else None. Idempotent: every task calls it too."""
+    very build (nothing to do), else None. Idempotent: every task calls it too. An --out URL:
+    the tasks run in its staging folder (remote_build.staged), which every task must see."""
+    cfg, url = staged(cfg)
     task = TaskBuild(cfg, 0, hub_client)
     try:
-        return _prepare(task)
+        return _prepare(task, url)
     finally:
         task.files.close()
 
 
-def _prepare(task: TaskBuild) -> dict | None:
+def _prepare(task: TaskBuild, url: str | None) -> dict | None:
     """Under the output's lock, held only for this: a build split into tasks has many writers,
-    each task holding its own folder's lock while it runs."""
+    each task holding its own folder's lock while it runs. `url`: where the build goes (OUT is
+    then its staging folder): checked, and recorded for the steps that upload."""
     cfg, out = task.cfg, task.out
     work = out / WORK_DIR
     with OutputLock(work, wait=True):
@@ -57,6 +61,13 @@ def _prepare(task: TaskBuild) -> dict | None:
                 raise SettingsError(f"{out} is being built in {recorded['tasks']} tasks; run its "
                                     f"tasks with --tasks {recorded['tasks']} (--overwrite "
                                     f"starts it again in {cfg.tasks})")
+        if url is not None:
+            remote = RemoteOut(url, out)
+            found = remote.prepare(task.fingerprint, overwrite)
+            if isinstance(found, dict):  # complete: what the merge left staged is of no use
+                remote.remove_staging()
+                return found
+            overwrite = overwrite or found == FRESH  # nothing staged counts
         if (work / CHECKPOINT).is_file() and not overwrite:
             raise SettingsError(f"{out} holds an unfinished single-machine build: re-run it "
                                 "without --tasks to resume it, or pass --overwrite to replace it")
@@ -65,7 +76,8 @@ def _prepare(task: TaskBuild) -> dict | None:
             return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
         if not (work / TASKS).is_file():
             write_json(work / TASKS, {"tasks": cfg.tasks, "config": config_record(cfg),
-                                      "fingerprint": task.fingerprint}, fsync=True)
+                                      "fingerprint": task.fingerprint, "upload_to": url},
+                       fsync=True)
     return None
 
 
@@ -84,9 +96,10 @@ def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
     if not 0 <= index < cfg.tasks:
         raise SettingsError(f"--task-index {index} is not a task of --tasks {cfg.tasks} "
                             f"(0 to {cfg.tasks - 1})")
+    cfg, url = staged(cfg)
     task = TaskBuild(cfg, index, hub_client, show_progress, report)
     try:
-        finished = _prepare(task)
+        finished = _prepare(task, url)
     except BaseException:
         task.files.close()
         raise

@@ -62,22 +62,23 @@ class Uploader:
         return path.relative_to(self.root).as_posix()
 
     # -- the background thread ---------------------------------------------------------------
-    def put(self, path: Path) -> None:
-        """Upload `path` (a finished file under root) in the background, then remove it."""
+    def put(self, path: Path, rel: str | None = None) -> None:
+        """Upload `path` (a finished file; to `rel`, default its path under root) in the
+        background, then remove it."""
         self._raise()
         while True:  # blocks while the staging is full, but still sees the thread's failure
             try:
-                self._queue.put(path, timeout=0.2)
+                self._queue.put((path, rel), timeout=0.2)
                 return
             except queue.Full:
                 self._raise()
 
     def _run(self) -> None:
-        while (path := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
             try:
                 if self._error is None:
-                    self.ensure(path)
-                    path.unlink()
+                    self.ensure(*item)
+                    item[0].unlink()
             except BaseException as e:  # raised in the build's threads by _raise
                 self._error = e
             finally:
@@ -108,10 +109,10 @@ class Uploader:
             return False
         return _matches(self.store.info(rel), *known[1:])
 
-    def ensure(self, path: Path) -> None:
-        """`path` up in the store, checked: sent unless the ledger and the store show these
-        very bytes are there already."""
-        rel = self.rel(path)
+    def ensure(self, path: Path, rel: str | None = None) -> None:
+        """`path` up in the store (at `rel`, default its path under root), checked: sent
+        unless the ledger and the store show these very bytes are there already."""
+        rel = rel or self.rel(path)
         sha256, md5, size = digests(path)
         if self.is_up(rel, sha256):
             self.skipped += 1

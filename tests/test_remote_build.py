@@ -243,3 +243,27 @@ def test_a_failing_upload_stops_the_build_with_one_line(tmp_path, s3, corpus, by
     manifest, _ = run_remote(cfg)
     build(settings(tmp_path / "local", corpus, byte_tokenizer), show_progress=False)
     assert bucket_tree(s3, "gone") == build_tree(tmp_path / "local")
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1]])
+def test_a_build_split_into_tasks_lands_in_s3_as_the_single_build(tmp_path, s3, corpus,
+                                                                  byte_tokenizer, order):
+    """Tasks stage in --staging (every task sees it); each places its shards straight into the
+    bucket; the last one merges and uploads the rest, the manifest last."""
+    from pipeline import tasks
+
+    build(settings(tmp_path / "local", corpus, byte_tokenizer), show_progress=False)
+    cfg = settings(s3.url("tasked"), corpus, byte_tokenizer, tasks=3,
+                   staging=str(tmp_path / "stg"))
+    manifests = []
+    for i in order:
+        manifests.append(tasks.run_task(cfg, i, show_progress=False))
+        if i != order[-1]:
+            assert "tasked/manifest.json" not in s3.keys()
+    assert manifests[-1] is not None and manifests[:-1] == [None, None]
+    assert bucket_tree(s3, "tasked") == build_tree(tmp_path / "local")
+    staged_shards = list((tmp_path / "stg").rglob("shard.*"))
+    assert not staged_shards  # every shard went up and left the staging disk
+    again = launch(cfg, LaunchConfig(), show_progress=False)  # finds it complete in the bucket
+    assert json.dumps(again.manifest, sort_keys=True) == json.dumps(manifests[-1], sort_keys=True)
+    assert not any((tmp_path / "stg").iterdir())
