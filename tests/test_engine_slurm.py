@@ -214,6 +214,25 @@ def test_slurm_build_is_byte_identical(slurm, tmp_path, byte_tokenizer, capsys, 
 
 
 @pytest.mark.slow
+def test_slurm_build_into_s3_is_the_single_build(slurm, s3, tmp_path, byte_tokenizer, capsys):
+    """Jobs get the submitter's environment (sbatch's default): the endpoint and credentials of
+    the bucket; the tasks stage in --staging, which every job sees."""
+    kw = settings(tmp_path, byte_tokenizer)
+    cfg = BuildConfig(out=s3.url("slurm"), tasks=2, staging=str(tmp_path / "staging"), **kw)
+    assert build_with_slurm(cfg, (), wait=True, dry_run=False, poll_s=POLL_S) == 0
+    single = single_build(tmp_path, **kw)
+    objects = {key.removeprefix("slurm/"): s3.read(key) for key in s3.keys("slurm/")}
+    a, b = (json.loads(m) for m in (objects.pop("manifest.json"),
+                                    (single / "manifest.json").read_bytes()))
+    assert a.pop("timings") and b.pop("timings") and a == b
+    assert objects == {str(p.relative_to(single)): p.read_bytes() for p in single.rglob("*")
+                       if p.is_file() and p.name != "manifest.json"}
+    assert "already complete" not in capsys.readouterr().out
+    assert build_with_slurm(cfg, (), wait=True, dry_run=False, poll_s=POLL_S) == 0
+    assert "already complete" in capsys.readouterr().out
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kill_on_invalid_dep", ["yes", "no"])
 def test_failed_task_exits_1_naming_it_and_its_log(slurm, tmp_path, byte_tokenizer, capsys,
                                                      kill_on_invalid_dep):

@@ -267,3 +267,17 @@ def test_a_build_split_into_tasks_lands_in_s3_as_the_single_build(tmp_path, s3, 
     again = launch(cfg, LaunchConfig(), show_progress=False)  # finds it complete in the bucket
     assert json.dumps(again.manifest, sort_keys=True) == json.dumps(manifests[-1], sort_keys=True)
     assert not any((tmp_path / "stg").iterdir())
+
+
+@pytest.mark.slow
+def test_ray_tasks_build_into_s3_as_the_single_build(tmp_path, s3, corpus, byte_tokenizer):
+    """A local Ray cluster started by the command: its workers see the bucket's endpoint and
+    credentials from the environment, like the driver."""
+    pytest.importorskip("ray")
+    build(settings(tmp_path / "local", corpus, byte_tokenizer, workers=1), show_progress=False)
+    cfg = settings(s3.url("ray"), corpus, byte_tokenizer, tasks=2, staging=str(tmp_path / "s"),
+                   workers=1)
+    result = CliRunner().invoke(pack, ["build", *to_flags(cfg, skip=("task_index",)),
+                                       "--engine", "ray"])
+    assert result.exit_code == 0 and "in 2 tasks" in result.output, result.output
+    assert bucket_tree(s3, "ray") == build_tree(tmp_path / "local")
