@@ -67,3 +67,15 @@ def test_urls_schemes_and_redaction():
         refuse_unwritable(url, "pack build")
     with pytest.raises(StorageError, match=r"pack build cannot write to https://h/x: https:// is"):
         refuse_unwritable("https://h/x", "pack build")
+
+
+def test_a_store_whose_library_is_missing_names_the_extra():
+    try:
+        import gcsfs  # noqa: F401
+        pytest.skip("gcsfs is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(StorageError) as caught:
+        Store("gs://bucket/x")
+    assert str(caught.value) == ("gs://bucket/x: gs:// needs gcsfs (ImportError); pip install "
+                                 "'longpack[gcs]'")
