@@ -200,8 +200,13 @@ class RemoteBuild:
         remote.store.check_writable()  # credentials, endpoint, bucket: before any work
         with OutputLock(remote.staged.parent, what=f"the staging of {redact(remote.url)}"):
             build = Build(self.local_cfg, show_progress=self.show_progress)
-            found = remote.prepare(build.fingerprint, self.cfg.overwrite)
+            try:
+                found = remote.prepare(build.fingerprint, self.cfg.overwrite)
+            except BaseException:
+                build.files.close()  # Build.run closes them otherwise
+                raise
             if isinstance(found, dict):
+                build.files.close()
                 self.already_complete = True
                 remote.remove_staging()
                 return found
