@@ -1,9 +1,11 @@
 """Helpers the benchmarks in tools/ share: the CPU other processes take meanwhile, the
 checkout measured, the `pack` executable, PASS/FAIL."""
 
+import contextlib
 import os
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -108,3 +110,39 @@ def build_shared_corpus(work: Path, seq: int, formats=("mds", "memmap")) -> dict
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
+
+
+@contextlib.contextmanager
+def s3_server(bucket: str = "bench"):
+    """A real S3-compatible server (moto's) in a process of its own on 127.0.0.1, with `bucket`
+    made; yields the environment (endpoint, dummy credentials) that points clients at it. In a
+    process of its own, its CPU is not the measured process's (CpuWatch counts it as ours: a
+    waited-for child)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                               str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "S3_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+           "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise RuntimeError("moto's S3 server did not start (pip install "
+                                       "'moto[server]')") from None
+                time.sleep(0.1)
+        import boto3
+
+        boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"], aws_access_key_id="bench",
+                     aws_secret_access_key="bench", region_name="us-east-1"
+                     ).create_bucket(Bucket=bucket)
+        yield env
+    finally:
+        server.terminate()
+        server.wait()
