@@ -23,6 +23,10 @@ over its share of the inputs (task_plan.py), stopping before pack.py: task_build
 task's documents (task_stream.py). Then task_layout.py + task_merge.py cut the same rows with the
 same packer once the tasks before are counted, and the merge makes OUT the single build's bytes.
 engine_ray.py and engine_slurm.py (slurm_wait.py) run the tasks on a cluster.
+
+An --out URL (s3://, gs://, ...): remote_build.py stages the build in a local folder and
+uploader.py sends each finished shard up in the background, the manifest last; every URL of
+longpack (inputs, outputs, the trainer's checkpoints) goes through storage.py (fsspec).
 `pack stats` reads builds back through the same format classes: shards.py, stats.py,
 stats_report.py, stats_files.py, recommend.py. docs/FORMAT.md is the single source of truth
 for the on-disk format.
@@ -44,6 +48,8 @@ _API = {  # name -> the module that defines it
     "get_format": "formats", "MdsFormat": "format_mds",  # shard formats
     "SplitReader": "shards",  # the rows and segments of a split, any format
     "import_streaming": "streaming_compat",  # the one way to import mosaicml-streaming
+    "StorageError": "errors", "Store": "storage", "is_url": "storage",  # object stores
+    "staging_folder": "storage", "redact": "storage",
 }
 __all__ = sorted(_API)
 

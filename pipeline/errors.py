@@ -36,3 +36,7 @@ class DataError(LongpackError):
 
 class LoaderError(TrainingError):
     """The trainer's loader worker processes died or failed outside a typed error."""
+
+
+class StorageError(LongpackError):
+    """An object store that cannot be reached, read or written; the message names the URL."""

@@ -23,9 +23,7 @@ URL at once are not kept apart (stores have no locks): one URL, one writer.
 
 import contextlib
 import dataclasses
-import hashlib
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -36,7 +34,7 @@ from pipeline.errors import SettingsError
 from pipeline.formats import open_format
 from pipeline.output_dir import FINGERPRINT, differences
 from pipeline.output_lock import OutputLock
-from pipeline.storage import StorageError, Store, is_url, redact
+from pipeline.storage import StorageError, Store, is_url, redact, staging_folder
 from pipeline.uploader import Uploader
 
 MARKER = f"{WORK_DIR}/{FINGERPRINT}"
@@ -45,19 +43,12 @@ _OWN = re.compile(rf"manifest\.json|skipped\.jsonl|({_SPLIT})/(index\.json|shard
                   rf"|{re.escape(WORK_DIR)}/.+")
 
 
-def staging_root(url: str, staging: str | None) -> Path:
-    """The URL's staging folder: under `staging` (--staging), else the user's cache."""
-    base = Path(staging) if staging else Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longpack" / "staging"
-    return base / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
-
-
 def staged(cfg: BuildConfig) -> tuple[BuildConfig, str | None]:
     """(the settings the build runs with, the URL its files go to): an --out URL becomes its
     staging folder; a local --out stays (no URL)."""
     if not is_url(cfg.out):
         return cfg, None
-    out = staging_root(cfg.out, cfg.staging) / "out"
+    out = staging_folder(cfg.out, cfg.staging) / "out"
     return dataclasses.replace(cfg, out=str(out), staging=None), cfg.out.rstrip("/")
 
 

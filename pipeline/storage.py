@@ -20,20 +20,17 @@ carry URLs with any user:password@ part cut out.
 """
 
 import contextlib
+import hashlib
 import os
 import re
 from pathlib import Path
 
-from pipeline.errors import LongpackError
+from pipeline.errors import StorageError
 
 # protocol -> (the extra that provides it, the library) for the stores a build writes to
 WRITABLE = {"s3": ("s3", "s3fs"), "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
             "az": ("azure", "adlfs"), "abfs": ("azure", "adlfs"), "memory": (None, "fsspec")}
 _URL = re.compile(r"([a-z][a-z0-9+.-]*)://(.*)", re.IGNORECASE)
-
-
-class StorageError(LongpackError):
-    """An object store that cannot be reached, read or written; the message names the URL."""
 
 
 def is_url(location) -> bool:
@@ -52,6 +49,14 @@ def endpoint() -> str | None:
 
 def protocol(url: str) -> str:
     return _URL.fullmatch(url).group(1).lower()
+
+
+def staging_folder(url: str, base: str | None = None) -> Path:
+    """The local folder where what goes to `url` is staged (a build's files, a run's
+    checkpoints): under `base` (--staging), else the user's cache; one per URL."""
+    root = Path(base) if base else Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "longpack" / "staging"
+    return root / hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16]
 
 
 def refuse_unwritable(url: str, what: str) -> None:
