@@ -4,6 +4,7 @@
     loop.py        the loop, top to bottom: resume point, data, model, resume, run dir, steps
     step.py        one optimizer step: what the loop runs and --dry-run times (plan.py)
     checkpoint.py  save and load; building, checking and restoring a checkpoint's state
+    upload.py      checkpoints to a bucket in the background, and back on a fresh machine
     data.py        a build's rows: memmap, or MDS through mosaicml-streaming (local or remote)
     sampler.py     the global order of rows: (seed, epoch, fingerprint) -> rows of step s
     loader.py      micro-batches of this rank, built ahead by worker processes

@@ -27,7 +27,13 @@ class TrainConfig:
         None, "Tokens per training sample: the build's --seq (default), or a divisor of it "
         "(each row is cut into windows).")
     model: str = setting("neox-tiny", "archs/ preset or family name.")
-    out: str = setting("runs/default", "Run directory: checkpoints, metrics.jsonl.")
+    out: str = setting("runs/default", "Run directory: checkpoints, metrics.jsonl; or a bucket's "
+                       "URL (s3://, gs://): the run is kept in a local folder and uploaded "
+                       "there (as --upload).")
+    upload: str | None = setting(None, "Also keep the run's checkpoints and metrics.jsonl at "
+                                 "this URL (s3://BUCKET/RUN, gs://...), uploaded in the "
+                                 "background; --resume auto finds them there on a fresh "
+                                 "machine.", metavar="URL")
     batch_size: int = setting(
         8, "Samples per device per micro-step (the global batch is this x grad_accum x "
         "processes).")
@@ -105,6 +111,19 @@ class TrainConfig:
             raise SettingsError("--seq must be at least 2")
         if self.warmup < 0:
             raise SettingsError("--warmup must not be negative")
+        from pipeline import is_url  # a light import: pipeline loads its modules on use
+        from pipeline.storage import refuse_unwritable
+
+        if self.upload is not None:
+            if is_url(self.out):
+                raise SettingsError("--upload is for a local --out; --out URL already uploads "
+                                    "the run there")
+            if not is_url(self.upload):
+                raise SettingsError(f"--upload {self.upload}: give a bucket's URL "
+                                    "(s3://BUCKET/RUN, gs://...); a local copy is --out's job")
+        for url in (self.out, self.upload):
+            if url is not None and is_url(url):
+                refuse_unwritable(url, "train")
         size = SIZE.fullmatch(str(self.cache_limit).strip().lower())
         if not size or not float(size["number"] or size["bytes"]):
             raise SettingsError(f"--cache-limit {self.cache_limit!r}: give a positive size such "

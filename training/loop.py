@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import archs
-from pipeline import TrainingError
+from pipeline import TrainingError, is_url, redact, staging_folder
 from training import checkpoint, distributed
 from training.batch import make_batch, model_inputs
 from training.config import TrainConfig
@@ -35,6 +35,7 @@ from training.loader import StepBatches, batches
 from training.metrics import MetricsLog, check_installed, duration, peak_flops
 from training.sampler import GlobalOrder, batch_hash
 from training.step import autocast, prepare, train_step
+from training.upload import RemoteRun
 
 SHARD_CACHE = "shard-cache"  # in the run directory, without --cache
 
@@ -53,9 +54,10 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
 
 
 def _train(cfg, resume, log, stop_at, procs):
-    run = Path(cfg.out)
+    run, remote = run_folder(cfg)
     check_installed(cfg.report_to)
     # -- resume point: read, and its model checked, before the data is opened ----------------
+    resume = fetch_remote_checkpoint(run, remote, resume)
     found = checkpoint.find(run, resume)
     if found:
         checkpoint.check_model(found, cfg)
@@ -91,7 +93,7 @@ def _train(cfg, resume, log, stop_at, procs):
     step_tokens = order.global_batch * (build.seq - 1)
     eta = Eta(cfg.max_steps)
     # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0) ----
-    with stop_requested() as stop, \
+    with stop_requested() as stop, uploads_finished(remote, log), \
             contextlib.closing(batches(data, step, cfg.max_steps, cfg.workers)) as stream:
         while step < cfg.max_steps:
             t0 = time.perf_counter()
@@ -124,13 +126,55 @@ def _train(cfg, resume, log, stop_at, procs):
                 stop_at is not None and step >= stop_at)
             if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
                 if procs.main:
-                    checkpoint.save(run, step, checkpoint.capture(state, step, build, order, cfg),
-                                    cfg.keep_last)
+                    if remote:
+                        remote.wait()  # the previous checkpoint's upload, if still running
+                    saved = checkpoint.save(run, step, checkpoint.capture(state, step, build,
+                                                                          order, cfg),
+                                            cfg.keep_last)
+                    if remote:
+                        remote.submit(saved, run, cfg.keep_last)  # in the background
                 distributed.barrier(procs)
             if stopping:
                 log(f"stopped at step {step}: re-run the same command to resume")
                 break
     return history
+
+
+def run_folder(cfg: TrainConfig) -> tuple[Path, RemoteRun | None]:
+    """(the local run directory, the bucket it goes to): --out, or for an --out URL a local
+    folder of its own (storage.staging_folder); --upload or an --out URL reached now, so a
+    wrong endpoint, bucket or credential stops the run before it starts."""
+    if is_url(cfg.out):
+        return staging_folder(cfg.out) / "run", RemoteRun(cfg.out)
+    return Path(cfg.out), RemoteRun(cfg.upload) if cfg.upload else None
+
+
+def fetch_remote_checkpoint(run: Path, remote: RemoteRun | None, resume: str) -> str:
+    """--resume as checkpoint.find takes it, once what it names in a bucket is in RUN: auto
+    with a bucket fetches the bucket's newest complete checkpoint when RUN has none as new (a
+    fresh machine); a checkpoint's URL is fetched into RUN."""
+    if is_url(resume):
+        parent, _, name = resume.rstrip("/").rpartition("/")
+        return str(RemoteRun(parent).fetch(name, run))
+    if resume == "auto" and remote is not None:
+        remote.fetch_newest(run)
+    return resume
+
+
+@contextlib.contextmanager
+def uploads_finished(remote: RemoteRun | None, log):
+    """The last checkpoint's upload is waited for before the run ends, also when it fails (the
+    run's own error is the one raised)."""
+    try:
+        yield
+    except BaseException:
+        if remote is not None:
+            with contextlib.suppress(Exception):
+                remote.wait()
+        raise
+    if remote is not None:
+        remote.wait()
+        log(f"checkpoints uploaded to {redact(remote.store.url)}")
 
 
 class StopRequest:

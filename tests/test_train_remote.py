@@ -1,0 +1,181 @@
+"""The trainer's checkpoints in a bucket (a real S3 server, moto's, on 127.0.0.1): uploaded in
+the background, COMPLETE last, --keep-last applied there, found again on a fresh machine (a new
+staging folder) with bitwise the same continuation; a kill -9 mid-upload falls back to the
+newest complete one; bad buckets, endpoints and credentials stop the run before a step."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from test_train import config, weights
+
+from pipeline import Store
+from training import checkpoint
+from training.cli import train as train_cli
+from training.loop import train
+
+QUIET = dict(log=lambda m: None)
+
+
+def steps_in(s3, prefix: str) -> dict[str, set[str]]:
+    """step folder -> its files, in the bucket under `prefix`."""
+    found: dict[str, set[str]] = {}
+    for key in s3.keys(prefix + "/"):
+        rel = key[len(prefix) + 1:]
+        if rel.startswith("step-"):
+            folder, name = rel.split("/", 1)
+            found.setdefault(folder, set()).add(name)
+    return found
+
+
+def fresh_machine(tmp_path, monkeypatch, name: str) -> Path:
+    """Another staging root: what a fresh machine has (nothing of the run)."""
+    cache = tmp_path / name
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return cache
+
+
+@pytest.mark.slow
+def test_a_run_into_a_bucket_resumes_bitwise_on_a_fresh_machine(tmp_path, shards, s3,
+                                                                 monkeypatch):
+    straight = train(config(shards, tmp_path / "straight", save_every=2), **QUIET)
+    url = s3.url("run")
+    cfg = config(shards, url, save_every=2, keep_last=2)
+    fresh_machine(tmp_path, monkeypatch, "machine-a")
+    train(cfg, stop_at=4, **QUIET)  # preempted after step 4
+    assert steps_in(s3, "run") == {f"step-0000000{n}": {"state.pt", "COMPLETE"} for n in (2, 4)}
+    assert json.loads(s3.read("run/metrics.jsonl").splitlines()[-1])["step"] == 3
+
+    machine_b = fresh_machine(tmp_path, monkeypatch, "machine-b")
+    said = []
+    resumed = train(cfg, log=said.append)
+    assert any("resumed from" in m and "at step 4" in m for m in said)
+    assert [h["loss"] for h in resumed] == [h["loss"] for h in straight]
+    assert [h["batch"] for h in resumed] == [h["batch"] for h in straight]
+    run_b = next(machine_b.rglob("run"))
+    a, b = weights(tmp_path / "straight"), weights(run_b)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # --keep-last 2 in the bucket too; the newest there is the end of the run
+    assert sorted(steps_in(s3, "run")) == ["step-00000006", "step-00000008"]
+    assert s3.read("run/latest") == b"step-00000008\n"
+    lines = s3.read("run/metrics.jsonl").decode().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == list(range(8))
+
+
+def test_upload_next_to_a_local_out_and_resume_from_a_checkpoint_url(tmp_path, shards, s3):
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=4, save_every=2, workers=0, upload=s3.url("r")),
+          **QUIET)
+    assert sorted(steps_in(s3, "r")) == ["step-00000002", "step-00000004"]
+    local = (run / "step-00000004" / "state.pt").read_bytes()
+    assert s3.read("r/step-00000004/state.pt") == local
+    assert s3.read("r/step-00000004/COMPLETE").decode().strip() == \
+        checkpoint.sha256_file(run / "step-00000004" / "state.pt")
+    # a checkpoint named by its URL is fetched into the new run and resumed
+    other = tmp_path / "other"
+    said = []
+    train(config(shards, other, max_steps=6, save_every=2, workers=0),
+          resume=s3.url("r/step-00000002"), log=said.append)
+    assert any("at step 2" in m for m in said)
+    assert (other / "step-00000002" / "state.pt").is_file()
+
+
+def _one_line(result) -> str:
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert "testing" not in result.output and "Traceback" not in result.output
+    return lines[0]
+
+
+def test_bad_bucket_endpoint_or_credentials_stop_the_run_before_a_step(tmp_path, shards, s3,
+                                                                       monkeypatch):
+    def args(out, *extra):
+        return ["--shards", str(shards), "--out", str(out), "--model", "neox-tiny",
+                "--max-steps", "2", "--workers", "0", *extra]
+
+    runner = CliRunner()
+    line = _one_line(runner.invoke(train_cli, args(tmp_path / "a", "--upload",
+                                                   "s3://no-such-bucket/run")))
+    assert "the bucket no-such-bucket does not exist" in line
+    assert not (tmp_path / "a").exists()
+    line = _one_line(runner.invoke(train_cli, args("https://host/run")))
+    assert line.startswith("Error: train cannot write to https://host/run")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    line = _one_line(runner.invoke(train_cli, args(tmp_path / "b", "--upload", s3.url("x"))))
+    assert "no credentials found" in line
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    line = _one_line(runner.invoke(train_cli, args(tmp_path / "c", "--upload", s3.url("x"))))
+    assert "the endpoint http://127.0.0.1:9 cannot be reached" in line
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+    line = _one_line(runner.invoke(train_cli, args(s3.url("x"), "--upload", s3.url("y"))))
+    assert "--upload is for a local --out" in line
+
+
+def test_gs_and_other_stores_through_the_same_layer(tmp_path, shards, monkeypatch):
+    """fsspec's in-memory store stands in for gs:// (no GCS server here)."""
+    fresh_machine(tmp_path, monkeypatch, "m")
+    train(config(shards, "memory://runs/x", max_steps=2, save_every=1, workers=0, keep_last=1),
+          **QUIET)
+    store = Store("memory://runs/x")
+    assert sorted(store.sizes()) == ["latest", "metrics.jsonl", "step-00000002/COMPLETE",
+                                     "step-00000002/state.pt"]
+    store.remove(list(store.sizes()))
+
+
+@pytest.mark.slow
+def test_kill_9_mid_upload_resumes_from_the_newest_complete_checkpoint(tmp_path, shards, s3):
+    """state.pt of neox-tiny at this vocabulary is tens of MB: long enough an upload to be
+    killed in (moto keeps the parts of a multipart upload in progress apart)."""
+    straight = train(config(shards, tmp_path / "straight", max_steps=12, save_every=2,
+                            workers=0), **QUIET)
+    run = tmp_path / "run"
+    args = ["--shards", str(shards), "--out", str(run), "--model", "neox-tiny",
+            "--batch-size", "4", "--max-steps", "12", "--warmup", "2", "--lr", "3e-3",
+            "--save-every", "2", "--log-every", "100", "--workers", "0",
+            "--upload", s3.url("k")]
+    proc = subprocess.Popen([sys.executable, "-c", "from training.cli import train; train()",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline, killed_in = time.monotonic() + 240, None
+    while time.monotonic() < deadline and proc.poll() is None:
+        steps = steps_in(s3, "k")
+        uploading = s3.client.list_multipart_uploads(Bucket=s3.name).get("Uploads", [])
+        if any("COMPLETE" in files for files in steps.values()) and uploading:
+            killed_in = uploading[0]["Key"]
+            os.kill(proc.pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert killed_in is not None, "no upload in progress was seen: the run ended first"
+    complete = sorted(s for s, files in steps_in(s3, "k").items() if "COMPLETE" in files)
+    killed_step = killed_in.split("/")[1]
+    assert killed_step not in complete  # the one cut short is not complete
+
+    fresh = tmp_path / "fresh"
+    said = []
+    resumed = train(config(shards, fresh, max_steps=12, save_every=2, workers=0,
+                           upload=s3.url("k")), log=said.append)
+    assert any(f"at step {int(complete[-1][5:])}" in m for m in said), said
+    assert [h["loss"] for h in resumed] == [h["loss"] for h in straight]
+
+
+@pytest.mark.slow
+def test_under_torchrun_rank_0_uploads_and_a_fresh_run_resumes(tmp_path, shards, s3):
+    from test_train_distributed import torchrun
+
+    torchrun(shards, tmp_path / "two", "--upload", s3.url("ddp"))
+    assert sorted(steps_in(s3, "ddp")) == ["step-00000003", "step-00000006"]
+    assert s3.read("ddp/step-00000006/state.pt") == \
+        (tmp_path / "two" / "step-00000006" / "state.pt").read_bytes()
+    out = torchrun(shards, tmp_path / "fresh", "--upload", s3.url("ddp"), "--max-steps", "8")
+    assert "resumed from" in out and "at step 6" in out

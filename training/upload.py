@@ -1,0 +1,127 @@
+"""A run's checkpoints in a bucket: uploaded in the background, found again on a fresh machine.
+
+    remote = RemoteRun("s3://bucket/run")       # reaches the store now: one line if it cannot
+    remote.fetch_newest(run)                     # --resume auto: the bucket's newest complete
+                                                 # checkpoint into RUN, if newer than RUN's own
+    remote.submit(run / "step-00000100", run, keep_last=3)   # returns at once
+    remote.close()                               # waits for the upload in flight
+
+The bucket holds what the run directory holds: `step-NNNNNNNN/state.pt`, then
+`step-NNNNNNNN/COMPLETE` (uploaded last: a checkpoint without it is not complete, whatever was
+cut short), `metrics.jsonl` (its lines up to that checkpoint) and `latest`. Then --keep-last
+applies in the bucket: each older checkpoint loses its COMPLETE first, so one cut short
+mid-removal is never taken for complete.
+
+One upload runs at a time, in a thread: training goes on while it runs; the next checkpoint
+waits for it only if it is still running (`submit` first waits, then starts). An upload's
+failure is raised at the next submit or at close, as one StorageError line; the local
+checkpoint is whole whatever happens to the upload.
+"""
+
+import re
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+from pipeline import StorageError, Store, sha256_file
+
+STEP = re.compile(r"step-(\d{8})")
+
+
+class RemoteRun:
+    def __init__(self, url: str):
+        self.store = Store(url)
+        self.store.check_writable()  # credentials, endpoint, bucket: before any step
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # -- in the background -----------------------------------------------------------------
+    def submit(self, step_dir: Path, run: Path, keep_last: int) -> None:
+        """Upload the checkpoint `step_dir` of `run` in the background (after the previous
+        upload ends)."""
+        self.wait()
+        metrics = run / "metrics.jsonl"
+        metrics_bytes = metrics.stat().st_size if metrics.is_file() else 0  # lines written so far
+        self._thread = threading.Thread(target=self._upload, name="checkpoint-upload",
+                                        args=(step_dir, run, metrics_bytes, keep_last),
+                                        daemon=True)
+        self._thread.start()
+
+    def _upload(self, step_dir: Path, run: Path, metrics_bytes: int, keep_last: int) -> None:
+        try:
+            name = step_dir.name
+            for f in sorted(step_dir.iterdir(), key=lambda p: p.name == "COMPLETE"):
+                self.store.put_file(f, f"{name}/{f.name}")  # COMPLETE last
+            if metrics_bytes:
+                with open(run / "metrics.jsonl", "rb") as f:
+                    self.store.write_bytes("metrics.jsonl", f.read(metrics_bytes))
+            self.store.write_bytes("latest", (name + "\n").encode())
+            for old in self.complete_steps()[:-keep_last]:
+                self._remove_checkpoint(old)
+        except BaseException as e:  # raised in the training thread by wait()
+            self._error = e
+
+    def wait(self) -> None:
+        """Until the upload in flight is done; raises its failure."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            if isinstance(error, StorageError):
+                raise StorageError(f"checkpoint upload: {error}") from None
+            raise error
+
+    close = wait
+
+    # -- what the bucket holds -----------------------------------------------------------------
+    def complete_steps(self) -> list[str]:
+        """The bucket's checkpoint folders that have both state.pt and COMPLETE, oldest first."""
+        sizes = self.store.sizes()
+        steps = {rel.split("/")[0] for rel in sizes if STEP.fullmatch(rel.split("/")[0])}
+        return sorted(s for s in steps
+                      if f"{s}/COMPLETE" in sizes and f"{s}/state.pt" in sizes)
+
+    def _remove_checkpoint(self, name: str) -> None:
+        files = [rel for rel in self.store.sizes(name)]
+        self.store.remove([rel for rel in files if rel.endswith("/COMPLETE")])
+        self.store.remove([rel for rel in files if not rel.endswith("/COMPLETE")])
+
+    def fetch(self, name: str, run: Path) -> Path:
+        """Checkpoint `name` from the bucket into RUN/name (through a temporary folder beside
+        it, renamed whole: another process of the run may be fetching it too)."""
+        target = run / name
+        if target.is_dir():
+            return target
+        run.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=run))
+        try:
+            for rel in self.store.sizes(name):
+                self.store.get_file(rel, tmp / rel.split("/", 1)[1])
+            try:
+                tmp.rename(target)
+            except OSError:  # another process put it there first
+                if not target.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return target
+
+    def fetch_newest(self, run: Path) -> Path | None:
+        """The bucket's newest complete checkpoint, into RUN, when it is newer than RUN's own
+        newest complete one (a fresh machine has none); with it the run's metrics.jsonl, when
+        RUN has none. A checkpoint whose state.pt does not match its COMPLETE is skipped for
+        the one before (it is not removed: the bucket is not this machine's to clean)."""
+        local = [p.name for p in run.glob("step-*") if (p / "COMPLETE").is_file()]
+        newest_local = max(local, default="")
+        for name in reversed(self.complete_steps()):
+            if name <= newest_local:
+                return None
+            path = self.fetch(name, run)
+            if (path / "COMPLETE").read_text().strip() == sha256_file(path / "state.pt"):
+                if not (run / "metrics.jsonl").is_file() and self.store.size("metrics.jsonl"):
+                    self.store.get_file("metrics.jsonl", run / "metrics.jsonl")
+                return path
+            shutil.rmtree(path, ignore_errors=True)
+        return None
