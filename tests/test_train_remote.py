@@ -87,6 +87,13 @@ def test_upload_next_to_a_local_out_and_resume_from_a_checkpoint_url(tmp_path, s
     assert (other / "step-00000002" / "state.pt").is_file()
 
 
+def test_which_checkpoints_go_after_a_save():
+    names = [f"step-0000000{n}" for n in (1, 2, 3, 9)]
+    # the newest 2 up to the one saved stay; a later one is an abandoned continuation
+    assert checkpoint.to_remove(names, "step-00000003", 2) == ["step-00000001", "step-00000009"]
+    assert checkpoint.to_remove(names, "step-00000009", 3) == ["step-00000001"]
+
+
 def _one_line(result) -> str:
     assert result.exit_code == 1, result.output
     lines = result.output.strip().splitlines()

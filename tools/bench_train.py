@@ -29,19 +29,37 @@ table and exits 0: a measuring tool, not a test.
     .venv/bin/python tools/bench_train.py [--models neox-tiny,moe-tiny] [--seq 512] [--batch 4]
         [--steps 40] [--warmup 5] [--format mds|memmap] [--workers 2] [--precision fp32]
         [--compile] [--work DIR]
+
+--upload instead measures what uploading checkpoints costs the steps (issue 16's target: a step
+during an upload within 5% of a step without one): the first model trains with a checkpoint
+every --save-every steps and --upload to a real S3 server (moto's, in a process of its own on
+127.0.0.1, bench_common.s3_server); every step's start and end and every upload's start and end
+are recorded (the upload thread's method wrapped, timing only), and the median time of the
+steps that ran at least half of their time while an upload was in flight is compared with that
+of the steps that ran while none was. The server's own CPU shares this machine's 2 cores with training, which a real store
+would not: the figure is an upper bound of the cost.
 """
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_common import CpuWatch, build_shared_corpus, describe_checkout, verdict, work_dir  # noqa: E402
+from bench_common import (  # noqa: E402
+    CpuWatch,
+    build_shared_corpus,
+    describe_checkout,
+    s3_server,
+    verdict,
+    work_dir,
+)
 
 
 def run(cfg, synthetic: bool) -> list[dict]:
@@ -60,6 +78,61 @@ def run(cfg, synthetic: bool) -> list[dict]:
         loop.batches = real_batches
 
 
+def upload_overlap(args, shards: Path, work: Path) -> None:
+    """--upload: step times while a checkpoint upload runs vs while none does (see above)."""
+    import training.loop as loop
+    import training.upload as upload
+    from training.config import TrainConfig
+
+    steps, uploads = [], []
+    real_step, real_upload = loop.train_step, upload.RemoteRun._upload
+
+    def timed_step(*a, **kw):
+        t0 = time.perf_counter()
+        out = real_step(*a, **kw)
+        steps.append((t0, time.perf_counter()))
+        return out
+
+    def timed_upload(self, *a, **kw):
+        t0 = time.perf_counter()
+        real_upload(self, *a, **kw)
+        uploads.append((t0, time.perf_counter()))
+
+    loop.train_step, upload.RemoteRun._upload = timed_step, timed_upload
+    name = args.models.split(",")[0]
+    during, without = [], []
+    with s3_server() as env:
+        os.environ.update(env)
+        for r in range(args.repeat):
+            steps.clear()
+            uploads.clear()
+            cfg = TrainConfig(shards=str(shards), model=name, out=str(work / f"up-{name}-{r}"),
+                              batch_size=args.batch, max_steps=args.warmup + args.steps,
+                              warmup=1, save_every=args.save_every, eval_every=10**9,
+                              report_to=("jsonl",), precision=args.precision,
+                              compile=args.compile, workers=args.workers,
+                              cache=str(work / "cache"), upload=f"s3://bench/{name}-{r}")
+            loop.train(cfg, resume="never", log=lambda _: None)
+            for a, b in steps[args.warmup:]:
+                overlap = sum(max(0.0, min(b, u1) - max(a, u0)) for u0, u1 in uploads)
+                if overlap >= 0.5 * (b - a):  # at least half of the step with an upload
+                    during.append(b - a)
+                elif not overlap:
+                    without.append(b - a)
+            print(f"  round {r}: {len(uploads)} uploads of "
+                  f"{sum(u1 - u0 for u0, u1 in uploads) / max(len(uploads), 1):.2f} s each", flush=True)
+    if not during or not without:
+        sys.exit(f"steps during uploads: {len(during)}, without: {len(without)}: both are needed; "
+                 "change --save-every (uploads take longer than the steps between them?)")
+    ratio = statistics.median(during) / statistics.median(without)
+    print(f"\nbench_train --upload on {'a GPU' if torch.cuda.is_available() else 'CPU'}: {name}, "
+          f"seq {args.seq}, batch {args.batch}, a checkpoint every {args.save_every} steps; "
+          f"checkout {describe_checkout()}")
+    print(f"steps during an upload: {len(during)}, median {statistics.median(during) * 1e3:.1f} "
+          f"ms; without: {len(without)}, median {statistics.median(without) * 1e3:.1f} ms; "
+          f"ratio {ratio:.3f}  {verdict(ratio <= 1.05)} (target <= 1.05)")
+
+
 def main():
     gpu = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -75,6 +148,10 @@ def main():
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=gpu)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--upload", action="store_true", help="instead: the cost to the steps of "
+                    "uploading checkpoints in the background (see the docstring)")
+    ap.add_argument("--save-every", type=int, default=20, help="--upload: steps between "
+                    "checkpoints")
     args = ap.parse_args()
     work, _ = work_dir(args.work, "bench_train.")
 
@@ -83,6 +160,8 @@ def main():
     from training.metrics import peak_flops
 
     shards = build_shared_corpus(work, args.seq, (args.format,))[args.format]
+    if args.upload:
+        return upload_overlap(args, shards, work)
     vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
     device = torch.device("cuda" if gpu else "cpu")
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
@@ -92,7 +171,7 @@ def main():
         for mode in ("real", "synthetic") * args.repeat:
             cfg = TrainConfig(shards=str(shards), model=name, out=str(work / f"run-{name}-{mode}"),
                               batch_size=args.batch, max_steps=args.warmup + args.steps,
-                              warmup=1, save_every=10**9, eval_every=10**9, log=("jsonl",),
+                              warmup=1, save_every=10**9, eval_every=10**9, report_to=("jsonl",),
                               precision=args.precision, compile=args.compile,
                               workers=args.workers, cache=str(work / "cache"))
             watch = CpuWatch()

@@ -40,9 +40,17 @@ def save(run: Path, step: int, state: dict, keep_last: int) -> Path:
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     write_bytes(run / "latest", (final.name + "\n").encode())
-    for old in sorted(run.glob("step-*"))[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in to_remove(sorted(p.name for p in run.glob("step-*")), final.name, keep_last):
+        shutil.rmtree(run / old, ignore_errors=True)
     return final
+
+
+def to_remove(names: list[str], saved: str, keep_last: int) -> list[str]:
+    """The checkpoints (sorted names) that go once `saved` is written: all but the newest
+    keep_last up to it, and every later one (an abandoned continuation of the run: --resume
+    never, or a resume from an older checkpoint, rewrites those steps, as metrics.jsonl's)."""
+    upto = [n for n in names if n <= saved]
+    return upto[:-keep_last] + [n for n in names if n > saved]
 
 
 def load(path: Path) -> tuple[dict, Path]:

@@ -9,7 +9,8 @@
 The bucket holds what the run directory holds: `step-NNNNNNNN/state.pt`, then
 `step-NNNNNNNN/COMPLETE` (uploaded last: a checkpoint without it is not complete, whatever was
 cut short), `metrics.jsonl` (its lines up to that checkpoint) and `latest`. Then --keep-last
-applies in the bucket: each older checkpoint loses its COMPLETE first, so one cut short
+applies in the bucket as in the run directory (checkpoint.to_remove), and uploads an earlier
+process left cut short go: each checkpoint removed loses its COMPLETE first, so one cut short
 mid-removal is never taken for complete.
 
 One upload runs at a time, in a thread: training goes on while it runs; the next checkpoint
@@ -25,6 +26,7 @@ import threading
 from pathlib import Path
 
 from pipeline import StorageError, Store, sha256_file
+from training import checkpoint
 
 STEP = re.compile(r"step-(\d{8})")
 
@@ -57,7 +59,8 @@ class RemoteRun:
                 with open(run / "metrics.jsonl", "rb") as f:
                     self.store.write_bytes("metrics.jsonl", f.read(metrics_bytes))
             self.store.write_bytes("latest", (name + "\n").encode())
-            for old in self.complete_steps()[:-keep_last]:
+            complete, cut_short = self._steps()
+            for old in checkpoint.to_remove(complete, name, keep_last) + cut_short:
                 self._remove_checkpoint(old)
         except BaseException as e:  # raised in the training thread by wait()
             self._error = e
@@ -78,10 +81,14 @@ class RemoteRun:
     # -- what the bucket holds -----------------------------------------------------------------
     def complete_steps(self) -> list[str]:
         """The bucket's checkpoint folders that have both state.pt and COMPLETE, oldest first."""
+        return self._steps()[0]
+
+    def _steps(self) -> tuple[list[str], list[str]]:
+        """(complete checkpoint folders, the others: uploads cut short), oldest first."""
         sizes = self.store.sizes()
         steps = {rel.split("/")[0] for rel in sizes if STEP.fullmatch(rel.split("/")[0])}
-        return sorted(s for s in steps
-                      if f"{s}/COMPLETE" in sizes and f"{s}/state.pt" in sizes)
+        complete = {s for s in steps if f"{s}/COMPLETE" in sizes and f"{s}/state.pt" in sizes}
+        return sorted(complete), sorted(steps - complete)
 
     def _remove_checkpoint(self, name: str) -> None:
         files = [rel for rel in self.store.sizes(name)]
