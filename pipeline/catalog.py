@@ -56,15 +56,24 @@ def matches(dataset: Dataset, path: str) -> bool:
     return any(fnmatch.fnmatch(name, p) for p in dataset.patterns)
 
 
-def expand_inputs(dataset: Dataset, inputs: list[str]) -> list[Path]:
+def expand_inputs(dataset: Dataset, inputs: list[str]) -> list:
     """Files named directly are taken whatever their name; directories and globs contribute the
-    files matching the dataset's patterns. The result is sorted and free of duplicates.
+    files matching the dataset's patterns. The result is sorted and free of duplicates: local
+    Paths, and RemoteInputs for inputs at a URL (remote_inputs.py: a prefix is a directory).
 
     A broken symlink matching the patterns inside a directory or glob is kept in the list: the
     build reads it as one BROKEN_LINK skip (inputs.py), so it is counted and logged, not lost
     without a word. A broken link named directly is an error, like any missing file."""
+    from pipeline.storage import is_url
+
     found: set[str] = set()
+    remote = {}
     for spec in inputs:
+        if is_url(spec):
+            from pipeline.remote_inputs import expand_remote
+
+            remote.update({f.url: f for f in expand_remote(dataset, spec)})
+            continue
         spec = os.path.expanduser(spec)
         if os.path.isfile(spec):
             found.add(os.path.abspath(spec))
@@ -82,11 +91,11 @@ def expand_inputs(dataset: Dataset, inputs: list[str]) -> list[Path]:
                 f"--input {spec}: no {dataset.name} files there (looked for "
                 f"{', '.join(dataset.patterns)}); use --dataset to pick another format")
         found.update(picked)
-    return [Path(p) for p in sorted(found)]
+    return sorted([Path(p) for p in found] + list(remote.values()), key=str)
 
 
 def is_broken_link(path) -> bool:
-    return os.path.islink(path) and not os.path.exists(path)
+    return isinstance(path, (str, Path)) and os.path.islink(path) and not os.path.exists(path)
 
 
 def hub_prefix(subset: str) -> str:

@@ -17,7 +17,6 @@ workers import it).
 
 import dataclasses
 import logging
-import os
 import queue
 import socket
 import threading
@@ -151,12 +150,12 @@ def _check_cpus(ray, workers: int) -> None:
 
 def _input_bytes(cfg: BuildConfig) -> int | None:
     from pipeline.catalog import expand_inputs, get_dataset
+    from pipeline.inputs import InputFiles
 
     if not cfg.inputs:
         return None
-    return sum(os.path.getsize(p) for p in expand_inputs(get_dataset(cfg.dataset),
-                                                         list(cfg.inputs))
-               if os.path.exists(p))
+    files = InputFiles(expand_inputs(get_dataset(cfg.dataset), list(cfg.inputs)))
+    return sum(size for _, size in files.files)
 
 
 def _wait(ray, refs: dict, progress: Progress | None = None) -> None:

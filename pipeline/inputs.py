@@ -28,7 +28,7 @@ BATCH_DOCS = 4096
 def open_inputs(cfg, dataset, hub_client=None):
     """(the build's input files, their description for the fingerprint)."""
     if cfg.inputs:
-        files = LocalFiles(expand_inputs(dataset, list(cfg.inputs)))
+        files = InputFiles(expand_inputs(dataset, list(cfg.inputs)))
         return files, files.describe()
     if dataset.hub_repo is None:
         raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
@@ -36,17 +36,21 @@ def open_inputs(cfg, dataset, hub_client=None):
     return hub, describe_hub(hub)
 
 
-class LocalFiles:
-    def __init__(self, paths: list[Path]):
+class InputFiles:
+    """The files --input names: local Paths, and RemoteInputs at URLs (remote_inputs.py), which
+    the readers take alike."""
+
+    def __init__(self, paths: list):
         self.paths = paths
-        self.files = [(str(p), 0 if is_broken_link(p) else os.path.getsize(p)) for p in paths]
+        self.files = [(str(p), 0 if is_broken_link(p) else p.stat().st_size) for p in paths]
 
     def describe(self) -> list[dict]:
-        """Path, size and mtime of each file; a broken link is described by its target, so
-        that mending it changes the build's fingerprint (a re-run is refused, not mixed)."""
-        return [_describe(p) for p in self.paths]
+        """Path, size and mtime of each file (an object: URL, size and ETag); a broken link is
+        described by its target, so that mending it changes the build's fingerprint (a re-run
+        is refused, not mixed)."""
+        return [p.describe() if hasattr(p, "describe") else _describe(p) for p in self.paths]
 
-    def path(self, i: int, prefetch_next: bool = True) -> Path:
+    def path(self, i: int, prefetch_next: bool = True):
         return self.paths[i]
 
     def uri(self, i: int) -> str:

@@ -62,10 +62,11 @@ def _lines_from_chunks(chunks: Iterator[bytes]) -> Iterator[bytes]:
         yield rest
 
 
-def _raw_lines(path: Path, position: ReadPosition) -> Iterator[bytes]:
-    """Lines of the decompressed file; `position` follows the stored (compressed) bytes read."""
+def _raw_lines(path, position: ReadPosition) -> Iterator[bytes]:
+    """Lines of the decompressed file (a local Path or a RemoteInput, read as a stream);
+    `position` follows the stored (compressed) bytes read."""
     name = path.name
-    with open(path, "rb") as raw:
+    with path.open("rb") as raw:
         if name.endswith(".gz"):
             lines = gzip.GzipFile(fileobj=raw, mode="rb")
         elif name.endswith(".zst") or name.endswith(".zstd"):

@@ -9,15 +9,18 @@ Damage is contained to the row group it is in: groups are read one by one, and a
 cannot be decoded (a bad page, a failed page checksum where the writer stored checksums) yields
 one CORRUPT_FILE skip counting the rows of that group it loses, numbered at the group's last row
 so that the resume cursor passes the whole group; the next group is read as usual. A file whose
-footer cannot be read yields one skip for the whole file.
+footer cannot be read yields one skip for the whole file. A file at a URL (remote_inputs.py)
+is read through its file object by range: footer, then each row group's column; a failure of
+the store is no damage of the file and stops the build (StorageError), never a skip.
 """
 
+import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.errors import StorageError
 from pipeline.records import CORRUPT_FILE, EMPTY, INVALID_UTF8, MISSING_TEXT, ReadPosition, Skip
 
 BATCH_ROWS = 1024
@@ -54,23 +57,43 @@ def _value(value, field: str):
     return value
 
 
-def read_parquet(path: Path, field: str = "text", start: int = 0,
-                 position: ReadPosition | None = None) -> Iterator[tuple[int, object]]:
+@contextlib.contextmanager
+def parquet_file(source):
+    """A pq.ParquetFile over a local path, or over a RemoteInput's file object (closed after)."""
+    f = source.open("rb") if hasattr(source, "url") else None
     try:
         # Page checksums are verified where the writer stored them (pyarrow's
         # write_page_checksum, parquet-mr's): a flipped byte is then a counted skip, not text.
-        pf = pq.ParquetFile(path, page_checksum_verification=True)
-        total = pf.metadata.num_rows
-    except Exception as e:  # ArrowInvalid, OSError: not parquet, truncated footer
-        yield start + 1, Skip(CORRUPT_FILE, f"not a readable parquet file ({e})")
-        return
+        yield pq.ParquetFile(source if f is None else f, page_checksum_verification=True)
+    finally:
+        if f is not None:
+            f.close()
+
+
+def read_parquet(path, field: str = "text", start: int = 0,
+                 position: ReadPosition | None = None) -> Iterator[tuple[int, object]]:
+    """`path`: a local Path or a RemoteInput."""
+    with contextlib.ExitStack() as stack:
+        try:
+            pf = stack.enter_context(parquet_file(path))
+            total = pf.metadata.num_rows
+        except StorageError:
+            raise
+        except Exception as e:  # ArrowInvalid, OSError: not parquet, truncated footer
+            yield start + 1, Skip(CORRUPT_FILE, f"not a readable parquet file ({e})")
+            return
+        yield from _read_file(pf, path, total, field, start, position)
+
+
+def _read_file(pf: pq.ParquetFile, path, total: int, field: str, start: int,
+               position: ReadPosition | None) -> Iterator[tuple[int, object]]:
     if field not in pf.schema_arrow.names:
         yield max(total, start + 1), Skip(
             MISSING_TEXT, f"no {field!r} column (has: {pf.schema_arrow.names})",
             records=max(total - start, 1))
         return
     position = position or ReadPosition()
-    bytes_per_row = Path(path).stat().st_size / max(total, 1)
+    bytes_per_row = path.stat().st_size / max(total, 1)
     first = 0
     for g in range(pf.metadata.num_row_groups):
         end = first + pf.metadata.row_group(g).num_rows
@@ -91,6 +114,8 @@ def _read_group(pf: pq.ParquetFile, g: int, field: str, first: int, end: int, st
                 if row >= start:
                     yield row + 1, _value(value, field)
                 row += 1
+    except StorageError:
+        raise
     except Exception as e:  # ArrowInvalid/OSError from a damaged page or row group
         lost_from = max(row, start)
         yield end, Skip(CORRUPT_FILE, f"row group {g} unreadable from row {lost_from} to "

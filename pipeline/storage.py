@@ -114,7 +114,7 @@ def explain(e: Exception, url: str, doing: str) -> str:
                 "ConnectionError", "ServerDisconnectedError") or "connect" in text.lower():
         return (f"cannot {doing} {url}: {where} cannot be reached ({name}); check "
                 "S3_ENDPOINT_URL / AWS_ENDPOINT_URL and the network")
-    if "bucket does not exist" in text or "NoSuchBucket" in text:
+    if _no_bucket(e):
         bucket = url.split("://", 1)[1].split("/", 1)[0]
         return (f"cannot {doing} {url}: the bucket {bucket} does not exist at {where}; create "
                 "it or correct the URL")
@@ -125,6 +125,11 @@ def explain(e: Exception, url: str, doing: str) -> str:
     if isinstance(e, FileNotFoundError):
         return f"cannot {doing} {url}: not found"
     return f"cannot {doing} {url}: {name}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def _no_bucket(e: Exception) -> bool:
+    """The store's error says the bucket itself is missing (not an object under it)."""
+    return "bucket does not exist" in str(e) or "NoSuchBucket" in str(e)
 
 
 class Store:
@@ -143,22 +148,25 @@ class Store:
     def url_of(self, rel: str) -> str:
         return f"{self.url}/{rel}" if rel else self.url
 
-    def sizes(self, rel: str = "") -> dict[str, int]:
-        """Every object under `rel` (recursively): relative path -> size; {} if none."""
+    def listing(self, rel: str = "") -> dict[str, dict]:
+        """Every object under `rel` (recursively): path relative to the store -> the store's
+        details of it (size, ETag, ...); {} if none."""
         base = self._path(rel)
+        self.fs.invalidate_cache(base)
         with errors(self.url_of(rel), "list"):
             try:
                 found = self.fs.find(base, detail=True)
             except FileNotFoundError as e:
-                if "bucket" in str(e).lower():
+                if _no_bucket(e):
                     raise
                 return {}
-        out = {}
-        for path, info in found.items():
-            if info.get("type", "file") == "file":
-                out[path[len(self.root) + 1:] if path.startswith(self.root + "/")
-                    else path] = int(info.get("size") or 0)
-        return out
+        root = self.root + "/"
+        return {path[len(root):] if path.startswith(root) else path: info
+                for path, info in found.items() if info.get("type", "file") == "file"}
+
+    def sizes(self, rel: str = "") -> dict[str, int]:
+        """Every object under `rel` (recursively): relative path -> size; {} if none."""
+        return {path: int(info.get("size") or 0) for path, info in self.listing(rel).items()}
 
     def info(self, rel: str) -> dict | None:
         """The object's details as the store gives them (size, ETag, ...), or None when there is
@@ -168,7 +176,7 @@ class Store:
             try:
                 info = self.fs.info(self._path(rel))
             except FileNotFoundError as e:
-                if "bucket" in str(e).lower():
+                if _no_bucket(e):
                     raise
                 return None
         return info if info.get("type", "file") == "file" else None

@@ -22,7 +22,7 @@ from pipeline.atomic import write_json
 from pipeline.build import Build
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.inputs import LocalFiles
+from pipeline.inputs import InputFiles
 from pipeline.output_dir import CHECKPOINT
 from pipeline.output_lock import OutputLock
 from pipeline.task_plan import plan_shares
@@ -54,7 +54,7 @@ class TaskBuild(Build):
         self.index, self.report, self.last_report = index, report, 0.0
         self.folder = task_folder(self.out, index)
         shares = plan_shares(self.files.files, cfg.tasks, self.field,
-                             local=isinstance(self.files, LocalFiles))
+                             self.files.paths if isinstance(self.files, InputFiles) else None)
         self.share = shares[index]
         self.stop = self.share.stop
 

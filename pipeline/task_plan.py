@@ -14,11 +14,9 @@ same cursor a build checkpoints: the task reads from `start` up to `stop`.
 
 import itertools
 from dataclasses import dataclass
-from pathlib import Path
-
-import pyarrow.parquet as pq
 
 from pipeline.catalog import file_format
+from pipeline.read_parquet import parquet_file
 
 
 @dataclass(frozen=True)
@@ -35,15 +33,16 @@ class _Piece:
 
 
 def plan_shares(files: list[tuple[str, int]], tasks: int, text_field: str,
-                local: bool) -> list[Share]:
-    """`files`: (path, size) in build order; `local`: whether parquet footers can be read
-    (hub files are not split: reading a footer would mean downloading the file)."""
+                sources: list | None) -> list[Share]:
+    """`files`: (path, size) in build order; `sources`: the files to read parquet footers from
+    (local Paths or objects at URLs, read by range), or None (hub files are not split: reading
+    a footer would mean downloading the file)."""
     total = sum(size for _, size in files)
     pieces = []
     for i, (path, size) in enumerate(files):
-        groups = (_row_groups(path, text_field)
-                  if local and tasks > 1 and size * tasks > total and file_format(path) == "parquet"
-                  else None)
+        groups = (_row_groups(sources[i], size, text_field)
+                  if sources and tasks > 1 and size * tasks > total
+                  and file_format(path) == "parquet" else None)
         if groups:
             pieces += [_Piece((i, first), nbytes) for first, nbytes in groups]
         else:
@@ -65,12 +64,13 @@ def plan_shares(files: list[tuple[str, int]], tasks: int, text_field: str,
     return [Share(bounds[t], bounds[t + 1], shares_bytes[t]) for t in range(tasks)]
 
 
-def _row_groups(path: str, text_field: str) -> list[tuple[int, int]] | None:
+def _row_groups(source, size: int, text_field: str) -> list[tuple[int, int]] | None:
     """(first row, stored bytes) of each row group, or None when the file should be read whole:
     its footer is unreadable or it lacks the text column (the reader then counts one skip for
     the whole file, as a single-machine build does), or it has one group."""
     try:
-        meta = pq.ParquetFile(path).metadata
+        with parquet_file(source) as pf:
+            meta = pf.metadata
         if text_field not in meta.schema.to_arrow_schema().names:
             return None
     except Exception:  # not parquet, a damaged footer: the reader reports it
@@ -85,6 +85,6 @@ def _row_groups(path: str, text_field: str) -> list[tuple[int, int]] | None:
         return None
     # The file's bytes shared out in proportion to the groups' (the footer's go with them), so
     # a split file weighs what it would weigh whole.
-    size, total = Path(path).stat().st_size, max(1, sum(stored))
+    total = max(1, sum(stored))
     ends = [size * c // total for c in itertools.accumulate(stored)]
     return list(zip(firsts, (b - a for a, b in zip([0, *ends], ends))))

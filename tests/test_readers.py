@@ -243,7 +243,7 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
     else:
         compress = {"gz": "gz", "zst": "zst"}.get(name.rsplit(".", 1)[-1])
         write_jsonl(path, [{"text": t} for t in texts], compress)
-    files = inputs.LocalFiles([path])
+    files = inputs.InputFiles([path])
     batches = list(inputs.read_batches(files, "text", (0, 0)))
     positions = [b.bytes_read for b in batches]
     size = path.stat().st_size

@@ -255,9 +255,10 @@ def test_bad_task_settings_are_one_line(tmp_path, jsonl_corpus, byte_tokenizer, 
 # -- the plan and the layout --------------------------------------------------------------------
 
 def test_shares_are_contiguous_balanced_and_cover_every_record(parquet_corpus):
-    files = [(str(p), p.stat().st_size) for p in sorted(parquet_corpus.iterdir())]
+    paths = sorted(parquet_corpus.iterdir())
+    files = [(str(p), p.stat().st_size) for p in paths]
     for n in (1, 2, 3, 7, 40):
-        shares = plan_shares(files, n, "text", local=True)
+        shares = plan_shares(files, n, "text", paths)
         assert shares[0].start == (0, 0) and shares[-1].stop == (len(files), 0)
         assert all(a.stop == b.start for a, b in zip(shares, shares[1:]))
         sizes = [s.bytes for s in shares]
@@ -265,7 +266,7 @@ def test_shares_are_contiguous_balanced_and_cover_every_record(parquet_corpus):
         if n <= 3:  # the large file is cut at row groups: shares stay within a group's bytes
             assert max(sizes) - min(sizes) < 0.25 * max(sizes), sizes
     # hub files are never split (a footer would mean a download): whole files only
-    assert all(s.start[1] == 0 for s in plan_shares(files, 3, "text", local=False))
+    assert all(s.start[1] == 0 for s in plan_shares(files, 3, "text", None))
 
 
 def test_every_shard_but_the_last_is_written_by_the_one_task_holding_its_last_token():
