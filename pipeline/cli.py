@@ -122,7 +122,7 @@ def merge(out, task_index, quiet):
 
 
 @pack.command()
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("path")
 @click.option("--verify", is_flag=True, help="Also check checksums, token ids, document starts and "
                    "continued documents' hashes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/STATS.md).")

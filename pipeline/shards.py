@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.atomic import sha256_file
 from pipeline.formats import open_format
 from pipeline.shard_format import Shard, ShardBlocks, ShardError
 
@@ -29,11 +30,25 @@ def starts_from_eos(tokens: np.ndarray, eos_id: int | None) -> np.ndarray:
 
 
 class SplitReader:
+    remote = False  # stats_remote.RemoteSplitReader: shards fetched from a store as they are read
+
     def __init__(self, path: Path, eos_id: int | None = None):
         self.path, self.eos_id = Path(path), eos_id
         self.format = open_format(self.path)
         self.index = self.format.index
         self._files: tuple[Path, ...] | None = None
+
+    def stored_size(self, basename: str) -> int | None:
+        """The size of a file of this split as stored, or None where it is missing."""
+        path = self.path / basename
+        return path.stat().st_size if path.exists() else None
+
+    def stored_sha256(self, basename: str) -> str:
+        return sha256_file(self.path / basename)
+
+    def stored_bytes(self) -> int:
+        """Every file of the split folder, index included: its size on disk."""
+        return sum(p.stat().st_size for p in self.path.iterdir() if p.is_file())
 
     def shard_files(self) -> tuple[Path, ...]:
         """The file naming each shard, in order, listed once."""

@@ -22,7 +22,6 @@ docs/STATS.md documents the JSON keys.
 """
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -306,8 +305,8 @@ class SplitScan:
                 name, "document starts do not match the EOS positions (first difference at "
                       f"offset {int(diff[0] % seq)})", row=int(diff[0] // seq)))
 
-    def report(self, split_dir: Path, shards: ShardFormat, tokenizer=None) -> dict:
-        disk = sum(p.stat().st_size for p in split_dir.iterdir() if p.is_file())
+    def report(self, disk: int, shards: ShardFormat, tokenizer=None) -> dict:
+        """`disk`: the split's stored bytes (SplitReader.stored_bytes)."""
         raw = (sum(shards.raw_bytes(i) for i in range(len(shards))) if shards.compressed
                else disk)
         tokens = self.rows * (self.seq or 0)

@@ -9,7 +9,6 @@ that lost its manifest or a split is a listed problem.
 import json
 from pathlib import Path
 
-from pipeline.atomic import sha256_file
 from pipeline.config import WORK_DIR
 from pipeline.errors import LongpackError
 from pipeline.formats import holds_shards
@@ -19,21 +18,22 @@ from pipeline.stats import SPLITS, Problem
 
 
 def file_checks(split: str, reader: SplitReader, verify: bool) -> list[Problem]:
-    """Every shard file the index names is present, has its size, and (verify) its checksum."""
+    """Every shard file the index names is present, has its size, and (verify) its checksum
+    (a remote build's: as each shard is read, stats_remote.py)."""
     problems = []
     for i in range(len(reader.format)):
         for info in reader.format.stored(i):
-            path = reader.path / info.basename
             name = f"{split}/{info.basename}"
-            if not path.exists():
+            size = reader.stored_size(info.basename)
+            if size is None:
                 problems.append(Problem(name, "missing"))
                 continue
-            size = path.stat().st_size
             if size != info.bytes:
                 what = "truncated" if size < info.bytes else "longer than its index says"
                 problems.append(Problem(name, f"{what} ({size:,} bytes, index.json says "
                                               f"{info.bytes:,})"))
-            elif verify and info.sha256 and sha256_file(path) != info.sha256:
+            elif (verify and info.sha256 and not reader.remote
+                  and reader.stored_sha256(info.basename) != info.sha256):
                 problems.append(Problem(name, "checksum mismatch (sha256): the file changed "
                                               "after it was written"))
     return problems

@@ -17,6 +17,7 @@ from pipeline.shards import ShardError, SplitReader
 from pipeline.split import PAD_HASH
 from pipeline.stats import VOCAB_SAMPLE, Problem, SplitScan, digest
 from pipeline.stats_files import file_checks, open_output
+from pipeline.storage import is_url
 
 MAX_READ_THREADS = 4  # each thread holds the compressed and decompressed bytes of its shard
 DIGEST_BLOCK = 1 << 20  # bytes of rows digested at a time: a block stays in a 2 MiB L2 cache
@@ -36,12 +37,12 @@ def _tokenizer(manifest: dict | None, not_checked: list):
 
 
 def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_checked, tokenizer,
-          other_hashes) -> tuple[dict, SplitScan] | None:
+          other_hashes, open_reader=SplitReader) -> tuple[dict, SplitScan] | None:
     if not path.is_dir():
         problems.append(Problem(name, "missing (manifest.json lists this split)"))
         return None
     try:
-        reader = SplitReader(path, eos_id)
+        reader = open_reader(path, eos_id)
     except ShardError as e:
         problems.append(Problem(name if e.path == path else f"{name}/{e.path.name}", e.what))
         return None
@@ -59,7 +60,7 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
         scan.add(shard, d)
     if not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
-    return scan.report(path, reader.format, tokenizer.result()), scan
+    return scan.report(reader.stored_bytes(), reader.format, tokenizer.result()), scan
 
 
 def read_threads() -> int:
@@ -127,8 +128,21 @@ def _total(splits: dict) -> dict:
     return total
 
 
-def collect(path: Path, verify: bool = False, throughput: float | None = None,
+def collect(path, verify: bool = False, throughput: float | None = None,
             budget: float | None = None, eos_id: int | None = None) -> dict:
+    """The report of the build at `path`: a local folder, or a URL (stats_remote.py: the
+    manifest and indexes fetched, each shard streamed through a temporary folder once)."""
+    if is_url(str(path)):
+        from pipeline.stats_remote import RemoteView
+
+        with RemoteView(str(path), verify) as remote:
+            report = _collect(remote.local, verify, throughput, budget, eos_id, remote.reader)
+            report["path"] = remote.url
+            return report
+    return _collect(Path(path), verify, throughput, budget, eos_id, SplitReader)
+
+
+def _collect(path: Path, verify: bool, throughput, budget, eos_id, open_reader) -> dict:
     manifest, split_dirs, lost = open_output(Path(path))
     problems: list[Problem] = [lost] if lost else []
     not_checked: list[str] = []
@@ -154,7 +168,7 @@ def collect(path: Path, verify: bool = False, throughput: float | None = None,
                  else None)
         result = _scan(name, split_dirs[name], eos_id, vocab, manifest and manifest["seq"],
                        verify, problems, not_checked, tokenizer,
-                       other if name != "val" else None)
+                       other if name != "val" else None, open_reader)
         if result:
             splits[name], scans[name] = result
     if "train" in scans and scans["train"].overlap:
@@ -270,12 +284,22 @@ def render(r: dict) -> str:
     return "\n".join(lines)
 
 
-def find_row(path: Path, split: str, row: int, eos_id):
-    """(tokens, starts, hashes) of row `row` of a split, reading only the shard that holds it."""
+def find_row(path, split: str, row: int, eos_id):
+    """(tokens, starts, hashes) of row `row` of a split, reading only the shard that holds it
+    (at a URL: fetching only that one)."""
+    if is_url(str(path)):
+        from pipeline.stats_remote import RemoteView
+
+        with RemoteView(str(path), verify=False) as remote:
+            return _find_row(remote.local, split, row, eos_id, remote.reader)
+    return _find_row(Path(path), split, row, eos_id, SplitReader)
+
+
+def _find_row(path: Path, split: str, row: int, eos_id, open_reader):
     manifest, split_dirs, _ = open_output(Path(path))
     if split not in split_dirs:
         raise LongpackError(f"{path}: no split {split!r} (has: {', '.join(split_dirs)})")
-    reader = SplitReader(split_dirs[split], eos_id)
+    reader = open_reader(split_dirs[split], eos_id)
     first = 0
     for i in range(len(reader.shard_files())):
         n = reader.rows_in_shard(i)
