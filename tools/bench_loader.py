@@ -24,14 +24,23 @@ What it measures, in one run:
      check hashes each decompressed shard in the cache once per run).
 Rates are rows (and tokens) delivered per second of wall clock.
 
-Targets: memmap loader >= 0.8 x raw; MDS loader >= 1.0 x plain StreamingDataset. It prints a
+4. --remote: the MDS build uploaded to a real S3 server (moto's, in a process of its own on
+   127.0.0.1 at nice 19: bench_common.s3_server) and read by the same loader from its URL
+   (`train --shards s3://...`): the manifest fetched and each shard downloaded into a cache of
+   its own during an untimed warm-up epoch, then timed as the others (each run opens the
+   build afresh, as a training run does: manifest fetched, every cached shard checked again).
+
+Targets: memmap loader >= 0.8 x raw; MDS loader >= 1.0 x plain StreamingDataset; --remote: the
+loader from S3 >= 0.8 x the loader from the local folder once the cache is warm. It prints a
 table with PASS/FAIL and exits 0 whatever the figures are: a measuring tool, not a test.
 
     .venv/bin/python tools/bench_loader.py [--work DIR] [--seq 2048] [--batch 8] [--workers 2]
-                                           [--epochs 20] [--repeat 3]
+                                           [--epochs 20] [--repeat 3] [--remote]
 """
 
 import argparse
+import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,7 +49,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_common import CpuWatch, build_shared_corpus, describe_checkout, verdict, work_dir  # noqa: E402
+from bench_common import (  # noqa: E402
+    CpuWatch,
+    build_shared_corpus,
+    describe_checkout,
+    s3_server,
+    verdict,
+    work_dir,
+)
 
 
 def timed(run) -> tuple[float, int, float]:
@@ -107,9 +123,25 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--remote", action="store_true", help="also the loader from an S3 server")
     args = ap.parse_args()
     work, _ = work_dir(args.work, "bench_loader.")
+    with contextlib.ExitStack() as stack:
+        if args.remote:
+            os.environ.update(stack.enter_context(s3_server()))
+        measure(args, work)
 
+
+def upload(out: Path, url: str) -> None:
+    from pipeline import Store
+
+    store = Store(url)
+    for path in sorted(out.rglob("*")):
+        if path.is_file():
+            store.put_file(path, path.relative_to(out).as_posix())
+
+
+def measure(args, work: Path) -> None:
     from training.data import open_build
     from training.sampler import GlobalOrder
 
@@ -135,6 +167,14 @@ def main():
         "mds loader": our_loader(opener("mds", "cache-loader"), mds_order, steps, args.batch,
                                  args.workers),
     }
+    if args.remote:
+        url = "s3://bench/mds"
+        upload(outs["mds"], url)
+        remote = open_build(url, work / "cache-remote", "100gb")
+        runs["mds loader s3"] = our_loader(
+            lambda: open_build(url, work / "cache-remote", "100gb").train, mds_order, steps,
+            args.batch, args.workers)
+        our_loader(lambda: remote.train, mds_order, n // args.batch + 1, args.batch, 0)()
     # Warm-up (untimed): pages in, and each MDS reader decompresses into its cache.
     runs["mds streaming"](1)
     our_loader(lambda: mds.train, mds_order, n // args.batch + 1, args.batch, 0)()
@@ -160,6 +200,10 @@ def main():
     md = best["mds loader"] / best["mds streaming"]
     print(f"\nmemmap loader / raw memmap slicing       {mm:.2f}  (target >= 0.8)  {verdict(mm >= 0.8)}")
     print(f"MDS loader / plain StreamingDataset      {md:.2f}  (target >= 1.0)  {verdict(md >= 1.0)}")
+    if args.remote:
+        rs = best["mds loader s3"] / best["mds loader"]
+        print(f"MDS loader from S3 / from the local folder  {rs:.2f}  (target >= 0.8, warm "
+              f"cache)  {verdict(rs >= 0.8)}")
     print(f"work dir: {work}")
 
 
