@@ -1,5 +1,6 @@
-"""Object storage: the one layer every URL goes through (build inputs and outputs, `pack stats`,
-the trainer's checkpoints). Local paths never come here.
+"""Object storage: the one layer every URL goes through (build inputs: remote_inputs.py; build
+outputs: remote_build.py + uploader.py; `pack stats`: stats_remote.py; the trainer's
+checkpoints: training/upload.py). Local paths never come here.
 
     store = Store("s3://bucket/prefix")        # fsspec: s3fs, gcsfs, adlfs, memory, ...
     store.put_file(Path("shard.00000.mds.zstd"), "train/shard.00000.mds.zstd")
