@@ -79,3 +79,11 @@ def test_a_store_whose_library_is_missing_names_the_extra():
         Store("gs://bucket/x")
     assert str(caught.value) == ("gs://bucket/x: gs:// needs gcsfs (ImportError); pip install "
                                  "'longpack[gcs]'")
+
+
+def test_aws_endpoint_url_names_the_server_as_s3_endpoint_url_does(s3, monkeypatch):
+    monkeypatch.delenv("S3_ENDPOINT_URL")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    store = Store(s3.url("aws-variable"))
+    store.write_bytes("x", b"1")
+    assert s3.keys("aws-variable/") == {"aws-variable/x": 1}
