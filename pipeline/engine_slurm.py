@@ -177,5 +177,6 @@ def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry
     if not wait:
         return 0
     return wait_for_build(work, folder, tasks_job, merge_job, poll_s,
-                          resubmit_merge=lambda: submit(folder / "merge.sbatch"))
+                          resubmit_merge=lambda: submit(folder / "merge.sbatch"),
+                          shown_as=cfg.out)
 

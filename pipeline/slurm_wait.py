@@ -133,11 +133,12 @@ def _failure(out: str, logs: Path, tasks_job: str, merge_job: str, states: dict,
 
 
 def wait_for_build(out: str, logs: Path, tasks_job: str, merge_job: str, poll_s: float,
-                   resubmit_merge=None) -> int:
+                   resubmit_merge=None, shown_as: str | None = None) -> int:
     """Poll until the merge job has ended (or never can); 0 if OUT/manifest.json is there,
     else 1 with one line naming the unfinished tasks and their logs (in `logs`).
     `resubmit_merge()`: submits the merge job again, without a dependency, returning its id:
-    for a merge Slurm cancelled although every task ended done (a requeue, above)."""
+    for a merge Slurm cancelled although every task ended done (a requeue, above). `shown_as`:
+    the build's name in the summary (an --out URL, whose OUT here is its staging folder)."""
     from pipeline.manifest import summary
 
     states: dict[tuple[str, int], tuple[str, str]] = {}
@@ -195,7 +196,7 @@ def wait_for_build(out: str, logs: Path, tasks_job: str, merge_job: str, poll_s:
     if manifest.is_file():
         import json
 
-        click.echo(summary(json.loads(manifest.read_text(encoding="utf-8")), str(out)))
+        click.echo(summary(json.loads(manifest.read_text(encoding="utf-8")), shown_as or str(out)))
         return 0
     click.echo(f"Error: {_failure(out, logs, tasks_job, merge_job, states, cancelled)}", err=True)
     return 1

@@ -227,7 +227,8 @@ def test_slurm_build_into_s3_is_the_single_build(slurm, s3, tmp_path, byte_token
     assert a.pop("timings") and b.pop("timings") and a == b
     assert objects == {str(p.relative_to(single)): p.read_bytes() for p in single.rglob("*")
                        if p.is_file() and p.name != "manifest.json"}
-    assert "already complete" not in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "already complete" not in printed and f"pack build: {cfg.out}  (mds" in printed
     assert build_with_slurm(cfg, (), wait=True, dry_run=False, poll_s=POLL_S) == 0
     assert "already complete" in capsys.readouterr().out
 
