@@ -6,6 +6,7 @@ newest complete one; bad buckets, endpoints and credentials stop the run before 
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import torch
 from click.testing import CliRunner
 from test_train import config, weights
 
+from conftest import make_texts, write_jsonl
 from pipeline import Store
 from training import checkpoint
 from training.cli import train as train_cli
@@ -127,17 +129,37 @@ def test_bad_bucket_endpoint_or_credentials_stop_the_run_before_a_step(tmp_path,
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
     line = _one_line(runner.invoke(train_cli, args(s3.url("x"), "--upload", s3.url("y"))))
     assert "--upload is for a local --out" in line
+    line = _one_line(runner.invoke(train_cli, args(tmp_path / "d", "--staging", "x")))
+    assert "--staging is for an --out URL" in line
 
 
 def test_gs_and_other_stores_through_the_same_layer(tmp_path, shards, monkeypatch):
-    """fsspec's in-memory store stands in for gs:// (no GCS server here)."""
+    """fsspec's in-memory store stands in for gs:// (no GCS server here), through the command
+    line in this process; the second machine keeps the run in its own --staging folder."""
     fresh_machine(tmp_path, monkeypatch, "m")
-    train(config(shards, "memory://runs/x", max_steps=2, save_every=1, workers=0, keep_last=1),
-          **QUIET)
-    store = Store("memory://runs/x")
-    assert sorted(store.sizes()) == ["latest", "metrics.jsonl", "step-00000002/COMPLETE",
-                                     "step-00000002/state.pt"]
-    store.remove(list(store.sizes()))
+    url = "memory://runs/x"
+    args = ["--shards", str(shards), "--out", url, "--model", "neox-tiny", "--batch-size", "4",
+            "--save-every", "1", "--keep-last", "1", "--workers", "0", "--log-every", "100",
+            "--warmup", "1"]
+    runner = CliRunner()
+    try:
+        first = runner.invoke(train_cli, [*args, "--max-steps", "2"])
+        assert first.exit_code == 0, first.output
+        assert f"checkpoints uploaded to {url}" in first.output
+        store = Store(url)
+        assert sorted(store.sizes()) == ["latest", "metrics.jsonl", "step-00000002/COMPLETE",
+                                         "step-00000002/state.pt"]
+        second = runner.invoke(train_cli, [*args, "--max-steps", "3",
+                                           "--staging", str(tmp_path / "elsewhere")])
+        assert second.exit_code == 0, second.output
+        assert "at step 2" in second.output
+        assert list((tmp_path / "elsewhere").glob("*/run/step-00000003/COMPLETE"))
+        assert sorted(s for s in store.sizes() if s.startswith("step-")) == \
+            ["step-00000003/COMPLETE", "step-00000003/state.pt"]
+        lines = store.read_bytes("metrics.jsonl").decode().splitlines()
+        assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
+    finally:
+        Store("memory://runs").remove(list(Store("memory://runs").sizes()))
 
 
 @pytest.mark.slow
@@ -185,3 +207,77 @@ def test_under_torchrun_rank_0_uploads_and_a_fresh_run_resumes(tmp_path, shards,
         (tmp_path / "two" / "step-00000006" / "state.pt").read_bytes()
     out = torchrun(shards, tmp_path / "fresh", "--upload", s3.url("ddp"), "--max-steps", "8")
     assert "resumed from" in out and "at step 6" in out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_machines(shards, machines: list[Path], steps: int, *extra) -> list[str]:
+    """`train` as 2 processes of one run (gloo) that share no disk: each has its own working
+    directory and a relative --out, as two machines would. Returns each one's output."""
+    train_exe = str(Path(sys.executable).parent / "train")
+    args = ["--shards", str(shards), "--out", "run", "--model", "neox-tiny", "--batch-size", "2",
+            "--max-steps", str(steps), "--warmup", "2", "--lr", "3e-3", "--save-every", "3",
+            "--eval-every", "3", "--workers", "0", "--log-every", "1", *extra]
+    port, procs = free_port(), []
+    for rank, machine in enumerate(machines):
+        machine.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([train_exe, *args], cwd=machine, env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    try:
+        outs = [p.communicate(timeout=150)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+    return outs
+
+
+def losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def memmap_shards(tmp_path, byte_tokenizer) -> Path:
+    """A memmap build: two processes of one run on this machine that each take themselves for
+    the first of their machine (LOCAL_RANK 0) would share mosaicml-streaming's shared memory
+    names over an MDS build; machines of their own would not."""
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])
+    out = tmp_path / "memmap"
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
+                      tokenizer=byte_tokenizer, seq=65, val_fraction=0.05, format="memmap",
+                      compression=None, shard_bytes=65 * 2 * 8), show_progress=False)
+    return out
+
+
+@pytest.mark.slow
+def test_machines_without_a_shared_disk_resume_from_the_same_checkpoint(tmp_path, memmap_shards,
+                                                                        s3):
+    """Rank 0's newest checkpoint (step 6) never reached the bucket (its COMPLETE is gone, as
+    a kill mid-upload leaves it); rank 1 is on a fresh machine and can only fetch step 3.
+    Both resume at step 3 and the run continues bitwise as one never interrupted."""
+    straight = tmp_path / "straight"
+    two_machines(memmap_shards, [straight / "a", straight / "b"], 9)
+    a, b = tmp_path / "a", tmp_path / "b"
+    two_machines(memmap_shards, [a, b], 6, "--upload", s3.url("r"))
+    assert sorted(steps_in(s3, "r")) == ["step-00000003", "step-00000006"]
+    assert not (b / "run" / "step-00000003").exists()  # rank 0 saves, on its own disk
+    s3.client.delete_object(Bucket=s3.name, Key="r/step-00000006/COMPLETE")
+
+    out_a, _ = two_machines(memmap_shards, [a, tmp_path / "fresh-b"], 9, "--upload", s3.url("r"))
+    assert "resuming at step 3, not 6" in out_a, out_a
+    assert losses(a / "run") == losses(straight / "a" / "run")
+    one, other = weights(straight / "a" / "run"), weights(a / "run")
+    assert all(torch.equal(one[k], other[k]) for k in one)
+    assert steps_in(s3, "r") == {f"step-0000000{n}": {"state.pt", "COMPLETE"} for n in (3, 6, 9)}

@@ -50,7 +50,9 @@ def _renamed_log(ctx, _param, value):
 @click.option("--dry-run", is_flag=True, help="Print the plan (steps, epochs, FLOPs, memory, "
               "ETA from probe steps on this device) and exit.")
 @click.option("--resume", default="auto", show_default=True,
-              help="auto (newest complete checkpoint in --out), never, or a checkpoint dir.")
+              help="auto (newest complete checkpoint in --out, or in the bucket of an --out "
+                   "URL or --upload when newer: a fresh machine fetches it), never, or a "
+                   "checkpoint dir or its URL.")
 @click.option("--log", hidden=True, expose_value=False, callback=_renamed_log)
 @click_options(TrainConfig, shards=_Shards)
 @click.version_option(package_name="longpack")

@@ -34,6 +34,8 @@ class TrainConfig:
                                  "this URL (s3://BUCKET/RUN, gs://...), uploaded in the "
                                  "background; --resume auto finds them there on a fresh "
                                  "machine.", metavar="URL")
+    staging: str | None = setting(None, "--out URL: the local folder the run is kept in while "
+                                  "it is uploaded [~/.cache/longpack/staging].", metavar="DIR")
     batch_size: int = setting(
         8, "Samples per device per micro-step (the global batch is this x grad_accum x "
         "processes).")
@@ -121,6 +123,9 @@ class TrainConfig:
             if not is_url(self.upload):
                 raise SettingsError(f"--upload {self.upload}: give a bucket's URL "
                                     "(s3://BUCKET/RUN, gs://...); a local copy is --out's job")
+        if self.staging is not None and not is_url(self.out):
+            raise SettingsError("--staging is for an --out URL (s3://...): a local --out is "
+                                "the run's folder itself")
         for url in (self.out, self.upload):
             if url is not None and is_url(url):
                 refuse_unwritable(url, "train")

@@ -53,6 +53,15 @@ def total(value: float, procs: Processes) -> float:
     return float(t)
 
 
+def smallest(value: int, procs: Processes) -> int:
+    """The smallest of an integer over all processes."""
+    if procs.world == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=procs.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t)
+
+
 def anyone(flag: bool, procs: Processes) -> bool:
     """True on every process if it is true on one (a signal seen by some ranks only)."""
     if procs.world == 1:

@@ -57,8 +57,8 @@ def _train(cfg, resume, log, stop_at, procs):
     run, remote = run_folder(cfg)
     check_installed(cfg.report_to)
     # -- resume point: read, and its model checked, before the data is opened ----------------
-    resume = fetch_remote_checkpoint(run, remote, resume)
-    found = checkpoint.find(run, resume)
+    resume = fetch_remote_checkpoint(run, remote, resume, procs)
+    found = same_on_every_process(checkpoint.find(run, resume), run, remote, procs, log)
     if found:
         checkpoint.check_model(found, cfg)
     # -- data, model, resume: checked before the run starts; what a failure here made under
@@ -145,20 +145,47 @@ def run_folder(cfg: TrainConfig) -> tuple[Path, RemoteRun | None]:
     folder of its own (storage.staging_folder); --upload or an --out URL reached now, so a
     wrong endpoint, bucket or credential stops the run before it starts."""
     if is_url(cfg.out):
-        return staging_folder(cfg.out) / "run", RemoteRun(cfg.out)
+        return staging_folder(cfg.out, cfg.staging) / "run", RemoteRun(cfg.out)
     return Path(cfg.out), RemoteRun(cfg.upload) if cfg.upload else None
 
 
-def fetch_remote_checkpoint(run: Path, remote: RemoteRun | None, resume: str) -> str:
+def fetch_remote_checkpoint(run: Path, remote: RemoteRun | None, resume: str, procs) -> str:
     """--resume as checkpoint.find takes it, once what it names in a bucket is in RUN: auto
     with a bucket fetches the bucket's newest complete checkpoint when RUN has none as new (a
-    fresh machine); a checkpoint's URL is fetched into RUN."""
+    fresh machine); a checkpoint's URL is fetched into RUN. Under torchrun every process
+    fetches for itself (each machine has its own disk; on one machine the first to finish
+    puts it in place, fetch renames a whole folder), and only rank 0, which writes
+    metrics.jsonl, fetches that."""
     if is_url(resume):
         parent, _, name = resume.rstrip("/").rpartition("/")
         return str(RemoteRun(parent).fetch(name, run))
     if resume == "auto" and remote is not None:
-        remote.fetch_newest(run)
+        remote.fetch_newest(run, metrics=procs.main)
     return resume
+
+
+def same_on_every_process(found, run: Path, remote: RemoteRun | None, procs, log):
+    """The checkpoint all processes resume from: the oldest of each one's newest. They differ
+    when the machines do not share a disk and rank 0's newest checkpoint never reached the
+    bucket (its upload was cut short): the others fetched the one before, which rank 0 still
+    has (--keep-last) or fetches too. Its later checkpoints then go at the next save, as any
+    abandoned continuation's (checkpoint.to_remove)."""
+    step = found[0]["step"] if found else 0
+    agreed = distributed.smallest(step, procs)
+    if agreed == step:
+        return found
+    log(f"resuming at step {agreed}, not {step}: the newest checkpoint every process has")
+    if agreed == 0:
+        return None
+    name = f"step-{agreed:08d}"
+    if not (run / name / "COMPLETE").is_file() and remote is not None:
+        remote.fetch(name, run)
+    if not (run / name / "COMPLETE").is_file():
+        raise TrainingError(f"the processes of this run resume from step {agreed} (another "
+                            f"machine's newest checkpoint), and {run / name} is missing here "
+                            "and in the bucket; resume them from one checkpoint directory "
+                            "(--resume DIR) or --resume never")
+    return checkpoint.load(run / name)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from pipeline import StorageError, Store, sha256_file
+from pipeline import StorageError, Store, redact, sha256_file
 from training import checkpoint
 
 STEP = re.compile(r"step-(\d{8})")
@@ -74,6 +74,9 @@ class RemoteRun:
             error, self._error = self._error, None
             if isinstance(error, StorageError):
                 raise StorageError(f"checkpoint upload: {error}") from None
+            if isinstance(error, Exception):  # a local file unreadable, ...: one line too
+                raise StorageError(f"checkpoint upload to {redact(self.store.url)}: "
+                                   f"{type(error).__name__}: {error}") from error
             raise error
 
     close = wait
@@ -115,11 +118,12 @@ class RemoteRun:
             shutil.rmtree(tmp, ignore_errors=True)
         return target
 
-    def fetch_newest(self, run: Path) -> Path | None:
+    def fetch_newest(self, run: Path, metrics: bool = True) -> Path | None:
         """The bucket's newest complete checkpoint, into RUN, when it is newer than RUN's own
-        newest complete one (a fresh machine has none); with it the run's metrics.jsonl, when
-        RUN has none. A checkpoint whose state.pt does not match its COMPLETE is skipped for
-        the one before (it is not removed: the bucket is not this machine's to clean)."""
+        newest complete one (a fresh machine has none); with it (`metrics`: the process that
+        writes it) the run's metrics.jsonl, when RUN has none. A checkpoint whose state.pt does
+        not match its COMPLETE is skipped for the one before (it is not removed: the bucket is
+        not this machine's to clean)."""
         local = [p.name for p in run.glob("step-*") if (p / "COMPLETE").is_file()]
         newest_local = max(local, default="")
         for name in reversed(self.complete_steps()):
@@ -127,7 +131,8 @@ class RemoteRun:
                 return None
             path = self.fetch(name, run)
             if (path / "COMPLETE").read_text().strip() == sha256_file(path / "state.pt"):
-                if not (run / "metrics.jsonl").is_file() and self.store.size("metrics.jsonl"):
+                if metrics and not (run / "metrics.jsonl").is_file() and \
+                        self.store.size("metrics.jsonl"):
                     self.store.get_file("metrics.jsonl", run / "metrics.jsonl")
                 return path
             shutil.rmtree(path, ignore_errors=True)
