@@ -4,6 +4,7 @@
                                             flops_per_token, seq, per_vocab_entry}, ...]
     archs.build("neox-tiny")            -> nn.Module; model(input_ids, doc_starts=None) -> logits
     archs.build("gpt-neox", n_layers=4) -> the family's default config with overrides
+    archs.save(model, DIR); archs.load(DIR) -> config.json (family + config) + model.safetensors
 
 Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
 `num_params()`, `flops_per_token(seq)` and `param_roles()` (each parameter's role, which
@@ -23,7 +24,9 @@ __main__.py prints the presets (`python -m archs`) and writes presets.json, whic
 code (pack stats' recommendations) reads.
 """
 
-from dataclasses import replace
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
 
@@ -79,3 +82,29 @@ def _sizes(name: str, vocab_size: int, seq: int) -> dict:
     params = model.num_params()
     active = model.active_params() if hasattr(model, "active_params") else params
     return {"params": params, "active_params": active, "flops_per_token": model.flops_per_token(seq)}
+
+
+def save(model: torch.nn.Module, folder: Path) -> None:
+    """FOLDER/config.json ({"family", "config"}: the family's config dataclass, every field) and
+    FOLDER/model.safetensors: what `load` reads, for any family."""
+    from safetensors.torch import save_file
+
+    family = next(f for f, (_, model_cls, _) in FAMILIES.items() if isinstance(model, model_cls))
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(
+        {"family": family, "config": asdict(model.cfg)}, indent=2) + "\n")
+    weights = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def load(folder: Path, device: str | torch.device | None = None) -> torch.nn.Module:
+    """The model `save` wrote, its weights loaded, in eval mode."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    meta = json.loads((folder / "config.json").read_text())
+    model = build(meta["family"], device=device, **meta["config"])
+    model.load_state_dict(load_file(str(folder / "model.safetensors"),
+                                    device=str(device or "cpu")))
+    return model.eval()

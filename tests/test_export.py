@@ -1,0 +1,101 @@
+"""zoo export: a trained GPT-NeoX loads in transformers with no missing or unexpected keys and
+the same logits; every family round-trips through archs.save / archs.load; zoo list."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from test_train import config
+
+import archs
+from training.loop import train
+from training.transformers_compat import import_transformers
+from training.zoo_cli import zoo
+
+
+@pytest.fixture
+def neox_run(tmp_path, shards):
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=2, save_every=2, workers=0), log=lambda m: None)
+    return run
+
+
+def test_a_trained_gpt_neox_loads_in_transformers_with_the_same_logits(tmp_path, shards,
+                                                                    neox_run):
+    pytest.importorskip("transformers")
+    transformers = import_transformers()
+    out = tmp_path / "hf"
+    result = CliRunner().invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    hf, info = transformers.GPTNeoXForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not any(info.values()), info  # no missing, unexpected or mismatched keys
+    from training.export import load_run
+
+    ours, _ = load_run(neox_run)
+    ids = torch.randint(0, ours.cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (hf.eval()(ids).logits - ours(ids)).abs().max().item()
+    assert diff <= 1e-4, diff
+    # the build's tokenizer (a .tiktoken file here) comes along, loadable by transformers
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok.decode(tok.encode("hello world")) == "hello world"
+    assert tok.eos_token_id == json.loads((out / "config.json").read_text())["eos_token_id"]
+    from pipeline.tokenizer import load_tokenizer
+
+    ref = load_tokenizer(json.loads((shards / "manifest.json").read_text())["tokenizer"]["source"])
+    text = "pack it: ünïcode 123,\n\tdone"  # (a literal <|endoftext|> is text to pack build)
+    ids, _ = ref.reference.encode_flat([text])
+    assert tok.encode(text) == ids.tolist()
+    assert tok.convert_tokens_to_ids("<|endoftext|>") == ref.eos_id
+
+
+@pytest.mark.parametrize("name", ["neox-tiny", "moe-tiny", "resonance-tiny"])
+def test_every_family_round_trips_through_safetensors(tmp_path, name):
+    torch.manual_seed(0)
+    model = archs.build(name, vocab_size=300).eval()
+    archs.save(model, tmp_path / name)
+    again = archs.load(tmp_path / name)
+    ids = torch.randint(0, 300, (1, 32))
+    with torch.no_grad():
+        assert torch.equal(model(ids), again(ids))
+
+
+def test_export_refuses_what_it_cannot_write(tmp_path, neox_run):
+    runner = CliRunner()
+    result = runner.invoke(zoo, ["export", str(tmp_path / "nothing"), "--to", "hf", "--out",
+                                 str(tmp_path / "o")])
+    assert result.exit_code == 1 and "no complete checkpoint" in result.output
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("mine")
+    result = runner.invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out",
+                                 str(tmp_path / "full")])
+    assert result.exit_code == 1 and "is not empty" in result.output
+    assert (tmp_path / "full" / "x").read_text() == "mine"
+
+
+def test_zoo_list_is_the_presets_table(tmp_path):
+    result = CliRunner().invoke(zoo, ["list", "--vocab", "1000", "--json"])
+    assert result.exit_code == 0
+    listed = json.loads(result.output)
+    assert {m["name"] for m in listed} == set(archs.PRESETS)
+    assert all(m["vocab_size"] == 1000 for m in listed)
+
+
+@pytest.mark.parametrize("name", ["gpt2.tiktoken", "cl100k_base.tiktoken",
+                                  "gpt-neox-tokenizer.json"])
+def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
+    """The shipped tokenizers, cl100k_base's gap between its last rank and its special ids
+    included."""
+    pytest.importorskip("transformers")
+    transformers = import_transformers()
+    from pipeline.tokenizer import load_tokenizer
+    from training.export import _write_tokenizer
+
+    ref = load_tokenizer(str(shared / "tokenizers" / name))
+    _write_tokenizer(ref, tmp_path)
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    text = "Long-context pretraining: ünïcode, 数字 12345, emoji 🙂,\n\n\tcode() {}"
+    ids, _ = ref.reference.encode_flat([text])
+    assert tok.encode(text, add_special_tokens=False) == ids.tolist()
+    assert tok.convert_tokens_to_ids("<|endoftext|>") == ref.eos_id
