@@ -99,3 +99,23 @@ def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
     ids, _ = ref.reference.encode_flat([text])
     assert tok.encode(text, add_special_tokens=False) == ids.tolist()
     assert tok.convert_tokens_to_ids("<|endoftext|>") == ref.eos_id
+
+
+def test_zoo_eval_on_val_is_the_trainers_final_val_loss(tmp_path, shards, neox_run):
+    final = json.loads((neox_run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["val_targets"] > 0
+    # the trainer evaluates the first eval_batches x batch_size val rows (4 x 4)
+    result = CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(shards),
+                                      "--batch-size", "4", "--limit", "16", "--json"])
+    assert result.exit_code == 0, result.output
+    got = json.loads(result.output)
+    assert got["targets"] == final["val_targets"]
+    assert abs(got["loss"] - final["val_loss"]) < 1e-6
+    assert got["bits_per_byte"] is None  # a part of the split: its bytes are not known
+    got = json.loads(CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(shards),
+                                              "--json"]).output)
+    manifest = json.loads((shards / "manifest.json").read_text())["splits"]["val"]
+    assert got["bits_per_byte"] == pytest.approx(
+        got["loss"] / 0.6931471805599453 * manifest["tokens"] / manifest["text_bytes"])
+    text = CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(shards)]).output
+    assert text.startswith(f"zoo eval: {neox_run} on {shards} val (")

@@ -3,6 +3,7 @@
     zoo list [--vocab V] [--json]           the presets: total and active parameters, FLOPs/token
     zoo export RUN [--step N] --to hf --out DIR          GPT-NeoX -> a transformers directory
     zoo export RUN --to safetensors --out DIR            any family -> what archs.load(DIR) reads
+    zoo eval RUN --shards BUILD [--split val] [--json]   loss, perplexity, bits per byte
 
 `python -m archs` and `train --list-models` print the same table (archs/__main__.py's).
 """
@@ -60,6 +61,58 @@ def export(run, step, to, out):
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"zoo export: {run} -> {out} ({to}, {model.num_params():,} parameters)")
+
+
+@zoo.command("eval")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--shards", required=True, help="A build (its --out, or URL) with the run's "
+              "tokenizer.")
+@click.option("--split", default="val", show_default=True, help="train or val.")
+@click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="Only the first N rows of the split [all].")
+@click.option("--cache", type=click.Path(path_type=Path), default=None,
+              help="Shard cache for an MDS build [a temporary folder].")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
+    """A run's model on a build's split: token-weighted loss, perplexity and bits per byte."""
+    import math
+    import tempfile
+
+    from pipeline import LongpackError
+    from training.data import open_build
+    from training.evaluate import bits_per_byte, split_loss
+    from training.export import load_run
+
+    try:
+        model, _ = load_run(run, step)
+        with tempfile.TemporaryDirectory(prefix="longpack-eval.") as tmp:
+            build = open_build(shards, cache or Path(tmp), "100gb")
+            rows = build.train if split == "train" else build.val
+            if split not in ("train", "val") or rows is None:
+                raise LongpackError(f"--split {split}: {shards} has no such split with rows")
+            if build.manifest["tokenizer"]["vocab_size"] > model.cfg.vocab_size:
+                raise LongpackError(f"{shards} has a vocabulary of "
+                                    f"{build.manifest['tokenizer']['vocab_size']:,} ids, the "
+                                    f"model {model.cfg.vocab_size:,}: evaluate on a build of the "
+                                    "run's tokenizer")
+            n = min(len(rows), limit or len(rows))
+            loss_sum, targets = split_loss(model, rows, n, batch_size)
+    except LongpackError as e:
+        raise click.ClickException(str(e)) from None
+    loss = loss_sum / targets if targets else float("nan")
+    counts = build.manifest["splits"][split]
+    result = {"run": str(run), "shards": shards, "split": split, "rows": n, "targets": targets,
+              "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+              "bits_per_byte": bits_per_byte(loss, counts) if n == len(rows) else None}
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    bpb = result["bits_per_byte"]
+    click.echo(f"zoo eval: {run} on {shards} {split} ({n:,} rows, {targets:,} targets): loss "
+               f"{loss:.4f}, perplexity {result['perplexity']:.2f}, bits per byte "
+               + ("-" if bpb is None else f"{bpb:.4f}"))
 
 
 if __name__ == "__main__":  # python -m training.zoo_cli
