@@ -10,10 +10,11 @@ V 50257) that is 50.36 M per layer and 1.414 B in all (1.209 B without the embed
 import math
 from dataclasses import dataclass
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import Rotary, StackedLM, attention
+from archs.layers import Rotary, StackedLM, attention, cached_attention
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,19 @@ class Attention(nn.Module):
         rot = int(self.head_dim * cfg.rotary_pct) // 2 * 2
         self.rotary = Rotary(rot, cfg.rotary_base) if rot else None
 
-    def forward(self, x, pos, doc_starts):
+    def forward(self, x, pos, doc_starts, cache: dict | None = None):
+        """`cache`: this layer's keys and values of the tokens before x (generation: {} at
+        first); x's are appended, and x attends to them and causally to itself."""
         B, T, C = x.shape
         qkv = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         # qkv: (3, B, nh, T, hs); q and k rotate together, in one pass
         qk, v = qkv[:2], qkv[2]
         if self.rotary is not None:
             qk = self.rotary(qk, pos)
-        y = attention(qk[0], qk[1], v, doc_starts)  # (B, nh, T, hs)
+        if cache is None:
+            y = attention(qk[0], qk[1], v, doc_starts)  # (B, nh, T, hs)
+        else:
+            y = cached_attention(qk[0], qk[1], v, cache)
         return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 
@@ -64,9 +70,9 @@ class Block(nn.Module):
         self.fc_in = nn.Linear(cfg.d_model, cfg.d_ff)
         self.fc_out = nn.Linear(cfg.d_ff, cfg.d_model)
 
-    def forward(self, x, pos, doc_starts):
+    def forward(self, x, pos, doc_starts, cache: dict | None = None):
         mlp = self.fc_out(F.gelu(self.fc_in(self.ln2(x))))
-        return x + self.attn(self.ln1(x), pos, doc_starts) + mlp
+        return x + self.attn(self.ln1(x), pos, doc_starts, cache) + mlp
 
 
 class GPTNeoX(StackedLM):
@@ -93,6 +99,18 @@ class GPTNeoX(StackedLM):
             nn.init.normal_(m.weight, std=self.cfg.init_std)
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
+
+    def decode(self, input_ids, cache: list[dict]):
+        """Logits (B, T, vocab) of tokens that follow those `cache` holds (one dict per layer,
+        empty at first, filled here): generation's incremental forward, the same logits as the
+        full forward over all the tokens (one document)."""
+        past = cache[0]["k"].shape[2] if cache[0] else 0
+        T = input_ids.shape[1]
+        pos = torch.arange(past, past + T, device=input_ids.device).expand(input_ids.shape[0], T)
+        x = self.embed(input_ids)
+        for block, layer_cache in zip(self.blocks, cache):
+            x = block(x, pos, None, layer_cache)
+        return self.head(self.ln_f(x))
 
     def flops_per_token(self, seq: int) -> float:
         """Nominal training FLOPs per token: 6N for the weights (forward + backward) plus

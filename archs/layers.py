@@ -120,6 +120,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out
 
 
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: dict
+                     ) -> torch.Tensor:
+    """Attention of new tokens (q, k, v (B, H, T, D)) over the keys and values `cache` holds
+    of the tokens before them, then causally among themselves; appends k and v to the cache.
+    One document: generation's incremental form of `attention`."""
+    if cache:
+        k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+    cache["k"], cache["v"] = k, v
+    T, L = q.shape[2], k.shape[2]
+    enable_gqa = k.shape[1] != q.shape[1]
+    if T == L:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+    # query i is token L - T + i: it sees keys 0 .. L - T + i
+    allowed = torch.arange(L, device=q.device) <= torch.arange(L - T, L, device=q.device)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=enable_gqa)
+
+
 def document_mask_mod(segments: torch.Tensor):
     """FlexAttention mask_mod: causal, and key in the query's document (segments (B, T))."""
     def mask_mod(b, h, q_idx, kv_idx):

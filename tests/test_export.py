@@ -119,3 +119,53 @@ def test_zoo_eval_on_val_is_the_trainers_final_val_loss(tmp_path, shards, neox_r
         got["loss"] / 0.6931471805599453 * manifest["tokens"] / manifest["text_bytes"])
     text = CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(shards)]).output
     assert text.startswith(f"zoo eval: {neox_run} on {shards} val (")
+
+
+def test_the_key_value_cache_gives_the_full_forwards_logits():
+    torch.manual_seed(0)
+    model = archs.build("neox-tiny", vocab_size=300).eval()
+    ids = torch.randint(0, 300, (1, 24))
+    cache = [{} for _ in model.blocks]
+    with torch.no_grad():
+        full = model(ids)
+        prefix = model.decode(ids[:, :10], cache)  # the prompt at once
+        steps = [model.decode(ids[:, t:t + 1], cache) for t in range(10, 20)]  # one by one
+        rest = model.decode(ids[:, 20:], cache)  # several after a cache
+    got = torch.cat([prefix, *steps, rest], 1)
+    assert (got - full).abs().max().item() < 1e-5
+
+
+def test_greedy_generation_is_transformers_greedy_generation(tmp_path, neox_run):
+    pytest.importorskip("transformers")
+    transformers = import_transformers()
+    from training.export import load_run
+    from training.generate import generate
+
+    out = tmp_path / "hf"
+    assert CliRunner().invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out",
+                                    str(out)]).exit_code == 0
+    hf = transformers.GPTNeoXForCausalLM.from_pretrained(out).eval()
+    model, tokenizer = load_run(neox_run)
+    prompt = tokenizer.reference.encode_flat(["the long context "])[0].tolist()
+    ours = generate(model, prompt, max_new=12)  # eos_id None: 12 tokens whatever comes
+    theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert ours == theirs and len(ours) == 12
+
+
+def test_zoo_generate_samples_reproducibly(neox_run):
+    runner = CliRunner()
+    args = ["generate", str(neox_run), "--prompt", "alpha beta", "--max-new-tokens", "20"]
+    greedy = runner.invoke(zoo, args)
+    assert greedy.exit_code == 0 and greedy.output.startswith("alpha beta"), greedy.output
+    sampled = [runner.invoke(zoo, [*args, "--temperature", "1.0", "--top-k", "50", "--top-p",
+                                   "0.9", "--seed", str(s)]).output for s in (1, 1, 2)]
+    assert sampled[0] == sampled[1]  # the same seed, the same text
+    from training.generate import next_token
+
+    logits = torch.tensor([0.0, 5.0, 4.9, -3.0])
+    picks = {next_token(logits, 1.0, 2, None, torch.Generator().manual_seed(s)) for s in range(50)}
+    assert picks == {1, 2}  # top-k 2: only the two most likely
+    picks = {next_token(logits, 1.0, None, 0.5, torch.Generator().manual_seed(s))
+             for s in range(50)}
+    assert picks == {1}  # top-p 0.5: the most likely alone reaches it

@@ -4,6 +4,7 @@
     zoo export RUN [--step N] --to hf --out DIR          GPT-NeoX -> a transformers directory
     zoo export RUN --to safetensors --out DIR            any family -> what archs.load(DIR) reads
     zoo eval RUN --shards BUILD [--split val] [--json]   loss, perplexity, bits per byte
+    zoo generate RUN --prompt TEXT [--max-new-tokens N] [--temperature T --top-k K --top-p P]
 
 `python -m archs` and `train --list-models` print the same table (archs/__main__.py's).
 """
@@ -113,6 +114,37 @@ def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
     click.echo(f"zoo eval: {run} on {shards} {split} ({n:,} rows, {targets:,} targets): loss "
                f"{loss:.4f}, perplexity {result['perplexity']:.2f}, bits per byte "
                + ("-" if bpb is None else f"{bpb:.4f}"))
+
+
+@zoo.command()
+@click.argument("run", type=click.Path(path_type=Path))
+@click.option("--prompt", required=True, help="Text to continue (encoded with the build's "
+              "tokenizer).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0: greedy.")
+@click.option("--top-k", type=click.IntRange(min=1), default=None)
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
+def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step):
+    """Continue a prompt with a trained run's model; prints the prompt and its continuation."""
+    from pipeline import LongpackError
+    from training.export import load_run
+    from training.generate import generate as continue_ids
+
+    try:
+        model, tokenizer = load_run(run, step)
+        if tokenizer is None:
+            raise LongpackError(f"{run}: the build's tokenizer cannot be loaded here (its "
+                                "manifest or tokenizer file is missing): nothing to encode the "
+                                "prompt with")
+        ids, _ = tokenizer.reference.encode_flat([prompt])
+        new = continue_ids(model, ids.tolist(), max_new_tokens, temperature, top_k, top_p, seed,
+                           tokenizer.eos_id)
+    except LongpackError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(prompt + tokenizer.decode(new))
 
 
 if __name__ == "__main__":  # python -m training.zoo_cli
