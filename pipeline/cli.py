@@ -121,6 +121,37 @@ def merge(out, task_index, quiet):
 
 
 
+@pack.command("import")
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("--out", required=True, type=click.Path(path_type=Path), help="Output directory.")
+@click.option("--seq", type=click.IntRange(min=2), default=None,
+              help="Tokens per row (.bin: required; .npy/.pt: their width) [the files'].")
+@click.option("--dtype", default=None, help=".bin: the token type (nanoGPT's GPT-2: uint16).")
+@click.option("--eos-id", type=int, default=None,
+              help="Documents end at this id (their starts are recorded) [rows are documents].")
+@click.option("--tokenizer", default=None, help="The tokenizer the ids are of, recorded (and "
+              "its vocabulary checked) [the largest id + 1].")
+@click.option("--format", "fmt", type=click.Choice(["mds", "memmap"]), default="mds",
+              show_default=True)
+@click.option("--shard-bytes", type=click.IntRange(min=1), default=64 << 20, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace an existing build in --out.")
+@click.option("--quiet", is_flag=True, help="No summary.")
+def import_(src, out, seq, dtype, eos_id, tokenizer, fmt, shard_bytes, overwrite, quiet):
+    """Adopt pretokenized rows (.npy, .pt, nanoGPT .bin) as a longpack build."""
+    from pipeline.import_tokens import ImportConfig, import_tokens
+    from pipeline.manifest import summary
+
+    try:
+        m = import_tokens(ImportConfig(str(src), str(out), seq, dtype, eos_id, tokenizer, fmt,
+                                       shard_bytes, overwrite),
+                          warn=lambda line: None if quiet else click.echo(line, err=True))
+    except LongpackError as e:
+        raise click.ClickException(str(e)) from None
+    if not quiet:
+        click.echo(summary({**m, "timings": {**m["timings"], "steady_tokens_per_second": None}},
+                           str(out)).replace("pack build:", "pack import:", 1))
+
+
 @pack.command()
 @click.argument("path")
 @click.option("--verify", is_flag=True, help="Also check checksums, token ids, document starts and "

@@ -1,0 +1,274 @@
+"""`pack import SRC --out OUT`: adopt token data another tool wrote as a longpack build.
+
+    import_tokens(ImportConfig(src="seed/", out="./imported", eos_id=50256))
+
+SRC is a file or a folder; a folder with `train/` and/or `val/` gives those splits, otherwise
+all of it is train. Files, sorted by path, by their suffix:
+  .npy   [N, seq] integer arrays (memory-mapped: rows are read as they are written out)
+  .pt    [N, seq] integer tensors (torch.load(..., weights_only=True): no code is run)
+  .bin   a flat run of --dtype tokens (nanoGPT's train.bin), cut into rows of --seq; the tokens
+         after the last whole row are dropped and counted
+Every row is checked: a file whose rows are not --seq long (or not as long as the first
+file's) is skipped whole, a row holding an id below 0 or not below the vocabulary is skipped;
+each skip is a line of skipped.jsonl (file, row, reason) and a count in the manifest, as in
+`pack build`. The vocabulary is --tokenizer's (recorded in the manifest), else the largest id
++ 1 (with a warning: the trainer sizes the model's embedding from it).
+
+Documents: with --eos-id (or --tokenizer: its EOS) each row's segments start at 0 and after
+each EOS, and a row that begins inside a document (the row before did not end with EOS)
+continues that document's hash; without either each row is one document. A document's hash numbers it (doc_hash of its ordinal in
+the split): the data carries no text to hash. The rows are copied into shards of --format (an
+MDS shard or a memmap .npy holds its own header and the documents' segments, so no source
+layout is one of them as it stands). The output is written as `pack build` writes one (a lock,
+a journal of the files, index.json after the shards, manifest.json last); an interrupted import
+is run again from the start by the same command.
+"""
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.atomic import write_bytes, write_json, writing
+from pipeline.config import WORK_DIR
+from pipeline.errors import InputError, SettingsError
+from pipeline.formats import get_format
+from pipeline.manifest import FORMAT_VERSION, longpack_version
+from pipeline.output_dir import Journal, prepare_output, remove_work_files
+from pipeline.output_lock import OutputLock
+from pipeline.shard_format import rows_per_shard
+from pipeline.split import doc_hash
+
+SUFFIXES = (".npy", ".pt", ".bin")
+BLOCK_ROWS = 4096  # rows checked and packed at a time
+
+
+@dataclass(frozen=True)
+class ImportConfig:
+    src: str
+    out: str
+    seq: int | None = None  # required for .bin; else the files' width
+    dtype: str | None = None  # .bin's element type (uint16 for nanoGPT's GPT-2 data)
+    eos_id: int | None = None
+    tokenizer: str | None = None
+    format: str = "mds"
+    shard_bytes: int = 64 << 20
+    overwrite: bool = False
+
+
+def find_files(src: Path) -> dict[str, list[Path]]:
+    """{split: files}, in path order."""
+    if src.is_file():
+        return {"train": [src]}
+    if not src.is_dir():
+        raise SettingsError(f"{src}: no such file or directory")
+    folders = {s: src / s for s in ("train", "val") if (src / s).is_dir()} or {"train": src}
+    found = {s: sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+             for s, d in folders.items()}
+    found = {s: files for s, files in found.items() if files}
+    if not found:
+        raise SettingsError(f"{src}: no {', '.join(SUFFIXES)} files to import")
+    return found
+
+
+def read_rows(path: Path, cfg: ImportConfig) -> np.ndarray:
+    """The file's rows, [N, width] (a .bin: cut at --seq; its tail is dropped by the caller)."""
+    try:
+        if path.suffix == ".npy":
+            rows = np.load(path, mmap_mode="r")
+        elif path.suffix == ".pt":
+            import torch
+
+            rows = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(rows, torch.Tensor):
+                raise ValueError(f"holds a {type(rows).__name__}, not a tensor")
+            rows = rows.numpy()
+        else:
+            if cfg.seq is None or cfg.dtype is None:
+                raise SettingsError(f"{path}: a .bin file needs --seq and --dtype (nanoGPT's "
+                                    "GPT-2 data: --dtype uint16)")
+            flat = np.memmap(path, dtype=np.dtype(cfg.dtype), mode="r")
+            rows = flat[: len(flat) // cfg.seq * cfg.seq].reshape(-1, cfg.seq)
+    except (OSError, ValueError, RuntimeError, EOFError) as e:  # unreadable: one line
+        raise InputError(f"{path}: cannot be read as token rows ({type(e).__name__}: {e})") \
+            from None
+    if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.integer):
+        raise InputError(f"{path}: {rows.dtype} array of shape {list(rows.shape)}; import takes "
+                         "[N, seq] integer rows")
+    return rows
+
+
+class _Split:
+    """One split's shards, written as their rows come."""
+
+    def __init__(self, name: str, out: Path, cfg: ImportConfig, seq: int, dtype, journal,
+                 eos_id: int | None):
+        self.name, self.folder, self.journal = name, out / name, journal
+        self.fmt = get_format(cfg.format).for_writing(
+            self.folder, seq, dtype, get_format(cfg.format).default_compression, cfg.shard_bytes)
+        self.per_shard = rows_per_shard(cfg.shard_bytes, seq, np.dtype(dtype).itemsize)
+        self.seq, self.dtype, self.eos = seq, np.dtype(dtype), eos_id
+        self.rows: list[np.ndarray] = []
+        self.buffered = 0
+        self.entries: list[dict] = []
+        self.counts = {"rows": 0, "documents": 0, "tokens": 0}
+        self.doc, self.open_doc = 0, False  # the current document's ordinal; it continues
+        with writing(self.folder):
+            self.folder.mkdir(parents=True, exist_ok=True)
+
+    def add(self, rows: np.ndarray) -> None:
+        self.rows.append(rows.astype(self.dtype))
+        self.buffered += len(rows)
+        while self.buffered >= self.per_shard:
+            self._write(self.per_shard)
+
+    def _segments(self, rows: np.ndarray) -> np.ndarray:
+        """(row, start, hash) of each document piece, as the packer records them."""
+        out = []
+        for r, row in enumerate(rows):
+            starts = [0]
+            if self.eos is not None:
+                starts += [int(p) + 1 for p in np.flatnonzero(row[:-1] == self.eos)]
+            for i, start in enumerate(starts):
+                if not (i == 0 and self.open_doc):
+                    self.doc += 1
+                out.append((r, start, doc_hash(f"{self.name}:{self.doc}")))
+            # documents as pack stats counts them: those an EOS ends (each row, without one)
+            self.counts["documents"] += int((row == self.eos).sum()) if self.eos is not None else 1
+            self.open_doc = self.eos is not None and row[-1] != self.eos
+        return np.array(out, dtype=np.uint64).reshape(-1, 3)
+
+    def _write(self, n: int) -> None:
+        rows = np.concatenate(self.rows)
+        take, rest = rows[:n], rows[n:]
+        self.rows, self.buffered = [rest] if len(rest) else [], len(rest)
+        files, entry = self.fmt.encode_shard(len(self.entries), take, self._segments(take))
+        for name, data in files.items():
+            self.journal.claim(self.folder / name)
+            write_bytes(self.folder / name, data, fsync=True)
+        self.entries.append(entry)
+        self.counts["rows"] += n
+        self.counts["tokens"] += n * self.seq
+
+    def close(self) -> dict:
+        if self.buffered:
+            self._write(self.buffered)
+
+        index = self.fmt.index_json(self.entries)
+        self.journal.claim(self.folder / "index.json")
+        write_json(self.folder / "index.json", index, fsync=True)
+        written = type(self.fmt)(self.folder, index)
+        stored = sum(f.bytes for i in range(len(self.entries)) for f in written.stored(i))
+        return {**self.counts, "text_bytes": None, "padding_tokens": 0, "dropped_tokens": 0,
+                "shards": len(self.entries), "bytes": stored, "row_tokens": self.counts["tokens"],
+                "path": self.name}
+
+
+def import_tokens(cfg: ImportConfig, warn=print) -> dict:
+    """Write OUT; returns its manifest."""
+    t0 = time.time()
+    src, out = Path(cfg.src), Path(cfg.out)
+    files = find_files(src)
+    tok = None
+    if cfg.tokenizer:
+        from pipeline.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(cfg.tokenizer)
+    inputs = [{"path": str(p), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+              for split in files.values() for p in split]
+    settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "overwrite")}
+    fingerprint = {"import": settings, "inputs": inputs,
+                   "tokenizer": tok.identity() if tok else None, "format_version": FORMAT_VERSION}
+    # the first pass: widths and the largest id (the vocabulary and the dtype come from them)
+    seq, largest = cfg.seq, 0
+    for split_files in files.values():
+        for path in split_files:
+            rows = read_rows(path, cfg)
+            if seq is None:
+                seq = rows.shape[1]
+            if rows.shape[1] == seq and len(rows):
+                largest = max(largest, int(rows.max()))
+    if seq is None or seq < 2:
+        raise SettingsError(f"{src}: rows of {seq} tokens; a row needs at least 2")
+    vocab = tok.vocab_size if tok else largest + 1
+    if tok is None:
+        warn(f"pack import: no --tokenizer: the vocabulary is taken as the largest id + 1 "
+             f"({vocab:,}), which sizes the model's embedding; pass --tokenizer to record the "
+             "real one")
+    dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
+    with OutputLock(out / WORK_DIR):
+        found = prepare_output(out, fingerprint, cfg.overwrite)
+        if found == "complete":
+            return json.loads((out / "manifest.json").read_text())
+        journal = Journal(out)
+        try:
+            return _write(cfg, files, out, seq, vocab, dtype, tok, inputs, fingerprint, journal,
+                          t0)
+        finally:
+            journal.close()
+
+
+def _write(cfg, files, out, seq, vocab, dtype, tok, inputs, fingerprint, journal, t0) -> dict:
+    skipped: dict[str, int] = {}
+    skip_path = out / "skipped.jsonl"
+    journal.claim(skip_path)
+    splits = {}
+    read = 0
+    eos = cfg.eos_id if cfg.eos_id is not None else (tok.eos_id if tok else None)
+    with writing(skip_path), open(skip_path, "wb") as log:
+        def skip(path, row, reason, detail, records=1):
+            skipped[reason] = skipped.get(reason, 0) + records
+            log.write((json.dumps({"file": str(path), "row": row, "reason": reason,
+                                   "detail": detail, "records": records}) + "\n").encode())
+
+        for name, split_files in files.items():
+            split = _Split(name, out, cfg, seq, dtype, journal, eos)
+            for path in split_files:
+                rows = read_rows(path, cfg)
+                read += len(rows)
+                if path.suffix == ".bin":
+                    tail = os.path.getsize(path) // np.dtype(cfg.dtype).itemsize % seq
+                    if tail:
+                        skip(path, len(rows), "partial_row", f"the last {tail} tokens do not "
+                             f"fill a row of {seq}")
+                if rows.shape[1] != seq:
+                    skip(path, 0, "wrong_length", f"rows of {rows.shape[1]} tokens, not {seq}",
+                         records=len(rows))
+                    continue
+                for a in range(0, len(rows), BLOCK_ROWS):
+                    block = np.asarray(rows[a:a + BLOCK_ROWS])
+                    bad = (block < 0).any(1) | (block >= vocab).any(1)
+                    for r in np.flatnonzero(bad):
+                        skip(path, a + int(r), "id_out_of_range",
+                             f"ids {int(block[r].min())}..{int(block[r].max())}, the vocabulary "
+                             f"has {vocab}")
+                    if (~bad).any():
+                        split.add(block[~bad])
+                        if bad.any():
+                            split.open_doc = False  # a skipped row ends the document before it
+            splits[name] = split.close()
+    tokenizer = {**(tok.identity() if tok else {"name": "imported", "kind": "imported",
+                                                  "source": None, "sha256": None}),
+                 "vocab_size": vocab, "eos_id": eos, "dtype": np.dtype(dtype).name}
+    totals = {k: sum(s[k] for s in splits.values()) for k in ("documents", "tokens")}
+    manifest = {
+        "longpack_version": longpack_version(), "format_version": FORMAT_VERSION,
+        "format": cfg.format, "seq": seq, "dtype": np.dtype(dtype).name,
+        "tokenizer": tokenizer, "tokenizer_engine": None, "pad_id": eos,
+        "document_order": "imported files sorted by path, rows in file order",
+        "imported_from": str(cfg.src), "settings": {k: v for k, v in asdict(cfg).items()
+                                                    if k not in ("out", "overwrite")},
+        "inputs": inputs,
+        "counts": {"records_read": read, **totals,
+                   "skipped": skipped},
+        "splits": splits, "skipped_log": "skipped.jsonl",
+        "timings": {"started": t0, "finished": time.time(), "seconds": time.time() - t0},
+        "fingerprint": fingerprint,
+    }
+    journal.claim(out / "manifest.json")
+    write_json(out / "manifest.json", manifest, fsync=True)
+    remove_work_files(out)
+    return manifest

@@ -1,0 +1,112 @@
+"""pack import: others' token rows (.npy folders, .pt tensors, nanoGPT .bin) become a longpack
+build that pack stats --verify passes and train trains on; bad rows counted and named."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pipeline.cli import pack
+from pipeline.shards import open_split
+from training.cli import train as train_cli
+
+EOS = 50256
+
+
+def rows_of(out, split="train") -> np.ndarray:
+    return np.concatenate([np.asarray(r)[None] for r, _, _ in open_split(out / split).rows()])
+
+
+def documents(rng, n_rows: int, seq: int) -> np.ndarray:
+    """Rows of documents of random lengths, each ended by EOS, packed end to end."""
+    stream = []
+    while len(stream) < n_rows * seq:
+        stream += rng.integers(0, 256, rng.integers(5, 150)).tolist() + [EOS]
+    return np.array(stream[: n_rows * seq], np.uint16).reshape(n_rows, seq)
+
+
+def run(*args) -> tuple[int, str]:
+    result = CliRunner().invoke(pack, list(map(str, args)))
+    return result.exit_code, result.output
+
+
+def test_a_seed_style_npy_folder_is_stats_verified_and_trained_on(tmp_path, byte_tokenizer):
+    rng = np.random.default_rng(0)
+    src = tmp_path / "seed"
+    (src / "train").mkdir(parents=True)
+    (src / "val").mkdir()
+    train_rows = [documents(rng, 40, 65), documents(rng, 30, 65)]
+    np.save(src / "train" / "a.npy", train_rows[0])
+    np.save(src / "train" / "b.npy", train_rows[1])
+    np.save(src / "val" / "v.npy", documents(rng, 8, 65))
+    out = tmp_path / "imported"
+    code, text = run("import", src, "--out", out, "--eos-id", EOS, "--tokenizer", byte_tokenizer,
+                     "--shard-bytes", 65 * 2 * 16)
+    assert code == 0, text
+    assert np.array_equal(rows_of(out), np.concatenate(train_rows))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["splits"]["train"]["rows"] == 70 and m["splits"]["train"]["shards"] == 5
+    assert m["tokenizer"]["vocab_size"] == 50257 and m["tokenizer"]["eos_id"] == EOS
+    code, text = run("stats", out, "--verify")
+    assert code == 0, text  # document starts after each EOS, continued documents' hashes
+    result = CliRunner().invoke(train_cli, [
+        "--shards", str(out), "--out", str(tmp_path / "run"), "--model", "neox-tiny",
+        "--batch-size", "4", "--max-steps", "2", "--warmup", "1", "--workers", "0",
+        "--report-to", "jsonl"])
+    assert result.exit_code == 0, result.output
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_nanogpt_bin_and_pt_tensors_with_bad_rows_counted(tmp_path, byte_tokenizer):
+    rng = np.random.default_rng(1)
+    src = tmp_path / "mixed"
+    src.mkdir()
+    flat = documents(rng, 10, 64).reshape(-1)
+    np.concatenate([flat, flat[:7]]).tofile(src / "a_train.bin")  # 10 rows + 7 tokens over
+    bad = documents(rng, 5, 64).astype(np.int64)
+    bad[2, 3] = 70000  # beyond the vocabulary
+    torch.save(torch.from_numpy(bad), src / "b.pt")
+    np.save(src / "c.npy", documents(rng, 3, 32))  # rows of another width
+    out = tmp_path / "out"
+    code, text = run("import", src, "--out", out, "--seq", 64, "--dtype", "uint16",
+                     "--tokenizer", byte_tokenizer, "--format", "memmap", "--quiet")
+    assert code == 0, text
+    expected = np.concatenate([flat.reshape(10, 64), np.delete(bad, 2, axis=0)])
+    assert np.array_equal(rows_of(out), expected)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["skipped"] == {"partial_row": 1, "id_out_of_range": 1, "wrong_length": 3}
+    skips = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    assert {(s["file"].rsplit("/", 1)[-1], s["row"], s["reason"]) for s in skips} == {
+        ("a_train.bin", 10, "partial_row"), ("b.pt", 2, "id_out_of_range"),
+        ("c.npy", 0, "wrong_length")}
+    code, text = run("stats", out, "--verify")
+    assert code == 0, text
+    code, again = run("import", src, "--out", out, "--seq", 64, "--dtype", "uint16",
+                      "--tokenizer", byte_tokenizer, "--format", "memmap")
+    assert code == 0 and "already complete" not in again  # nothing new: the same files
+
+
+def test_refusals_are_one_line(tmp_path):
+    (tmp_path / "x.bin").write_bytes(b"\0" * 100)
+    code, text = run("import", tmp_path / "x.bin", "--out", tmp_path / "o")
+    assert code == 1 and "needs --seq and --dtype" in text
+    code, text = run("import", tmp_path / "nothing", "--out", tmp_path / "o")
+    assert code == 1 and "no such file or directory" in text
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("x")
+    code, text = run("import", tmp_path / "notes", "--out", tmp_path / "o")
+    assert code == 1 and "no .npy, .pt, .bin files to import" in text
+    assert not (tmp_path / "o").exists()
+
+
+def test_without_a_tokenizer_the_vocabulary_is_the_largest_id_and_it_says_so(tmp_path):
+    np.save(tmp_path / "r.npy", np.arange(40, dtype=np.int32).reshape(4, 10))
+    result = CliRunner().invoke(pack, ["import", str(tmp_path / "r.npy"), "--out",
+                                       str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert "the vocabulary is taken as the largest id + 1 (40)" in result.output
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert m["tokenizer"]["vocab_size"] == 40 and m["splits"]["train"]["documents"] == 4
+    pytest.importorskip("streaming")  # pack stats reads the MDS shards back
