@@ -8,6 +8,8 @@ all of it is train. Files, sorted by path, by their suffix:
   .pt    [N, seq] integer tensors (torch.load(..., weights_only=True): no code is run)
   .bin   a flat run of --dtype tokens (nanoGPT's train.bin), cut into rows of --seq; the tokens
          after the last whole row are dropped and counted
+  a folder holding an MDS index.json (llm-foundry's and others'): its `tokens` column, an
+         ndarray of any integer type or legacy bytes (int64), read a shard at a time
 Every row is checked: a file whose rows are not --seq long (or not as long as the first
 file's) is skipped whole, a row holding an id below 0 or not below the vocabulary is skipped;
 each skip is a line of skipped.jsonl (file, row, reason) and a count in the manifest, as in
@@ -16,12 +18,12 @@ each skip is a line of skipped.jsonl (file, row, reason) and a count in the mani
 
 Documents: with --eos-id (or --tokenizer: its EOS) each row's segments start at 0 and after
 each EOS, and a row that begins inside a document (the row before did not end with EOS)
-continues that document's hash; without either each row is one document. A document's hash numbers it (doc_hash of its ordinal in
-the split): the data carries no text to hash. The rows are copied into shards of --format (an
-MDS shard or a memmap .npy holds its own header and the documents' segments, so no source
-layout is one of them as it stands). The output is written as `pack build` writes one (a lock,
-a journal of the files, index.json after the shards, manifest.json last); an interrupted import
-is run again from the start by the same command.
+continues that document's hash; without either each row is one document. A document's hash
+numbers it (doc_hash of its ordinal in the split): the data carries no text to hash. The rows
+are copied into shards of --format (an MDS shard or a memmap .npy holds its own header and the
+documents' segments, so no source layout is one of them as it stands). The output is written
+as `pack build` writes one (a lock, a journal of the files, index.json after the shards,
+manifest.json last); an interrupted import is run again from the start by the same command.
 """
 
 import json
@@ -66,12 +68,29 @@ def find_files(src: Path) -> dict[str, list[Path]]:
     if not src.is_dir():
         raise SettingsError(f"{src}: no such file or directory")
     folders = {s: src / s for s in ("train", "val") if (src / s).is_dir()} or {"train": src}
-    found = {s: sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
+    found = {s: [d] if (d / "index.json").is_file() else  # an MDS dataset
+             sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
              for s, d in folders.items()}
     found = {s: files for s, files in found.items() if files}
     if not found:
         raise SettingsError(f"{src}: no {', '.join(SUFFIXES)} files to import")
     return found
+
+
+def read_blocks(path: Path, cfg: ImportConfig):
+    """The source's rows, [n, width] arrays one after another (one for a file, one a shard for
+    an MDS folder)."""
+    if path.is_dir():
+        from pipeline.shards import ShardError, SplitReader
+
+        try:
+            reader = SplitReader(path)
+            for i in range(len(reader.format)):
+                yield reader.read_shard(i).tokens
+        except ShardError as e:
+            raise InputError(f"{e.path}: {e.what}") from None
+        return
+    yield read_rows(path, cfg)
 
 
 def read_rows(path: Path, cfg: ImportConfig) -> np.ndarray:
@@ -177,8 +196,9 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
         from pipeline.tokenizer import load_tokenizer
 
         tok = load_tokenizer(cfg.tokenizer)
-    inputs = [{"path": str(p), "size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
-              for split in files.values() for p in split]
+    inputs = [{"path": str(f), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns}
+              for split in files.values() for p in split
+              for f in (sorted(p.iterdir()) if p.is_dir() else [p]) if f.is_file()]
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "overwrite")}
     fingerprint = {"import": settings, "inputs": inputs,
                    "tokenizer": tok.identity() if tok else None, "format_version": FORMAT_VERSION}
@@ -186,11 +206,11 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
     seq, largest = cfg.seq, 0
     for split_files in files.values():
         for path in split_files:
-            rows = read_rows(path, cfg)
-            if seq is None:
-                seq = rows.shape[1]
-            if rows.shape[1] == seq and len(rows):
-                largest = max(largest, int(rows.max()))
+            for rows in read_blocks(path, cfg):
+                if seq is None:
+                    seq = rows.shape[1]
+                if rows.shape[1] == seq and len(rows):
+                    largest = max(largest, int(rows.max()))
     if seq is None or seq < 2:
         raise SettingsError(f"{src}: rows of {seq} tokens; a row needs at least 2")
     vocab = tok.vocab_size if tok else largest + 1
@@ -211,6 +231,25 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
             journal.close()
 
 
+def _add_rows(rows, path: Path, first: int, seq: int, vocab: int, split: "_Split", skip) -> None:
+    """A block of a source's rows into the split, those of another width or with an id out of
+    the vocabulary skipped (numbered from `first`)."""
+    if rows.shape[1] != seq:
+        skip(path, first, "wrong_length", f"rows of {rows.shape[1]} tokens, not {seq}",
+             records=len(rows))
+        return
+    for a in range(0, len(rows), BLOCK_ROWS):
+        block = np.asarray(rows[a:a + BLOCK_ROWS])
+        bad = (block < 0).any(1) | (block >= vocab).any(1)
+        for r in np.flatnonzero(bad):
+            skip(path, first + a + int(r), "id_out_of_range",
+                 f"ids {int(block[r].min())}..{int(block[r].max())}, the vocabulary has {vocab}")
+        if (~bad).any():
+            split.add(block[~bad])
+            if bad.any():
+                split.open_doc = False  # a skipped row ends the document before it
+
+
 def _write(cfg, files, out, seq, vocab, dtype, tok, inputs, fingerprint, journal, t0) -> dict:
     skipped: dict[str, int] = {}
     skip_path = out / "skipped.jsonl"
@@ -227,28 +266,16 @@ def _write(cfg, files, out, seq, vocab, dtype, tok, inputs, fingerprint, journal
         for name, split_files in files.items():
             split = _Split(name, out, cfg, seq, dtype, journal, eos)
             for path in split_files:
-                rows = read_rows(path, cfg)
-                read += len(rows)
+                first = 0  # the source's row number of the block's first row
+                for rows in read_blocks(path, cfg):
+                    _add_rows(rows, path, first, seq, vocab, split, skip)
+                    first += len(rows)
+                read += first
                 if path.suffix == ".bin":
                     tail = os.path.getsize(path) // np.dtype(cfg.dtype).itemsize % seq
                     if tail:
-                        skip(path, len(rows), "partial_row", f"the last {tail} tokens do not "
+                        skip(path, first, "partial_row", f"the last {tail} tokens do not "
                              f"fill a row of {seq}")
-                if rows.shape[1] != seq:
-                    skip(path, 0, "wrong_length", f"rows of {rows.shape[1]} tokens, not {seq}",
-                         records=len(rows))
-                    continue
-                for a in range(0, len(rows), BLOCK_ROWS):
-                    block = np.asarray(rows[a:a + BLOCK_ROWS])
-                    bad = (block < 0).any(1) | (block >= vocab).any(1)
-                    for r in np.flatnonzero(bad):
-                        skip(path, a + int(r), "id_out_of_range",
-                             f"ids {int(block[r].min())}..{int(block[r].max())}, the vocabulary "
-                             f"has {vocab}")
-                    if (~bad).any():
-                        split.add(block[~bad])
-                        if bad.any():
-                            split.open_doc = False  # a skipped row ends the document before it
             splits[name] = split.close()
     tokenizer = {**(tok.identity() if tok else {"name": "imported", "kind": "imported",
                                                   "source": None, "sha256": None}),

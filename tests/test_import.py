@@ -110,3 +110,25 @@ def test_without_a_tokenizer_the_vocabulary_is_the_largest_id_and_it_says_so(tmp
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert m["tokenizer"]["vocab_size"] == 40 and m["splits"]["train"]["documents"] == 4
     pytest.importorskip("streaming")  # pack stats reads the MDS shards back
+
+
+@pytest.mark.parametrize("encoding", ["ndarray:int32", "bytes"])
+def test_an_llm_foundry_mds_dataset_is_imported(tmp_path, byte_tokenizer, encoding):
+    """llm-foundry's convert scripts write `tokens` as ndarray:int32, or (older ones) as the
+    bytes of int64 ids: streaming's own MDSWriter writes both here."""
+    from pipeline import import_streaming
+
+    streaming = import_streaming()
+    rows = documents(np.random.default_rng(2), 50, 64)
+    src = tmp_path / "foundry"
+    with streaming.MDSWriter(out=str(src / "train"), columns={"tokens": encoding},
+                             size_limit=4000) as writer:
+        for row in rows:
+            value = row.astype(np.int32) if encoding != "bytes" else row.astype(np.int64).tobytes()
+            writer.write({"tokens": value})
+    out = tmp_path / "out"
+    code, text = run("import", src, "--out", out, "--tokenizer", byte_tokenizer, "--quiet")
+    assert code == 0, text
+    assert np.array_equal(rows_of(out), rows)
+    code, text = run("stats", out, "--verify")
+    assert code == 0, text
