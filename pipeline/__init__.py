@@ -49,7 +49,8 @@ _API = {  # name -> the module that defines it
     "SplitReader": "shards",  # the rows and segments of a split, any format
     "import_streaming": "streaming_compat",  # the one way to import mosaicml-streaming
     "StorageError": "errors", "Store": "storage", "is_url": "storage",  # object stores
-    "staging_folder": "storage", "redact": "storage",
+    "staging_folder": "storage", "redact": "storage", "refuse_unwritable": "storage",
+    "load_tokenizer": "tokenizer",  # the build's tokenizer (zoo: export, generate)
 }
 __all__ = sorted(_API)
 

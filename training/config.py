@@ -113,8 +113,7 @@ class TrainConfig:
             raise SettingsError("--seq must be at least 2")
         if self.warmup < 0:
             raise SettingsError("--warmup must not be negative")
-        from pipeline import is_url  # a light import: pipeline loads its modules on use
-        from pipeline.storage import refuse_unwritable
+        from pipeline import is_url, refuse_unwritable  # light: pipeline loads on first use
 
         if self.upload is not None:
             if is_url(self.out):

@@ -52,8 +52,7 @@ def load_run(run: Path, step: int | None = None):
 def _tokenizer(shards: str | None):
     """The build's tokenizer (pipeline.tokenizer.Tokenizer), or None when the build's manifest
     or tokenizer file is not here."""
-    from pipeline import LongpackError
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline import LongpackError, load_tokenizer
 
     try:
         manifest = json.loads((Path(shards) / "manifest.json").read_text())
