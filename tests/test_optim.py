@@ -155,3 +155,25 @@ def test_one_muon_step_moves_every_expert_as_muon_would():
         assert not torch.allclose(p.detach(), w), n
         assert torch.allclose(p.detach(), torch.stack([a.detach().mT for a in alone]),
                               atol=1e-6), n
+
+
+def test_onecycle_and_cosine_with_warm_restarts_shapes():
+    import pytest
+
+    from pipeline import SettingsError
+    from training.config import TrainConfig
+    from training.schedule import lr_at
+
+    one = TrainConfig(shards="x", max_steps=100, warmup=0, lr=1.0, min_lr=0.01,
+                      schedule="onecycle")
+    lrs = [lr_at(s, one) for s in range(100)]
+    assert lrs[0] > 1.0 / 25 and lrs[0] < 0.05 and abs(lrs[29] - 1.0) < 1e-12  # 30% rise
+    assert all(a < b for a, b in zip(lrs[:30], lrs[1:30]))  # up, then down
+    assert all(a > b for a, b in zip(lrs[29:], lrs[30:])) and abs(lrs[-1] - 0.01) < 1e-12
+    sgdr = TrainConfig(shards="x", max_steps=100, warmup=10, lr=1.0, min_lr=0.0,
+                       schedule="cosine-restarts", restart_every=30)
+    lrs = [lr_at(s, sgdr) for s in range(100)]
+    assert lrs[9] == 1.0 and lrs[10] == lrs[40] == lrs[70] == 1.0  # each cycle starts at lr
+    assert lrs[25] == pytest.approx(0.5) and lrs[39] < 0.01  # half way, the end of a cycle
+    with pytest.raises(SettingsError, match="takes --restart-every"):
+        TrainConfig(shards="x", schedule="cosine-restarts")

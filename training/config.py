@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 from pipeline import SettingsError, setting
 
-SCHEDULES = ("cosine", "wsd", "constant")
+SCHEDULES = ("cosine", "wsd", "constant", "onecycle", "cosine-restarts")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "muon")
 REPORT_TO = ("console", "jsonl", "tensorboard", "wandb")
@@ -49,7 +49,12 @@ class TrainConfig:
     warmup: int = setting(10, "Linear warmup steps.")
     schedule: str = setting(
         "cosine", "cosine: warmup, cosine to min_lr; wsd: warmup, stable, last 20% linear to "
-        "min_lr; constant: warmup, then lr.", choices=SCHEDULES)
+        "min_lr; constant: warmup, then lr; onecycle: from lr/25 up to lr over the warmup (30% "
+        "of the steps without one), then down to min_lr, both cosine (torch's OneCycleLR); "
+        "cosine-restarts: warmup, then cosine from lr to min_lr every --restart-every steps "
+        "(SGDR).", choices=SCHEDULES)
+    restart_every: int | None = setting(
+        None, "cosine-restarts: steps of each cosine cycle after the warmup.", metavar="STEPS")
     optimizer: str = setting(
         "adamw", "adamw, or muon (torch.optim.Muon on 2-D hidden weights, AdamW on the rest).",
         choices=OPTIMIZERS)
@@ -103,6 +108,11 @@ class TrainConfig:
             raise SettingsError("--total-tokens must be positive")
         if self.schedule not in SCHEDULES:
             raise SettingsError(f"--schedule must be one of {', '.join(SCHEDULES)}")
+        if (self.schedule == "cosine-restarts") != (self.restart_every is not None):
+            raise SettingsError("--schedule cosine-restarts takes --restart-every STEPS (and only "
+                                "it does)")
+        if self.restart_every is not None and self.restart_every < 1:
+            raise SettingsError("--restart-every must be at least 1")
         if self.optimizer not in OPTIMIZERS:
             raise SettingsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.min_lr <= self.lr:
