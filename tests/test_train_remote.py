@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from test_train import config, weights
 
 from conftest import make_texts, write_jsonl
-from pipeline import Store
+from pipeline import Store, TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
 from training.loop import train
@@ -87,6 +87,11 @@ def test_upload_next_to_a_local_out_and_resume_from_a_checkpoint_url(tmp_path, s
           resume=s3.url("r/step-00000002"), log=said.append)
     assert any("at step 2" in m for m in said)
     assert (other / "step-00000002" / "state.pt").is_file()
+    # a fresh run dir whose resume is refused (another model) keeps nothing it fetched
+    refused = tmp_path / "refused"
+    with pytest.raises(TrainingError, match="holds a neox-tiny model"):
+        train(config(shards, refused, model="moe-tiny", workers=0, upload=s3.url("r")), **QUIET)
+    assert not refused.exists()
 
 
 def test_which_checkpoints_go_after_a_save():

@@ -36,8 +36,8 @@ every --save-every steps and --upload to a real S3 server (moto's, in a process 
 127.0.0.1, bench_common.s3_server); every step's start and end and every upload's start and end
 are recorded (the upload thread's method wrapped, timing only), and the median time of the
 steps that ran at least half of their time while an upload was in flight is compared with that
-of the steps that ran while none was. The server's own CPU shares this machine's 2 cores with training, which a real store
-would not: the figure is an upper bound of the cost.
+of the steps that ran while none was. The server's own CPU shares this machine's 2 cores with
+training, which a real store would not: the figure is an upper bound of the cost.
 """
 
 import argparse

@@ -56,14 +56,15 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
 def _train(cfg, resume, log, stop_at, procs):
     run, remote = run_folder(cfg)
     check_installed(cfg.report_to)
-    # -- resume point: read, and its model checked, before the data is opened ----------------
-    resume = fetch_remote_checkpoint(run, remote, resume, procs)
-    found = same_on_every_process(checkpoint.find(run, resume), run, remote, procs, log)
-    if found:
-        checkpoint.check_model(found, cfg)
-    # -- data, model, resume: checked before the run starts; what a failure here made under
-    # --out (the shard cache) goes again, so a refused run leaves nothing behind --------------
+    # -- resume point (fetched from the bucket, if any) and its model: checked before the
+    # data is opened; then the data, model, resume checked before the run starts. What a
+    # failure here made under --out (a fetched checkpoint, the shard cache) goes again, so a
+    # refused run leaves nothing behind ------------------------------------------------------
     with removed_on_failure(run):
+        resume = fetch_remote_checkpoint(run, remote, resume, procs)
+        found = same_on_every_process(checkpoint.find(run, resume), run, remote, procs, log)
+        if found:
+            checkpoint.check_model(found, cfg)
         build = open_build(cfg.shards, Path(cfg.cache or run / SHARD_CACHE), cfg.cache_limit,
                            cfg.seq)
         cfg = resolve_steps(cfg, build.seq, procs.world)
