@@ -18,10 +18,11 @@ from click.testing import CliRunner
 from test_train import config, weights
 
 from conftest import make_texts, write_jsonl
-from pipeline import Store, TrainingError
+from pipeline import StorageError, Store, TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
 from training.loop import train
+from training.upload import RemoteRun
 
 QUIET = dict(log=lambda m: None)
 
@@ -286,3 +287,20 @@ def test_machines_without_a_shared_disk_resume_from_the_same_checkpoint(tmp_path
     one, other = weights(straight / "a" / "run"), weights(a / "run")
     assert all(torch.equal(one[k], other[k]) for k in one)
     assert steps_in(s3, "r") == {f"step-0000000{n}": {"state.pt", "COMPLETE"} for n in (3, 6, 9)}
+
+
+def test_an_upload_that_fails_is_raised_at_the_next_wait_as_one_line(tmp_path, s3):
+    run = tmp_path / "run"
+    step = run / "step-00000001"
+    step.mkdir(parents=True)
+    (step / "state.pt").write_bytes(b"x" * 1000)
+    (step / "COMPLETE").write_text(checkpoint.sha256_file(step / "state.pt") + "\n")
+    remote = RemoteRun(s3.url("gone"))  # reached: the bucket is there now
+    s3.client.delete_bucket(Bucket=s3.name)
+    remote.submit(step, run, keep_last=1)
+    with pytest.raises(StorageError, match=f"^checkpoint upload: cannot upload to "
+                       f"s3://{s3.name}/gone/step-00000001/state.pt: the bucket {s3.name} "
+                       "does not exist") as e:
+        remote.wait()
+    assert "\n" not in str(e.value)
+    remote.wait()  # raised once, not again
