@@ -25,7 +25,7 @@ code (pack stats' recommendations) reads.
 """
 
 import json
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import torch
@@ -51,6 +51,41 @@ def config(name: str, **overrides):
         return replace(cfg_cls(**presets[name]), **overrides)
     raise KeyError(f"unknown model {name!r}; choose a family ({', '.join(FAMILIES)}) or a "
                    f"preset ({', '.join(PRESETS)})")
+
+
+def parse_args(name: str, pairs: list[str]) -> dict:
+    """KEY=VALUE strings (`train --model-arg`) -> overrides of the model's config dataclass,
+    each value read as JSON (numbers, true/false, null) else as a string, and checked against
+    the field's default's type. ValueError naming the key (and, unknown, the valid ones)."""
+    defaults = {f.name: getattr(config(name), f.name) for f in fields(config(name))}
+    out = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise ValueError(f"{pair!r}: give KEY=VALUE")
+        if key not in defaults:
+            raise ValueError(f"{key!r} is not a setting of {name}; its settings: "
+                             f"{', '.join(defaults)}")
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        out[key] = _typed(key, value, defaults[key])
+    return out
+
+
+def _typed(key: str, value, default):
+    """`value` as the field's type (a whole number where a float goes is one)."""
+    if isinstance(default, bool) or default is None:
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"{key}: {value!r} is not true or false")
+        return value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, type(default)) or isinstance(value, bool):
+        raise ValueError(f"{key}: {value!r} is not a {type(default).__name__}")
+    return value
 
 
 def build(name: str, device: str | torch.device | None = None, **overrides) -> torch.nn.Module:

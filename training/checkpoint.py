@@ -16,6 +16,7 @@ that copy is ignored.
 import random
 import shutil
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,9 @@ def capture(s: TrainState, step: int, build, order: GlobalOrder, cfg) -> dict:
             "optimizers": [o.state_dict() for o in s.optimizers],
             "scaler": s.scaler.state_dict(), "rng": rng_state(), "step": step,
             "fingerprint": build.fingerprint, "seq": build.seq, "config": cfg.to_dict(),
+            # the model's config as built (preset + --model-arg): what resume, export and
+            # generate rebuild it from
+            "model_config": asdict(s.model.cfg),
             "recent_hashes": [(n, batch_hash(order.step_rows(n))) for n in recent]}
 
 
@@ -121,6 +125,17 @@ def check_model(found: tuple[dict, Path], cfg) -> None:
         raise TrainingError(f"{path} holds a {was} model and this run asks for --model "
                             f"{cfg.model}; pass --model {was} to resume it, or --resume never "
                             "or another --out to start a new run")
+    saved = state.get("model_config")  # absent in checkpoints before --model-arg
+    if saved is not None:
+        import archs
+
+        wants = asdict(archs.config(cfg.model, **cfg.model_overrides()))
+        differ = [f"{k} {saved[k]} -> {wants[k]}" for k in sorted(wants)
+                  if k not in ("vocab_size", "checkpointing") and saved.get(k) != wants[k]]
+        if differ:
+            raise TrainingError(f"{path} holds the model with other settings ({'; '.join(differ)})"
+                                "; pass the checkpoint's --model-arg values to resume it, or "
+                                "--resume never or another --out to start a new run")
 
 
 def check_data(found: tuple[dict, Path], build, order: GlobalOrder) -> None:

@@ -117,4 +117,44 @@ def load_settings(path: str) -> dict:
             raise click.UsageError(f"{path}: not valid TOML ({e})") from None
     if not isinstance(data, dict):
         raise click.UsageError(f"{path}: expected a table of settings")
-    return {k.replace("-", "_"): v for k, v in data.items()}
+    return flatten_settings(data, path)
+
+
+SECTIONS = ("training", "optim", "optimizer", "data", "run", "checkpoint", "logging")
+
+
+def flatten_settings(data: dict, path: str) -> dict:
+    """A config file's settings as the flags' names. Beside flat keys it takes the nested
+    layout training configs commonly use: a `model` table (`name` = --model, every other key a
+    field of the model's config = --model-arg), and sections (training:, optim:, data:, ...)
+    whose keys are the flags'. An unknown key is named with its section."""
+    import dataclasses
+    import json
+
+    from training.config import TrainConfig
+
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    out, where = {}, {}
+    for key, value in data.items():
+        key = key.replace("-", "_")
+        if key == "model" and isinstance(value, dict):
+            table = dict(value)
+            if "name" in table:
+                out["model"], where["model"] = table.pop("name"), "model.name"
+            out["model_args"] = [f"{k}={json.dumps(v)}" for k, v in table.items()]
+            where["model_args"] = "model"
+        elif key in SECTIONS and isinstance(value, dict):
+            for inner, v in value.items():
+                inner = inner.replace("-", "_")
+                if inner not in known:
+                    raise click.UsageError(f"{path}: {key}.{inner} is not a setting of train "
+                                           f"(the settings: {', '.join(sorted(known))})")
+                if inner in out:
+                    raise click.UsageError(f"{path}: {key}.{inner} is set twice (also as "
+                                           f"{where[inner]})")
+                out[inner], where[inner] = v, f"{key}.{inner}"
+        else:
+            if key in out:
+                raise click.UsageError(f"{path}: {key} is set twice (also as {where[key]})")
+            out[key], where[key] = value, key
+    return out

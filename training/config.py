@@ -27,6 +27,10 @@ class TrainConfig:
         None, "Tokens per training sample: the build's --seq (default), or a divisor of it "
         "(each row is cut into windows).")
     model: str = setting("neox-tiny", "archs/ preset or family name.")
+    model_args: tuple[str, ...] = setting(
+        (), "A field of the model's config, KEY=VALUE (repeatable), e.g. n_pred_tokens=4 or "
+        "mod_capacity=0.5 (`zoo list` names the presets; an unknown key lists the fields).",
+        flag="--model-arg", multiple=True, metavar="KEY=VALUE")
     out: str = setting("runs/default", "Run directory: checkpoints, metrics.jsonl; or a bucket's "
                        "URL (s3://, gs://): the run is kept in a local folder and uploaded "
                        "there (as --upload).")
@@ -148,6 +152,16 @@ class TrainConfig:
             archs.config(self.model)
         except KeyError as e:  # the registry's message lists the choices
             raise SettingsError(f"--model: {e.args[0]}") from None
+        try:
+            archs.config(self.model, **self.model_overrides())
+        except (ValueError, TypeError) as e:  # an unknown key, a value the config refuses
+            raise SettingsError(f"--model-arg: {e}") from None
+
+    def model_overrides(self) -> dict:
+        """--model-arg as the model config's fields (validated in __post_init__)."""
+        import archs
+
+        return archs.parse_args(self.model, list(self.model_args))
 
     def to_dict(self) -> dict:
         return asdict(self)

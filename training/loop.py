@@ -76,8 +76,8 @@ def _train(cfg, resume, log, stop_at, procs):
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        model = archs.build(cfg.model,
-                            vocab_size=build.manifest["tokenizer"]["vocab_size"]).to(device)
+        model = archs.build(cfg.model, vocab_size=build.manifest["tokenizer"]["vocab_size"],
+                            **cfg.model_overrides()).to(device)
         state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile
         step = checkpoint.restore(found, state, cfg) if found else 0
     # -- the run starts: its directory and metrics ------------------------------------------

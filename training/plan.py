@@ -79,7 +79,8 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> d
     build = open_build(cfg.shards, cache, cfg.cache_limit, cfg.seq)
     cfg = resolve_steps(cfg, build.seq, procs.world)
     vocab = build.manifest["tokenizer"]["vocab_size"]
-    counted = archs.build(cfg.model, device="meta", vocab_size=vocab)  # sizes, no memory
+    counted = archs.build(cfg.model, device="meta", vocab_size=vocab,  # sizes, no memory
+                          **cfg.model_overrides())
     seq = build.seq - 1
     rows_per_step = cfg.batch_size * cfg.grad_accum * procs.world
     params = counted.num_params()
@@ -127,7 +128,7 @@ def probe(cfg: TrainConfig, build, procs: distributed.Processes, vocab: int, row
         f"{device}" + (f" (the run's micro-batch is {cfg.batch_size} x {seq}: the time is "
                        "scaled up by FLOPs)" if scaled else ""))
     torch.manual_seed(cfg.seed)  # the run's initial weights (the same on every process)
-    model = archs.build(cfg.model, vocab_size=vocab).to(device)
+    model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides()).to(device)
     state = prepare(model, cfg, procs)
     samples = [build.train.get(i % len(build.train)) for i in range(rows)]
     batch = make_batch([_prefix(s, length + 1) for s in samples], device)
