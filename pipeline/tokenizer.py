@@ -160,6 +160,23 @@ class Tokenizer:
             return self.reference.impl.decode(ids)
         return self.reference.impl.decode(ids, skip_special_tokens=False)
 
+    def decodable(self) -> np.ndarray:
+        """A bool per id below vocab_size: True where the id is a token (a ranks file or a
+        tokenizer.json may leave holes, e.g. cl100k's 100256), so generation samples only ids
+        that decode."""
+        impl = self.reference.impl
+        if self.kind == "tiktoken":
+            def known(i):
+                try:
+                    impl.decode_single_token_bytes(i)
+                    return True
+                except KeyError:
+                    return False
+        else:
+            def known(i):
+                return impl.id_to_token(i) is not None
+        return np.array([known(i) for i in range(self.vocab_size)], dtype=bool)
+
     def identity(self) -> dict:
         return {"name": self.name, "kind": self.kind, "source": self.source,
                 "sha256": self.sha256, "vocab_size": self.vocab_size,

@@ -169,3 +169,27 @@ def test_zoo_generate_samples_reproducibly(neox_run):
     picks = {next_token(logits, 1.0, None, 0.5, torch.Generator().manual_seed(s))
              for s in range(50)}
     assert picks == {1}  # top-p 0.5: the most likely alone reaches it
+
+
+def test_generation_samples_only_ids_the_tokenizer_decodes(byte_tokenizer):
+    from pipeline import load_tokenizer
+    from training.generate import generate
+
+    tokenizer = load_tokenizer(byte_tokenizer)  # 256 bytes and <|endoftext|> = 50256: holes
+    allowed = torch.from_numpy(tokenizer.decodable())
+    assert int(allowed.sum()) == 257 and allowed[50256] and not allowed[300]
+
+    class Favours300:  # a model whose best token is one the tokenizer lacks
+        blocks = []
+
+        def eval(self):
+            return self
+
+        def __call__(self, ids):
+            logits = torch.zeros(1, ids.shape[1], 50304)  # a vocabulary padded past the tokenizer's
+            logits[..., 300], logits[..., 50300], logits[..., 65] = 9.0, 8.0, 1.0
+            return logits
+
+    assert generate(Favours300(), [1], 3) == [300, 300, 300]
+    assert generate(Favours300(), [1], 3, allowed=allowed) == [65, 65, 65]
+    assert tokenizer.decode([65]) == "A"

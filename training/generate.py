@@ -36,8 +36,9 @@ def next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
 @torch.no_grad()
 def generate(model, prompt: list[int], max_new: int, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-             eos_id: int | None = None) -> list[int]:
-    """The tokens after `prompt` (not including it)."""
+             eos_id: int | None = None, allowed: torch.Tensor | None = None) -> list[int]:
+    """The tokens after `prompt` (not including it); only ids where `allowed` (a bool per id of
+    the tokenizer: the model's vocabulary may be padded past it, or the tokenizer have holes)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed)
     ids = torch.tensor([prompt], dtype=torch.long)
@@ -47,7 +48,12 @@ def generate(model, prompt: list[int], max_new: int, temperature: float = 0.0,
     step_input = ids
     for _ in range(max_new):
         logits = model.decode(step_input, cache) if cached else model(ids)
-        token = next_token(logits[0, -1], temperature, top_k, top_p, generator)
+        last = logits[0, -1]
+        if allowed is not None:
+            mask = torch.zeros_like(last, dtype=torch.bool)
+            mask[:len(allowed)] = allowed[:len(last)]
+            last = last.masked_fill(~mask, float("-inf"))
+        token = next_token(last, temperature, top_k, top_p, generator)
         out.append(token)
         if token == eos_id:
             break

@@ -129,6 +129,8 @@ def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
 @click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
 def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step):
     """Continue a prompt with a trained run's model; prints the prompt and its continuation."""
+    import torch
+
     from pipeline import LongpackError
     from training.export import load_run
     from training.generate import generate as continue_ids
@@ -140,8 +142,9 @@ def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step)
                                 "manifest or tokenizer file is missing): nothing to encode the "
                                 "prompt with")
         ids, _ = tokenizer.reference.encode_flat([prompt])
+        allowed = torch.from_numpy(tokenizer.decodable())
         new = continue_ids(model, ids.tolist(), max_new_tokens, temperature, top_k, top_p, seed,
-                           tokenizer.eos_id)
+                           tokenizer.eos_id, allowed)
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
     click.echo(prompt + tokenizer.decode(new))
