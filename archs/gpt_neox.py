@@ -100,6 +100,10 @@ class GPTNeoX(StackedLM):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
+    def new_cache(self) -> list[dict]:
+        """An empty key/value cache for `decode`: one dict per layer."""
+        return [{} for _ in self.blocks]
+
     def decode(self, input_ids, cache: list[dict]):
         """Logits (B, T, vocab) of tokens that follow those `cache` holds (one dict per layer,
         empty at first, filled here): generation's incremental forward, the same logits as the

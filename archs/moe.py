@@ -27,7 +27,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import Rotary, attention, chunked_cross_entropy, param_roles, positions, segment_ids
+from archs.layers import (
+    Rotary,
+    attention,
+    cached_attention,
+    chunked_cross_entropy,
+    param_roles,
+    positions,
+    segment_ids,
+)
 from archs.moe_experts import Experts, document_ids, document_lengths
 
 
@@ -84,13 +92,15 @@ class Attention(nn.Module):
         self.out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.rotary = Rotary(self.hd, cfg.rotary_base)
 
-    def forward(self, x, pos, doc_starts):
+    def forward(self, x, pos, doc_starts, cache: dict | None = None):
+        """`cache`: generation's keys and values so far (archs.layers.cached_attention)."""
         B, T, C = x.shape
         q = self.q(x).view(B, T, self.nh, self.hd).transpose(1, 2)  # (B, nh, T, hd)
         k, v = self.kv(x).view(B, T, 2, self.nkv, self.hd).permute(2, 0, 3, 1, 4)  # (B, nkv, T, hd)
         cos, sin = self.rotary.tables(pos, q.dtype)  # once for q and k
         q, k = self.rotary.rotate(q, cos, sin), self.rotary.rotate(k, cos, sin)
-        return self.out(attention(q, k, v, doc_starts).transpose(1, 2).reshape(B, T, C))
+        y = attention(q, k, v, doc_starts) if cache is None else cached_attention(q, k, v, cache)
+        return self.out(y.transpose(1, 2).reshape(B, T, C))
 
 
 class Block(nn.Module):
@@ -101,8 +111,8 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.experts = Experts(cfg)
 
-    def forward(self, x, pos, doc_starts):
-        x = x + self.attn(self.norm1(x), pos, doc_starts)
+    def forward(self, x, pos, doc_starts, cache: dict | None = None):
+        x = x + self.attn(self.norm1(x), pos, doc_starts, cache)
         y, stats = self.experts(self.norm2(x), doc_starts)
         return x + y, stats
 
@@ -117,7 +127,9 @@ class DepthRouted(nn.Module):
         self.router = nn.Linear(cfg.d_model, 1, bias=False)
         self.predictor = nn.Linear(cfg.d_model, 1)  # causal stand-in for the top-k at inference
 
-    def forward(self, x, pos, doc_starts):
+    def forward(self, x, pos, doc_starts, cache: dict | None = None):
+        """`cache` (generation, eval mode, one row): the keys and values of the tokens this
+        block chose so far; the ones it chooses now attend to them."""
         B, T, d = x.shape
         score = self.router(x)[..., 0]  # (B, T)
         guess = self.predictor(x.detach())[..., 0]
@@ -137,7 +149,7 @@ class DepthRouted(nn.Module):
             new_doc[1:] = doc[1:] != doc[:-1]
             starts = new_doc.nonzero()[:, 0][None]  # (1, documents)
             x_in = flat[idx]
-            y, stats_in = self.block(x_in[None], pos.reshape(-1)[idx][None], starts)
+            y, stats_in = self.block(x_in[None], pos.reshape(-1)[idx][None], starts, cache)
             gate = torch.sigmoid(score.reshape(-1)[idx])[:, None]
             flat = flat.index_copy(0, idx, x_in + gate * (y[0] - x_in))
             stats.update(stats_in)
@@ -214,6 +226,26 @@ class MoE(nn.Module):
 
     def forward(self, input_ids, doc_starts=None):
         return self.head(self.hidden(input_ids, doc_starts)[0])
+
+    def new_cache(self) -> list[dict] | None:
+        """An empty key/value cache for `decode`; None with capacity-bound routing, where a
+        token's expert slots depend on its document's final length (generate recomputes)."""
+        if self.cfg.capacity_factor is not None:
+            return None
+        return [{"seen": 0} for _ in self.blocks]
+
+    def decode(self, input_ids, cache: list[dict]):
+        """Logits (1, T, vocab) of tokens that follow those `cache` holds (eval mode, one
+        document): generation's incremental forward, equal to the full forward's logits.
+        A depth-routed block caches only the tokens its predictor chose."""
+        T = input_ids.shape[1]
+        seen = cache[0]["seen"]
+        pos = torch.arange(seen, seen + T, device=input_ids.device)[None]
+        x = self.embed(input_ids)
+        for block, layer_cache in zip(self.blocks, cache):
+            layer_cache["seen"] = seen + T
+            x, _ = block(x, pos, None, layer_cache.setdefault("kv", {}))
+        return self.head(self.norm_f(x))
 
     def loss(self, input_ids, targets, doc_starts=None) -> dict:
         cfg = self.cfg

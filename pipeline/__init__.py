@@ -51,6 +51,8 @@ _API = {  # name -> the module that defines it
     "StorageError": "errors", "Store": "storage", "is_url": "storage",  # object stores
     "staging_folder": "storage", "redact": "storage", "refuse_unwritable": "storage",
     "load_tokenizer": "tokenizer",  # the build's tokenizer (zoo: export, generate)
+    "parse_mixture": "mixture", "natural_weights": "mixture",  # train on several builds
+    "source_name": "mixture",
 }
 __all__ = sorted(_API)
 

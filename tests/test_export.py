@@ -121,11 +121,20 @@ def test_zoo_eval_on_val_is_the_trainers_final_val_loss(tmp_path, shards, neox_r
     assert text.startswith(f"zoo eval: {neox_run} on {shards} val (")
 
 
-def test_the_key_value_cache_gives_the_full_forwards_logits():
+@pytest.mark.parametrize("preset,args", [
+    ("neox-tiny", {}),
+    ("moe-tiny", {}),
+    ("moe-tiny", {"n_pred_tokens": 3, "mod_capacity": 0.5, "n_layers": 4}),  # depth-routed blocks
+])
+def test_the_key_value_cache_gives_the_full_forwards_logits(preset, args):
     torch.manual_seed(0)
-    model = archs.build("neox-tiny", vocab_size=300).eval()
+    model = archs.build(preset, vocab_size=300, **args).eval()
+    if args.get("mod_capacity"):  # a predictor that chooses about half the tokens
+        for block in model.blocks:
+            if hasattr(block, "predictor"):
+                torch.nn.init.normal_(block.predictor.weight, std=1.0)
     ids = torch.randint(0, 300, (1, 24))
-    cache = [{} for _ in model.blocks]
+    cache = model.new_cache()
     with torch.no_grad():
         full = model(ids)
         prefix = model.decode(ids[:, :10], cache)  # the prompt at once
@@ -133,6 +142,22 @@ def test_the_key_value_cache_gives_the_full_forwards_logits():
         rest = model.decode(ids[:, 20:], cache)  # several after a cache
     got = torch.cat([prefix, *steps, rest], 1)
     assert (got - full).abs().max().item() < 1e-5
+    if args.get("mod_capacity"):  # some tokens skipped a depth-routed block, some went through
+        kept = [c["kv"]["k"].shape[2] for c, b in zip(cache, model.blocks) if hasattr(b, "router")]
+        assert kept and all(0 < n < 24 for n in kept), kept
+
+
+def test_capacity_bound_moe_generates_by_recomputation():
+    from training.generate import generate
+
+    torch.manual_seed(0)
+    model = archs.build("moe-tiny", vocab_size=300, capacity_factor=1.0).eval()
+    assert model.new_cache() is None  # a token's expert slots depend on its document's length
+    out = generate(model, [5, 6, 7], 4)
+    with torch.no_grad():  # each token: the full forward over everything before it
+        expect = [int(model(torch.tensor([[5, 6, 7, *out[:i]]]))[0, -1].argmax())
+                  for i in range(4)]
+    assert out == expect
 
 
 def test_greedy_generation_is_transformers_greedy_generation(tmp_path, neox_run):

@@ -16,6 +16,7 @@ from training.config import TrainConfig
 from training.data import open_build
 from training.distributed import launched
 from training.loop import evaluate, train
+from training.mixture import Sources
 from training.schedule import lr_at
 
 
@@ -73,7 +74,7 @@ def test_val_loss_is_the_mean_over_real_targets_whatever_the_batching(tmp_path, 
     for batch_size, eval_batches in ((1, 5), (2, 3), (5, 1)):
         cfg = config(shards, tmp_path / "r", seq=13, batch_size=batch_size,
                      eval_batches=eval_batches)
-        got = evaluate(model, build, cfg, launched())
+        got = evaluate(model, Sources(["padded"], [build]), cfg, launched())
         assert got["val_loss"] == pytest.approx(expected, rel=1e-5), (batch_size, eval_batches)
         assert got["val_targets"] == 19
 

@@ -82,7 +82,7 @@ def test_shards_is_marked_required_and_may_come_from_the_config_file(tmp_path, s
     (tmp_path / "run.yaml").write_text(f"shards: {shards}\nbatch_size: 2\nreport_to: [jsonl]\n")
     r = run_cli("--config", tmp_path / "run.yaml", "--out", tmp_path / "r", "--dry-run")
     assert r.exit_code == 0, r.output
-    assert f"shards={shards}" in r.output and "report_to=('jsonl',)" in r.output
+    assert f"shards=('{shards}',)" in r.output and "report_to=('jsonl',)" in r.output
     assert run_cli("--list-models").exit_code == 0  # needs no --shards
 
 

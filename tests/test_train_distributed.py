@@ -113,3 +113,23 @@ def test_a_dry_run_under_torchrun_probes_the_ddp_step_together(tmp_path, shards)
     assert r.stdout.count("probe       step 3/3: ") == 1 and "ETA" in r.stdout
     assert not (tmp_path / "r").exists()
 
+
+
+def test_a_mixture_resumed_on_two_processes_continues_the_one_process_order(tmp_path, shards,
+                                                                            byte_tokenizer):
+    from test_mixture import small_build
+
+    code = small_build(tmp_path, byte_tokenizer, "code", 30, seed=2)
+    mix = dict(shards=(f"web={shards}", f"code={code}"), mix="web=0.5,code=0.5",
+               mix_stages=("4:code=1",))
+    straight = train(TrainConfig(out=str(tmp_path / "a"), batch_size=2, grad_accum=2, **mix,
+                                 **COMMON), log=lambda m: None)
+    train(TrainConfig(out=str(tmp_path / "b"), batch_size=2, grad_accum=2, **mix, **COMMON),
+          log=lambda m: None, stop_at=3)
+    out = torchrun(mix["shards"][0], tmp_path / "b", "--shards", mix["shards"][1], "--mix",
+                   mix["mix"], "--mix-stage", mix["mix_stages"][0])
+    assert "at step 3" in out
+    elastic = records(tmp_path / "b")
+    assert [h["batch"] for h in elastic] == [h["batch"] for h in straight]
+    assert [h["rows/code"] for h in elastic] == [2, 4, 6, 8, 12, 16]
+    assert [h["loss"] for h in elastic] == pytest.approx([h["loss"] for h in straight], rel=1e-5)

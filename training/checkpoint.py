@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from pipeline import TrainingError, sha256_file, write_bytes
-from training.sampler import GlobalOrder, batch_hash
+from training.mixture import MixedOrder, history_until, same_until
 from training.step import TrainState
 
 FORMAT = 2  # 1 (no "format" key): the same plus "history", every step's metrics record
@@ -104,17 +104,18 @@ def find(run: Path, resume: str) -> tuple[dict, Path] | None:
     return load(Path(resume))
 
 
-def capture(s: TrainState, step: int, build, order: GlobalOrder, cfg) -> dict:
+def capture(s: TrainState, step: int, data, order: MixedOrder, cfg) -> dict:
     """What a checkpoint after `step` steps holds (the state of this process)."""
     recent = range(max(0, step - RECENT_HASHES), step)
     return {"format": FORMAT, "model": s.model.state_dict(),
             "optimizers": [o.state_dict() for o in s.optimizers],
             "scaler": s.scaler.state_dict(), "rng": rng_state(), "step": step,
-            "fingerprint": build.fingerprint, "seq": build.seq, "config": cfg.to_dict(),
+            "fingerprint": data.fingerprint, "seq": data.seq, "config": cfg.to_dict(),
+            "mixture": order.history(),
             # the model's config as built (preset + --model-arg): what resume, export and
             # generate rebuild it from
             "model_config": asdict(s.model.cfg),
-            "recent_hashes": [(n, batch_hash(order.step_rows(n))) for n in recent]}
+            "recent_hashes": [(n, order.step_hash(n)) for n in recent]}
 
 
 def check_model(found: tuple[dict, Path], cfg) -> None:
@@ -138,20 +139,36 @@ def check_model(found: tuple[dict, Path], cfg) -> None:
                                 "--resume never or another --out to start a new run")
 
 
-def check_data(found: tuple[dict, Path], build, order: GlobalOrder) -> None:
-    """Refuse a checkpoint of other shards, another --seq, or another order of rows."""
+def check_data(found: tuple[dict, Path], data, order: MixedOrder) -> None:
+    """Refuse a checkpoint of other shards, another --seq, another mixture before its step (a
+    stage that starts at its step or later may change), or another order of rows."""
     state, path = found
-    if state["fingerprint"] != build.fingerprint:
-        raise TrainingError(f"{path} was trained on other shards (fingerprint "
-                            f"{state['fingerprint']}, these are {build.fingerprint}); pass "
-                            "--resume never or the original --shards")
-    if state["seq"] != build.seq:
+    # checkpoints before mixtures: one build, drawn from at every step
+    saved = state.get("mixture") or [[0, {state["fingerprint"]: 1.0}]]
+    step = state["step"]
+    if not same_until(saved, order.history(), step):
+        if not data.mixed and len(saved) == 1:
+            raise TrainingError(f"{path} was trained on other shards (fingerprint "
+                                f"{state['fingerprint']}, these are {data.fingerprint}); pass "
+                                "--resume never or the original --shards")
+        raise TrainingError(f"{path} was trained on another mixture before its step {step} "
+                            f"(stages {describe(saved, step)}; this run's "
+                            f"{describe(order.history(), step)}); pass the original --shards, "
+                            "--mix and --mix-stage (a new stage may start at a step >= "
+                            f"{step}), or --resume never")
+    if state["seq"] != data.seq:
         raise TrainingError(f"{path} was trained with --seq {state['seq']}, this run has "
-                            f"{build.seq}; pass --seq {state['seq']} or --resume never")
+                            f"{data.seq}; pass --seq {state['seq']} or --resume never")
     for step_no, h in state["recent_hashes"]:
-        if batch_hash(order.step_rows(step_no)) != h:
+        if order.step_hash(step_no) != h:
             raise TrainingError(f"resume check failed: step {step_no} would read other rows "
                                 "than the checkpointed run did (seed or global batch changed?)")
+
+
+def describe(history: list, step: int) -> str:
+    """Stages before `step` in a line: 'from 0: 3f2a..=0.70 9c1b..=0.30'."""
+    return "; ".join(f"from {start}: " + " ".join(f"{fp[:8]}={w:.2f}" for fp, w in mix.items())
+                     for start, mix in history_until(history, step))
 
 
 def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:

@@ -29,6 +29,9 @@ def _read_config_file(ctx, _param, path):
         raise click.UsageError(str(e)) from None
     if isinstance(settings.get("report_to"), list):  # TOML/YAML list -> the flag's form
         settings["report_to"] = ",".join(settings["report_to"])
+    for name in ("shards", "mix_stages", "max_epochs"):  # repeatable flags: one value or a list
+        if isinstance(settings.get(name), (str, int, float)):
+            settings[name] = [settings[name]]
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return path
 
@@ -82,16 +85,19 @@ def train(list_models, dry_run, resume, **settings):
         click.echo(f"done: step {history[-1]['step'] + 1}{loss}; checkpoints in {cfg.out}")
 
 
-def preset_table(shards: str | None, seq: int | None) -> str:
+def preset_table(shards: tuple[str, ...] | None, seq: int | None) -> str:
     """The zoo's presets sized at the build's vocabulary and FLOPs/token at its seq (or --seq)
     when --shards is given; otherwise at each preset's own vocabulary, which the note says."""
     from archs import list_models
     from archs.__main__ import table
     from training.data import read_manifest
 
-    if shards is None:
+    if not shards:
         return (table(list_models()) + "\n(each preset at its own vocabulary; with --shards OUT, "
                 "at that build's)")
+    from pipeline import parse_mixture
+
+    shards = parse_mixture(shards, None, (), ())[0][0][1]  # a mixture's first: one tokenizer
     manifest = read_manifest(shards)
     vocab, seq = manifest["tokenizer"]["vocab_size"], seq or manifest["seq"]
     return (table(list_models(seq - 1, vocab_size=vocab)) + f"\n(at the vocabulary of {shards}: "
@@ -137,7 +143,12 @@ def flatten_settings(data: dict, path: str) -> dict:
     out, where = {}, {}
     for key, value in data.items():
         key = key.replace("-", "_")
-        if key == "model" and isinstance(value, dict):
+        if key == "data" and isinstance(value, list):
+            for k, v in data_list(value, path).items():
+                if k in out:
+                    raise click.UsageError(f"{path}: {k} is set twice (also as {where[k]})")
+                out[k], where[k] = v, "[[data]]"
+        elif key == "model" and isinstance(value, dict):
             table = dict(value)
             if "name" in table:
                 out["model"], where["model"] = table.pop("name"), "model.name"
@@ -157,4 +168,39 @@ def flatten_settings(data: dict, path: str) -> dict:
             if key in out:
                 raise click.UsageError(f"{path}: {key} is set twice (also as {where[key]})")
             out[key], where[key] = value, key
+    return out
+
+
+DATA_KEYS = ("name", "path", "weight", "max_epochs")
+
+
+def data_list(entries: list, path: str) -> dict:
+    """A config file's `[[data]]` list (each with name, path, optional weight and max_epochs)
+    as the flags' settings: shards NAME=PATH, mix, max_epochs NAME=N."""
+    shards, weights, epochs = [], [], []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "path" not in entry:
+            raise click.UsageError(f"{path}: data entry {i + 1} needs a path (and may have "
+                                   f"{', '.join(DATA_KEYS)})")
+        unknown = set(entry) - set(DATA_KEYS)
+        if unknown:
+            raise click.UsageError(f"{path}: data entry {i + 1}: unknown "
+                                   f"{', '.join(sorted(unknown))} (the keys: "
+                                   f"{', '.join(DATA_KEYS)})")
+        from pipeline import source_name
+
+        name = str(entry.get("name") or source_name(str(entry["path"])))
+        shards.append(f"{name}={entry['path']}")
+        if "weight" in entry:
+            weights.append(f"{name}={entry['weight']}")
+        if "max_epochs" in entry:
+            epochs.append(f"{name}={entry['max_epochs']}")
+    if weights and len(weights) != len(shards):
+        raise click.UsageError(f"{path}: give every data entry a weight, or none (each then "
+                               "in proportion to its train rows)")
+    out = {"shards": shards}
+    if weights:
+        out["mix"] = ",".join(weights)
+    if epochs:
+        out["max_epochs"] = epochs
     return out

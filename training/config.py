@@ -19,10 +19,21 @@ SIZE = re.compile(r"(?P<number>\d+(\.\d*)?|\.\d+)\s*(?P<unit>[kmgtpezy]b)|(?P<by
 class TrainConfig:
     """The settings of one training run; each field is also a `train` flag."""
 
-    shards: str = setting(
+    shards: tuple[str, ...] = setting(
         help="Output directory of `pack build` (OUT, with train/ and val/), or its URL "
         "(s3://, gs://, ...) for MDS builds, streamed through mosaicml-streaming into "
-        "--cache.")
+        "--cache. Repeat it to train on a mixture, each as NAME=PATH (a bare path is named "
+        "by its folder).", multiple=True, metavar="[NAME=]PATH")
+    mix: str | None = setting(
+        None, "Shares of a mixture's sources, NAME=WEIGHT,... (divided by their sum; an "
+        "unnamed source gets 0) [each in proportion to its train rows].", metavar="SHARES")
+    mix_stages: tuple[str, ...] = setting(
+        (), "A new mixture from a point of the run on, START:NAME=WEIGHT,... with START a step "
+        "(8000), tokens (2e9tok) or a share of the steps (90%) (repeatable).",
+        flag="--mix-stage", multiple=True, metavar="START:SHARES")
+    max_epochs: tuple[str, ...] = setting(
+        (), "Stop the run before a source is repeated past N epochs: NAME=N, or N for every "
+        "source (repeatable) [repeat without end].", multiple=True, metavar="[NAME=]N")
     seq: int | None = setting(
         None, "Tokens per training sample: the build's --seq (default), or a divisor of it "
         "(each row is cut into windows).")
@@ -94,6 +105,11 @@ class TrainConfig:
     log_every: int = setting(10, "Steps between console lines (metrics.jsonl gets every step).")
 
     def __post_init__(self):
+        if isinstance(self.shards, str):  # one build, from Python or a config file
+            object.__setattr__(self, "shards", (self.shards,))
+        for name in ("shards", "mix_stages", "max_epochs"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        self.mixture()  # names, shares, stages and epochs checked now, one line each
         # "console,jsonl" from the command line or a config file; a list from a config file
         names = self.report_to.split(",") if isinstance(self.report_to, str) else self.report_to
         object.__setattr__(self, "report_to", tuple(n.strip() for n in names if n.strip()))
@@ -156,6 +172,13 @@ class TrainConfig:
             archs.config(self.model, **self.model_overrides())
         except (ValueError, TypeError) as e:  # an unknown key, a value the config refuses
             raise SettingsError(f"--model-arg: {e}") from None
+
+    def mixture(self) -> tuple[list[tuple[str, str]], dict | None, list, dict]:
+        """(sources [(name, path)], --mix shares or None, --mix-stage stages, --max-epochs
+        per source name), validated."""
+        from pipeline import parse_mixture
+
+        return parse_mixture(self.shards, self.mix, self.mix_stages, self.max_epochs)
 
     def model_overrides(self) -> dict:
         """--model-arg as the model config's fields (validated in __post_init__)."""

@@ -49,13 +49,14 @@ def load_run(run: Path, step: int | None = None):
     return model, _tokenizer(state["config"].get("shards"))
 
 
-def _tokenizer(shards: str | None):
-    """The build's tokenizer (pipeline.tokenizer.Tokenizer), or None when the build's manifest
-    or tokenizer file is not here."""
-    from pipeline import LongpackError, load_tokenizer
+def _tokenizer(shards: str | list | None):
+    """The build's tokenizer (pipeline.tokenizer.Tokenizer; a mixture's first source's: they
+    share it), or None when the build's manifest or tokenizer file is not here."""
+    from pipeline import LongpackError, load_tokenizer, parse_mixture
 
     try:
-        manifest = json.loads((Path(shards) / "manifest.json").read_text())
+        first = parse_mixture([shards] if isinstance(shards, str) else shards, None, (), ())
+        manifest = json.loads((Path(first[0][0][1]) / "manifest.json").read_text())
         return load_tokenizer(manifest["tokenizer"]["source"])
     except (OSError, ValueError, KeyError, TypeError, LongpackError):
         return None

@@ -5,10 +5,10 @@
 Greedy when temperature is 0 (the default), else sampling from softmax(logits / temperature)
 restricted to the top_k most likely tokens and to the smallest set whose probability reaches
 top_p, with a torch.Generator seeded by `seed` (the same seed, the same text). Generation stops
-after max_new tokens or at `eos_id`. A model with an incremental form (`decode(ids, cache)`:
-GPT-NeoX's key/value cache) runs the prompt once and then one token per step; the others
-(MoE, resonance) run the whole sequence again for each new token, the same logits at O(L) more
-cost.
+after max_new tokens or at `eos_id`. A model with an incremental form (`new_cache()` and
+`decode(ids, cache)`: the key/value caches of GPT-NeoX and of dropless MoE) runs the prompt once
+and then one token per step; the others (resonance, capacity-bound MoE) run the whole sequence
+again for each new token, the same logits at O(L) more cost.
 """
 
 import torch
@@ -43,8 +43,8 @@ def generate(model, prompt: list[int], max_new: int, temperature: float = 0.0,
     generator = torch.Generator().manual_seed(seed)
     ids = torch.tensor([prompt], dtype=torch.long)
     out: list[int] = []
-    cached = hasattr(model, "decode")
-    cache = [{} for _ in model.blocks] if cached else None
+    cache = model.new_cache() if hasattr(model, "new_cache") else None
+    cached = cache is not None
     step_input = ids
     for _ in range(max_new):
         logits = model.decode(step_input, cache) if cached else model(ids)

@@ -28,13 +28,13 @@ import torch
 import archs
 from pipeline import TrainingError, is_url, redact, staging_folder
 from training import checkpoint, distributed
-from training.batch import make_batch, model_inputs
+from training.batch import model_inputs
 from training.config import TrainConfig
-from training.data import Build, open_build
+from training.evaluate import split_loss
 from training.loader import StepBatches, batches
 from training.metrics import MetricsLog, check_installed, duration, peak_flops
-from training.sampler import GlobalOrder, batch_hash
-from training.step import autocast, prepare, train_step
+from training.mixture import MixedOrder, Sources, make_order, open_sources
+from training.step import prepare, train_step
 from training.upload import RemoteRun
 
 SHARD_CACHE = "shard-cache"  # in the run directory, without --cache
@@ -65,18 +65,16 @@ def _train(cfg, resume, log, stop_at, procs):
         found = same_on_every_process(checkpoint.find(run, resume), run, remote, procs, log)
         if found:
             checkpoint.check_model(found, cfg)
-        build = open_build(cfg.shards, Path(cfg.cache or run / SHARD_CACHE), cfg.cache_limit,
-                           cfg.seq)
-        cfg = resolve_steps(cfg, build.seq, procs.world)
-        order = GlobalOrder(len(build.train), cfg.batch_size * cfg.grad_accum * procs.world,
-                            cfg.seed, build.fingerprint)
+        data = open_sources(cfg, Path(cfg.cache or run / SHARD_CACHE))
+        cfg = resolve_steps(cfg, data.seq, procs.world)
+        order = make_order(data, cfg, cfg.batch_size * cfg.grad_accum * procs.world)
         if found:
-            checkpoint.check_data(found, build, order)
+            checkpoint.check_data(found, data, order)
         device = procs.device
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        model = archs.build(cfg.model, vocab_size=build.manifest["tokenizer"]["vocab_size"],
+        model = archs.build(cfg.model, vocab_size=data.manifest["tokenizer"]["vocab_size"],
                             **cfg.model_overrides()).to(device)
         state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile
         step = checkpoint.restore(found, state, cfg) if found else 0
@@ -88,15 +86,19 @@ def _train(cfg, resume, log, stop_at, procs):
     history = metrics.truncate(step) if metrics else []
     if found:
         log(f"resumed from {found[1]} at step {step}")
-    data = StepBatches(order, build.train, procs.rank, procs.world, cfg.batch_size,
-                       cfg.grad_accum)
+    batches_of = StepBatches(order, data.train, procs.rank, procs.world, cfg.batch_size,
+                             cfg.grad_accum)
     peak = peak_flops(device)
-    step_tokens = order.global_batch * (build.seq - 1)
-    eta = Eta(cfg.max_steps)
+    step_tokens = order.global_batch * (data.seq - 1)
+    last, cut_by = order.last_step(cfg.max_steps)  # --max-epochs may end the run sooner
+    if cut_by is not None and step < last:
+        log(f"{data.names[cut_by]} reaches --max-epochs at step {last}: the run stops there "
+            f"(of {cfg.max_steps} steps)")
+    eta = Eta(last)
     # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0) ----
     with stop_requested() as stop, uploads_finished(remote, log), \
-            contextlib.closing(batches(data, step, cfg.max_steps, cfg.workers)) as stream:
-        while step < cfg.max_steps:
+            contextlib.closing(batches(batches_of, step, last, cfg.workers)) as stream:
+        while step < last:
             t0 = time.perf_counter()
             micro_batches = [model_inputs(next(stream), device) for _ in range(cfg.grad_accum)]
             waited = time.perf_counter() - t0
@@ -107,29 +109,31 @@ def _train(cfg, resume, log, stop_at, procs):
             seconds = time.perf_counter() - t0
             record = {"step": step, "loss": out.loss, "targets": out.targets, "lr": out.lr,
                       "grad_norm": out.grad_norm, "tokens": (step + 1) * step_tokens,
-                      "batch": batch_hash(order.step_rows(step)), "seconds": seconds,
+                      "batch": order.step_hash(step), "seconds": seconds,
                       "data_seconds": waited, "tokens_per_second": step_tokens / seconds}
             if peak:
-                flops = model.flops_per_token(build.seq - 1) * step_tokens
+                flops = model.flops_per_token(data.seq - 1) * step_tokens
                 record["mfu"] = flops / seconds / (peak * procs.world)
             if device.type == "cuda":
                 record["memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.max_steps:
-                record.update(evaluate(model, build, cfg, procs) or {})
+            if data.mixed:
+                record.update(source_counts(data, order, step + 1))
+            if (step + 1) % cfg.eval_every == 0 or step + 1 == last:
+                record.update(evaluate(model, data, cfg, procs) or {})
             record.update(eta.after(step))
             history.append(record)
             if metrics:
                 metrics.write(record)
             if "console" in cfg.report_to and (step % cfg.log_every == 0 or "val_loss" in record):
-                log(console_line(record, cfg.max_steps))
+                log(console_line(record, last))
             step += 1
             stopping = distributed.anyone(stop.requested, procs) or (
                 stop_at is not None and step >= stop_at)
-            if step % cfg.save_every == 0 or step == cfg.max_steps or stopping:
+            if step % cfg.save_every == 0 or step == last or stopping:
                 if procs.main:
                     if remote:
                         remote.wait()  # the previous checkpoint's upload, if still running
-                    saved = checkpoint.save(run, step, checkpoint.capture(state, step, build,
+                    saved = checkpoint.save(run, step, checkpoint.capture(state, step, data,
                                                                           order, cfg),
                                             cfg.keep_last)
                     if remote:
@@ -257,34 +261,41 @@ def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1) -> TrainConfig:
     return cfg
 
 
-def evaluate(model, build: Build, cfg: TrainConfig, procs) -> dict | None:
-    """Loss and perplexity over the first eval_batches * batch_size samples of val: the sum of
-    the loss of every real target over their number (all processes together; padding counts
-    for nothing), so it does not depend on how the samples are batched. The batches are shared
-    out over the processes. None without val rows, or if those samples are padding only."""
-    if build.val is None:
-        return None
-    n = min(len(build.val), cfg.eval_batches * cfg.batch_size)
-    starts = range(0, n, cfg.batch_size)
-    was_training = model.training
-    model.eval()
-    loss_sum, targets = 0.0, 0
-    with torch.no_grad():
-        for i in starts[procs.rank::procs.world]:
-            rows = [build.val.get(r) for r in range(i, min(i + cfg.batch_size, n))]
-            batch = make_batch(rows, procs.device)
-            with autocast(cfg, procs.device):
-                out = model.loss(batch["input_ids"], batch["targets"],
-                                 batch["doc_starts"] if cfg.doc_mask else None)
-            count = int((batch["targets"] != -100).sum())
-            loss_sum += out["ce"].item() * count  # ce is the mean over these targets
-            targets += count
-    model.train(was_training)
-    loss_sum, targets = distributed.total(loss_sum, procs), round(distributed.total(targets, procs))
+def evaluate(model, data: Sources, cfg: TrainConfig, procs) -> dict | None:
+    """Loss and perplexity over the first eval_batches * batch_size samples of each source's
+    val: the sum of the loss of every real target over their number (all processes together;
+    padding counts for nothing), so it does not depend on how the samples are batched. The
+    batches are shared out over the processes. A mixture also reports each source's
+    (`val_loss/NAME`); `val_loss` is over all of them. None without val rows, or if those
+    samples are padding only."""
+    out, loss_sum, targets = {}, 0.0, 0
+    for name, val in data.vals:
+        if val is None:
+            continue
+        n = min(len(val), cfg.eval_batches * cfg.batch_size)
+        part_sum, part = split_loss(model, val, n, cfg.batch_size, procs.device, cfg.doc_mask,
+                                    cfg, procs.rank, procs.world)
+        part_sum, part = distributed.total(part_sum, procs), round(distributed.total(part, procs))
+        if part and data.mixed:
+            out[f"val_loss/{name}"] = part_sum / part
+        loss_sum, targets = loss_sum + part_sum, targets + part
     if not targets:
         return None
     loss = loss_sum / targets
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_targets": targets}
+    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_targets": targets,
+            **out}
+
+
+def source_counts(data: Sources, order: MixedOrder, steps: int) -> dict:
+    """What each source of a mixture gave to the first `steps` steps: rows, tokens (its rows'
+    predictions, as the record's `tokens`) and epochs, e.g. rows/web."""
+    rows = order.rows_before(steps)
+    out = {}
+    for k, name in enumerate(data.names):
+        out[f"rows/{name}"] = int(rows[k])
+        out[f"tokens/{name}"] = int(rows[k]) * (data.seq - 1)
+        out[f"epochs/{name}"] = float(rows[k] / order.sizes[k])
+    return out
 
 
 class Eta:

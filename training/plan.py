@@ -32,15 +32,19 @@ from archs.layers import LOGITS_BUDGET_BYTES
 from training import distributed
 from training.batch import make_batch
 from training.config import TrainConfig
-from training.data import open_build
 from training.loop import resolve_steps
 from training.metrics import duration
+from training.mixture import make_order, open_sources
 from training.step import prepare, train_step
 
 PROBE_STEPS = 2  # timed, after one warm-up
 CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
 MIN_PROBE_TOKENS = 16
 CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy (its default)
+# More epochs of a source than this gets a warning: up to about 4 repeats cost little against
+# fresh data, beyond that the value of repeated tokens falls off fast (Muennighoff et al. 2023,
+# "Scaling Data-Constrained Language Models").
+REPEAT_WARNING_EPOCHS = 4
 
 
 def plan(cfg: TrainConfig, say=print) -> dict:
@@ -76,25 +80,32 @@ def probe_cache(cfg: TrainConfig, procs: distributed.Processes):
 
 
 def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> dict:
-    build = open_build(cfg.shards, cache, cfg.cache_limit, cfg.seq)
-    cfg = resolve_steps(cfg, build.seq, procs.world)
-    vocab = build.manifest["tokenizer"]["vocab_size"]
+    data = open_sources(cfg, cache)
+    cfg = resolve_steps(cfg, data.seq, procs.world)
+    vocab = data.manifest["tokenizer"]["vocab_size"]
     counted = archs.build(cfg.model, device="meta", vocab_size=vocab,  # sizes, no memory
                           **cfg.model_overrides())
-    seq = build.seq - 1
+    seq = data.seq - 1
     rows_per_step = cfg.batch_size * cfg.grad_accum * procs.world
+    order = make_order(data, cfg, rows_per_step)
+    steps, cut_by = order.last_step(cfg.max_steps)
+    drawn = order.rows_before(steps)
+    sources = [{"name": n, "train_rows": int(order.sizes[k]), "rows": int(drawn[k]),
+                "tokens": int(drawn[k]) * seq, "epochs": float(drawn[k] / order.sizes[k])}
+               for k, n in enumerate(data.names)]
     params = counted.num_params()
     p = {"config": cfg.to_dict(), "device": str(procs.device), "vocab_size": vocab,
          "params": params,
          "active_params": counted.active_params() if hasattr(counted, "active_params") else params,
-         "seq": seq, "tokens_per_step": rows_per_step * seq, "steps": cfg.max_steps,
-         "tokens": rows_per_step * seq * cfg.max_steps,
-         "epochs": cfg.max_steps * rows_per_step / len(build.train),
-         "flops": counted.flops_per_token(seq) * rows_per_step * seq * cfg.max_steps,
+         "seq": seq, "tokens_per_step": rows_per_step * seq, "steps": steps,
+         "stopped_by_max_epochs": None if cut_by is None else data.names[cut_by],
+         "tokens": rows_per_step * seq * steps,
+         "epochs": steps * rows_per_step / len(data.train), "sources": sources,
+         "flops": counted.flops_per_token(seq) * rows_per_step * seq * steps,
          "memory_bytes_estimate": 16 * params + loss_bytes(cfg.batch_size * seq, vocab)}
     say(render(p))
     rows, length = probe_shape(counted.flops_per_token, seq, cfg.batch_size, procs.device)
-    p.update(probe(cfg, build, procs, vocab, rows, length, say))
+    p.update(probe(cfg, data, procs, vocab, rows, length, say, steps))
     say(render_time(p))
     return p
 
@@ -117,12 +128,12 @@ def probe_shape(flops_per_token, seq: int, batch_size: int, device) -> tuple[int
     return 1, min(tokens, seq)
 
 
-def probe(cfg: TrainConfig, build, procs: distributed.Processes, vocab: int, rows: int,
-          length: int, say) -> dict:
+def probe(cfg: TrainConfig, data, procs: distributed.Processes, vocab: int, rows: int,
+          length: int, say, steps: int) -> dict:
     """Time PROBE_STEPS training steps of one micro-batch of `rows` x `length` after a warm-up;
     scale the forward and backward to the run's micro-batch by FLOPs and to its step by
     grad_accum, and add the update."""
-    seq, device = build.seq - 1, procs.device
+    seq, device = data.seq - 1, procs.device
     scaled = (rows, length) != (cfg.batch_size, seq)
     say(f"  probe       1 warm-up + {PROBE_STEPS} timed steps of {rows} x {length} tokens on "
         f"{device}" + (f" (the run's micro-batch is {cfg.batch_size} x {seq}: the time is "
@@ -130,7 +141,8 @@ def probe(cfg: TrainConfig, build, procs: distributed.Processes, vocab: int, row
     torch.manual_seed(cfg.seed)  # the run's initial weights (the same on every process)
     model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides()).to(device)
     state = prepare(model, cfg, procs)
-    samples = [build.train.get(i % len(build.train)) for i in range(rows)]
+    train = data.train
+    samples = [train.get(i % len(train)) for i in range(rows)]
     batch = make_batch([_prefix(s, length + 1) for s in samples], device)
     micro, updates, losses = [], [], []
     for i in range(PROBE_STEPS + 1):
@@ -148,7 +160,7 @@ def probe(cfg: TrainConfig, build, procs: distributed.Processes, vocab: int, row
     step_seconds = micro_seconds * scale * cfg.grad_accum + update_seconds
     return {"probe_rows": rows, "probe_tokens": length, "probe_scaled": scaled,
             "probe_losses": losses, "probe_step_seconds": step_seconds,
-            "eta_seconds": step_seconds * cfg.max_steps}
+            "eta_seconds": step_seconds * steps}
 
 
 def _prefix(sample, n: int):
@@ -175,9 +187,22 @@ def render(p: dict) -> str:
     lines += [f"  model       {c['model']}: {p['params']:,} parameters ({p['active_params']:,} "
               f"active) at the build's vocabulary of {p['vocab_size']:,}, on {p['device']}",
               f"  data        {p['tokens_per_step']:,} tokens/step x {p['steps']:,} steps = "
-              f"{p['tokens']:,} tokens, {p['epochs']:.2f} epochs over train",
+              f"{p['tokens']:,} tokens, {p['epochs']:.2f} epochs over train"
+              + (f" (the run stops here: {p['stopped_by_max_epochs']} reaches --max-epochs; "
+                 f"--max-steps is {c['max_steps']:,})" if p["stopped_by_max_epochs"] else ""),
               f"  compute     {p['flops']:.3g} FLOPs; memory ~{p['memory_bytes_estimate'] / 2**30:.2f}"
               " GiB (weights, gradients, AdamW state, the loss's logits)"]
+    if len(p["sources"]) > 1:
+        for src in p["sources"]:
+            lines.append(f"  source      {src['name']}: {src['tokens']:,} tokens "
+                         f"({src['rows']:,} rows), {src['epochs']:.2f} epochs of its "
+                         f"{src['train_rows']:,} train rows")
+    for src in p["sources"]:
+        if src["epochs"] > REPEAT_WARNING_EPOCHS:
+            lines.append(f"  warning     {src['name']} is repeated {src['epochs']:.1f} times: "
+                         f"past about {REPEAT_WARNING_EPOCHS} epochs repeated tokens are worth "
+                         "much less than new ones; lower its weight or add data "
+                         "(--max-epochs stops the run before)")
     return "\n".join(lines)
 
 

@@ -13,7 +13,6 @@ checkpoints, so a resumed run can prove it reproduces the steps it replaces.
 """
 
 import hashlib
-from functools import lru_cache
 
 import numpy as np
 
@@ -23,7 +22,6 @@ def _epoch_seed(seed: int, epoch: int, fingerprint: str) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-@lru_cache(maxsize=2)
 def epoch_permutation(num_rows: int, seed: int, epoch: int, fingerprint: str) -> np.ndarray:
     rng = np.random.Generator(np.random.PCG64(_epoch_seed(seed, epoch, fingerprint)))
     return rng.permutation(num_rows)
@@ -35,6 +33,15 @@ class GlobalOrder:
             raise ValueError("need at least one row and a positive global batch")
         self.num_rows, self.global_batch = num_rows, global_batch
         self.seed, self.fingerprint = seed, fingerprint
+        self._epochs: dict[int, np.ndarray] = {}  # the permutations in use: two at most
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._epochs:
+            if len(self._epochs) >= 2:
+                self._epochs.pop(min(self._epochs))
+            self._epochs[epoch] = epoch_permutation(self.num_rows, self.seed, epoch,
+                                                    self.fingerprint)
+        return self._epochs[epoch]
 
     def rows(self, start: int, count: int) -> np.ndarray:
         """Global row ids at positions [start, start + count) of the endless epoch sequence."""
@@ -43,7 +50,7 @@ class GlobalOrder:
         while done < count:
             epoch, offset = divmod(start + done, self.num_rows)
             take = min(count - done, self.num_rows - offset)
-            perm = epoch_permutation(self.num_rows, self.seed, epoch, self.fingerprint)
+            perm = self.permutation(epoch)
             out[done:done + take] = perm[offset:offset + take]
             done += take
         return out

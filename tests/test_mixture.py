@@ -1,0 +1,229 @@
+"""Training on a mixture of builds (issue 18): the order (shares per batch, stages, epochs,
+O(1) positioning), the settings, and runs through `train` (resume, refusals, metrics)."""
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from test_train import weights
+
+from conftest import make_texts, write_jsonl
+from pipeline.errors import DataError, SettingsError, TrainingError
+from pipeline.mixture import parse_sources, parse_stage, parse_weights
+from training.cli import train as train_cli
+from training.config import TrainConfig
+from training.loop import train
+from training.mixture import MixedOrder
+from training.sampler import GlobalOrder, batch_hash
+
+FP = ["a" * 16, "b" * 16, "c" * 16]
+
+
+def config(shards, out, **kw):
+    """test_train's settings (neox-tiny, batch 4, 8 steps) on one build or several."""
+    base = dict(model="neox-tiny", out=str(out), batch_size=4, max_steps=8, warmup=2, lr=3e-3,
+                save_every=3, log_every=100, workers=0)
+    return TrainConfig(shards=tuple(map(str, shards)), **{**base, **kw})
+
+
+def source_of(order: MixedOrder, rows: np.ndarray) -> np.ndarray:
+    return np.searchsorted(order.bases, rows, side="right") - 1
+
+
+def test_every_batch_holds_the_shares_up_to_rounding_and_the_totals_stay_exact():
+    shares, G = np.array([0.5, 0.3, 0.2]), 16
+    order = MixedOrder([(1000, FP[0]), (100, FP[1]), (37, FP[2])], [(0, shares)], G, seed=0)
+    drawn = np.zeros(3, np.int64)
+    for step in range(10_000):
+        counts = np.bincount(source_of(order, order.step_rows(step)), minlength=3)
+        assert counts.sum() == G
+        assert (np.floor(shares * G) <= counts).all() and (counts <= np.ceil(shares * G)).all()
+        drawn += counts
+        assert np.abs(drawn - shares * G * (step + 1)).max() < 2  # rows, over any prefix
+        assert (order.rows_before(step + 1) == drawn).all()
+    # O(1) positioning: a billion steps on, the totals still follow the shares
+    far = order.rows_before(10**9)
+    assert far.sum() == G * 10**9
+    assert np.allclose(far / (G * 10**9), shares, rtol=1e-4)
+
+
+def test_each_source_goes_through_every_row_once_per_epoch():
+    order = MixedOrder([(1000, FP[0]), (100, FP[1])], [(0, np.array([0.5, 0.5]))], 8, seed=3)
+    small = [r - order.bases[1] for s in range(60)
+             for r in order.step_rows(s) if source_of(order, np.array([r]))[0] == 1]
+    small = sorted(small[:100]), sorted(small[100:200])
+    assert small[0] == list(range(100)) and small[1] == list(range(100))  # epochs 0 and 1
+    # 4 rows a step of a 10x smaller source: 0.04 epochs a step, counted as such
+    assert order.epochs_before(50) == pytest.approx([200 / 1000, 200 / 100])
+
+
+def test_one_source_is_the_single_build_order():
+    order = MixedOrder([(1000, FP[0])], [(0, np.array([1.0]))], 16, seed=5)
+    single = GlobalOrder(1000, 16, seed=5, fingerprint=FP[0])
+    for step in (0, 1, 62, 63, 500):
+        assert np.array_equal(order.step_rows(step), single.step_rows(step))
+        assert order.step_hash(step) == batch_hash(single.step_rows(step))
+
+
+def test_a_stage_changes_only_the_steps_from_its_start():
+    one = MixedOrder([(1000, FP[0]), (300, FP[1])], [(0, np.array([0.7, 0.3]))], 10, seed=0)
+    two = MixedOrder([(1000, FP[0]), (300, FP[1])],
+                     [(0, np.array([0.7, 0.3])), (40, np.array([0.2, 0.8]))], 10, seed=0)
+    for step in range(40):
+        assert np.array_equal(one.step_rows(step), two.step_rows(step))
+        assert one.step_hash(step) == two.step_hash(step)
+    counts = np.bincount(source_of(two, two.step_rows(40)), minlength=2)
+    assert counts.tolist() == [2, 8]
+    # positioning across the stage: rows before step 100 = 40 steps at 7/3 + 60 at 2/8
+    assert two.rows_before(100).tolist() == [40 * 7 + 60 * 2, 40 * 3 + 60 * 8]
+
+
+def test_step_hashes_do_not_depend_on_the_order_sources_are_listed_in():
+    a = MixedOrder([(1000, FP[0]), (300, FP[1])], [(0, np.array([0.5, 0.5]))], 8, seed=0)
+    b = MixedOrder([(300, FP[1]), (1000, FP[0])], [(0, np.array([0.5, 0.5]))], 8, seed=0)
+    assert a.step_hash(7) == a.step_hash(7) != a.step_hash(8)
+    # the pairs (build, row) are what is hashed; the shuffle is by position, so listing the
+    # sources the other way round draws the same rows of each build
+    rows_a = {(int(source_of(a, np.array([r]))[0]), int(r - a.bases[source_of(a, np.array([r]))[0]]))
+              for r in a.step_rows(7)}
+    rows_b = {(1 - int(source_of(b, np.array([r]))[0]),
+               int(r - b.bases[source_of(b, np.array([r]))[0]])) for r in b.step_rows(7)}
+    assert rows_a == rows_b
+
+
+def test_max_epochs_cuts_the_run_before_a_source_repeats():
+    order = MixedOrder([(1000, FP[0]), (100, FP[1])], [(0, np.array([0.5, 0.5]))], 8, seed=0,
+                       max_epochs=[None, 2])
+    assert order.last_step(1000) == (50, 1)  # 4 rows a step of 100: 200 rows after 50 steps
+    assert order.last_step(30) == (30, None)
+
+
+def test_the_settings_name_sources_and_check_shares():
+    assert parse_sources(["web=./fw", "s3://bucket/code", "./x/books/"]) == [
+        ("web", "./fw"), ("code", "s3://bucket/code"), ("books", "./x/books/")]
+    assert parse_weights("web=7,code=3", ["web", "code", "books"]) == {
+        "web": 0.7, "code": 0.3, "books": 0.0}
+    stage = parse_stage("90%:books=1", ["web", "books"])
+    assert stage.start_step(1000, 500) == 450 and stage.weights == {"web": 0.0, "books": 1.0}
+    assert parse_stage("2e6tok:web=1", ["web"]).start_step(1000, 5) == 2000
+    for bad, says in [(dict(mix="web=1,cod=1"), "no source is named 'cod'"),
+                      (dict(mix="web=-1"), "a weight is a number >= 0"),
+                      (dict(mix="web=0"), "at least one weight"),
+                      (dict(mix_stages=("soon:web=1",)), "START a step"),
+                      (dict(max_epochs=("code=0",)), "above 0"),
+                      (dict(shards=("a=./x", "a=./y")), "two sources are named 'a'")]:
+        with pytest.raises(SettingsError, match=says):
+            shards = bad.pop("shards", ("web=./fw", "code=./c"))
+            config(shards, "run", **bad)
+
+
+# -- through `train` ---------------------------------------------------------------------------
+
+def small_build(tmp_path, tokenizer, name, n_docs, seed, seq=65):
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    src = write_jsonl(tmp_path / f"{name}.jsonl", [{"text": t} for t in make_texts(n_docs, seed)])
+    out = tmp_path / name
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(src),), tokenizer=tokenizer,
+                      seq=seq, val_fraction=0.1, shard_bytes=seq * 2 * 8), show_progress=False)
+    return out
+
+
+@pytest.fixture
+def two_builds(tmp_path, byte_tokenizer):
+    return (small_build(tmp_path, byte_tokenizer, "web", 200, seed=1),
+            small_build(tmp_path, byte_tokenizer, "code", 30, seed=2))
+
+
+def mixed(builds, out, **kw):
+    web, code = builds
+    return config((f"web={web}", f"code={code}"), out, **{"mix": "web=0.75,code=0.25", **kw})
+
+
+def test_a_mixed_run_resumes_exactly_and_counts_each_source(tmp_path, two_builds):
+    straight = train(mixed(two_builds, tmp_path / "a", eval_every=4), log=lambda m: None)
+    train(mixed(two_builds, tmp_path / "b", eval_every=4), log=lambda m: None, stop_at=3)
+    resumed = train(mixed(two_builds, tmp_path / "b", eval_every=4), log=lambda m: None)
+    assert [h["batch"] for h in straight] == [h["batch"] for h in resumed]
+    assert [h["loss"] for h in straight] == [h["loss"] for h in resumed]
+    a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
+    assert all((a[k] == b[k]).all() for k in a)
+    last = straight[-1]  # batch 4: 3 rows of web and 1 of code each step, 8 steps
+    assert (last["rows/web"], last["rows/code"]) == (24, 8)
+    assert last["tokens/web"] == 24 * 64 and last["tokens/web"] + last["tokens/code"] == last["tokens"]
+    assert last["epochs/code"] == pytest.approx(8 / json.loads(
+        (two_builds[1] / "manifest.json").read_text())["splits"]["train"]["rows"])
+    assert {"val_loss/web", "val_loss/code", "val_loss"} <= set(straight[3])
+    lo, hi = sorted([straight[3]["val_loss/web"], straight[3]["val_loss/code"]])
+    assert lo <= straight[3]["val_loss"] <= hi  # over both sources' targets
+
+
+def test_a_resume_refuses_another_mixture_but_takes_a_new_stage_at_its_step(tmp_path, two_builds):
+    train(mixed(two_builds, tmp_path / "r"), log=lambda m: None, stop_at=4)
+    with pytest.raises(TrainingError, match="another mixture before its step 4"):
+        train(mixed(two_builds, tmp_path / "r", mix="web=0.5,code=0.5"), log=lambda m: None)
+    with pytest.raises(TrainingError, match="another mixture"):
+        train(mixed(two_builds, tmp_path / "r", mix_stages=("2:code=1",)), log=lambda m: None)
+    history = train(mixed(two_builds, tmp_path / "r", mix_stages=("4:code=1",)),
+                    log=lambda m: None)  # an annealing stage from the resume step on
+    assert [h["rows/web"] for h in history] == [3, 6, 9, 12, 12, 12, 12, 12]
+
+
+def test_a_stage_leaves_the_steps_before_it_as_the_single_stage_run(tmp_path, two_builds):
+    one = train(mixed(two_builds, tmp_path / "one"), log=lambda m: None)
+    staged = train(mixed(two_builds, tmp_path / "two", mix_stages=("50%:web=1",)),
+                   log=lambda m: None)
+    assert [h["batch"] for h in one[:4]] == [h["batch"] for h in staged[:4]]
+    assert [h["loss"] for h in one[:4]] == [h["loss"] for h in staged[:4]]
+    assert staged[-1]["rows/code"] == staged[3]["rows/code"]  # from step 4: web only
+
+
+def test_a_mixture_of_tokenizers_or_lengths_is_one_line(tmp_path, byte_tokenizer,
+                                                        byte_tokenizer_u32):
+    web = small_build(tmp_path, byte_tokenizer, "web", 40, seed=1)
+    other = small_build(tmp_path, byte_tokenizer_u32, "other", 40, seed=2)
+    longer = small_build(tmp_path, byte_tokenizer, "longer", 40, seed=3, seq=129)
+    with pytest.raises(DataError, match="web and other were tokenized differently"):
+        train(config((str(web), str(other)), tmp_path / "x"), log=lambda m: None)
+    with pytest.raises(DataError, match="web has rows of 65 tokens and longer of 129"):
+        train(config((str(web), str(longer)), tmp_path / "y"), log=lambda m: None)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_max_epochs_stops_the_run_and_the_dry_run_says_what_each_source_gives(
+        tmp_path, two_builds, byte_tokenizer):
+    web = two_builds[0]
+    code = small_build(tmp_path, byte_tokenizer, "tiny", 3, seed=4)  # a few rows
+    code_rows = json.loads((code / "manifest.json").read_text())["splits"]["train"]["rows"]
+    args = ["--shards", f"web={web}", "--shards", f"code={code}", "--mix", "web=1,code=1",
+            "--batch-size", "4", "--max-steps", "40", "--warmup", "1", "--model", "neox-tiny",
+            "--workers", "0", "--out", str(tmp_path / "run")]
+    result = CliRunner().invoke(train_cli, [*args, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert f"code: {80 * 64:,} tokens (80 rows), {80 / code_rows:.2f} epochs" in result.output
+    assert "code is repeated" in result.output  # more than 4 epochs of a small source
+    result = CliRunner().invoke(train_cli, [*args, "--max-epochs", "code=1"])
+    assert result.exit_code == 0, result.output
+    assert f"code reaches --max-epochs at step {code_rows // 2}" in result.output
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == code_rows // 2 and json.loads(lines[-1])["rows/code"] <= code_rows
+
+
+def test_a_config_files_data_list_is_the_flags(tmp_path, two_builds):
+    web, code = two_builds
+    (tmp_path / "c.toml").write_text(
+        f'model = "neox-tiny"\nbatch_size = 4\nmax_steps = 2\nwarmup = 1\nworkers = 0\n'
+        f'out = "{tmp_path / "run"}"\nmix_stages = ["1:code=1"]\n'
+        f'[[data]]\nname = "web"\npath = "{web}"\nweight = 0.75\n'
+        f'[[data]]\npath = "{code}"\nweight = 0.25\nmax_epochs = 3\n')
+    result = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "c.toml")])
+    assert result.exit_code == 0, result.output
+    first, second = [json.loads(x) for x in
+                     (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert (first["rows/web"], first["rows/code"]) == (3, 1)
+    assert (second["rows/web"], second["rows/code"]) == (3, 5)
+    (tmp_path / "bad.toml").write_text(f'[[data]]\npath = "{web}"\nshare = 1\n')
+    result = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "bad.toml")])
+    assert result.exit_code != 0 and "unknown share" in result.output

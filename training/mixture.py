@@ -1,0 +1,320 @@
+"""The rows of each step when the trainer draws from several builds at set shares (docs/TRAIN.md,
+"Mixtures"); one build is the mixture of one source, drawn exactly as sampler.GlobalOrder does.
+
+    order = MixedOrder(sources, stages, global_batch, seed)
+    order.step_rows(step)        # the step's rows, ids into MixedRows (source k: base_k + row)
+    order.rows_before(step)      # rows each source gave to steps [0, step): O(stages)
+
+Counts: stage j has a share w_k per source. Each step gives source k floor(w_k G) rows
+(G = global batch) plus, for the R = G - sum floor(w_k G) rows left, one more to R sources,
+chosen so that every source's count stays floor or ceil of w_k G (the proportions hold in every
+batch up to rounding) and its running total stays within a row or so of w_k G per step (the
+long-run shares are exact). The choice: the fractional parts f_k of w_k G lie end to end on
+[0, R); step t of the stage puts R points at u_t, u_t + 1, ..., u_t + R - 1 and a source gets
+an extra row when a point falls on its part (a part is shorter than 1, so at most one point).
+u_t = ((t * P) mod Q + 1/2) / Q, a rotation by about the golden ratio with period Q, spreads
+each source's extras evenly; a table of their running count over one period (Q per source)
+gives any step's totals at once. Positioning at step 1,000,000 reads no rows and loops over
+nothing but the stages.
+
+Source k's rows come from its own endless order of epoch permutations (sampler.GlobalOrder,
+seeded by its build's fingerprint): the step takes the next count_k of them. A step drawing from
+two or more sources shuffles its rows (seeded by the run's seed and the step), so every process
+and micro-batch gets the mixture, not a block of one source. Epochs of a source are its rows
+drawn over its train rows; `max_epochs` cuts the run at the last step before a source would
+pass it.
+
+A step's hash (what checkpoints keep to prove a resume continues the same order) is of the
+rows' (build fingerprint, row) pairs, not of ids that depend on the order the sources are
+listed in; a step of one source hashes as a single build's step does.
+"""
+
+import bisect
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline import DataError, natural_weights
+from training.data import Build, open_build
+from training.sampler import GlobalOrder, batch_hash
+
+PERIOD = 10007  # Q, a prime: the extras' pattern repeats after it
+STRIDE = 6185  # P, about Q / golden ratio
+
+
+class StagePlan:
+    """One stage's counts: `base` rows per source each step, and the running count of the
+    extras over one period (`extra[k][t]`: source k's extras in the stage's steps 0..t-1)."""
+
+    def __init__(self, weights: np.ndarray, global_batch: int):
+        quota = weights * global_batch
+        self.base = np.floor(quota + 1e-9).astype(np.int64)
+        left = global_batch - int(self.base.sum())
+        fractions = np.clip(quota - self.base, 0, None)
+        ends = np.cumsum(fractions)
+        ends = ends * (left / ends[-1]) if left else ends * 0  # the parts end exactly at R
+        starts = np.concatenate([[0.0], ends[:-1]])
+        t = np.arange(PERIOD)
+        u = ((t * STRIDE) % PERIOD + 0.5) / PERIOD
+        # extras of source k at step t: points u + j (j integer) in [starts_k, ends_k)
+        per_step = (np.ceil(ends[:, None] - u) - np.ceil(starts[:, None] - u)).astype(np.int64)
+        self.extra = np.concatenate([np.zeros((len(weights), 1), np.int64),
+                                     np.cumsum(per_step, 1)], 1)  # (sources, PERIOD + 1)
+
+    def rows_in(self, steps: int) -> np.ndarray:
+        """Rows of each source over the stage's first `steps` steps."""
+        full, part = divmod(steps, PERIOD)
+        return steps * self.base + full * self.extra[:, PERIOD] + self.extra[:, part]
+
+
+class MixedOrder:
+    """`sources`: [(rows, fingerprint)] in the order of MixedRows; `stages`: [(first step,
+    shares as an array over the sources)], the first at step 0."""
+
+    def __init__(self, sources: list[tuple[int, str]], stages: list[tuple[int, np.ndarray]],
+                 global_batch: int, seed: int, max_epochs: list[float | None] | None = None):
+        if global_batch < 1:
+            raise ValueError("the global batch must be positive")
+        self.global_batch, self.seed = global_batch, seed
+        self.sizes = np.array([n for n, _ in sources], np.int64)
+        self.fingerprints = [fp for _, fp in sources]
+        self.bases = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.orders = [GlobalOrder(n, global_batch, seed, fp) for n, fp in sources]
+        self.starts = [s for s, _ in stages]
+        self.shares = [np.asarray(w, np.float64) for _, w in stages]
+        self.plans = [StagePlan(np.asarray(w, np.float64), global_batch) for _, w in stages]
+        # rows of each source before each stage
+        self.before = [np.zeros(len(sources), np.int64)]
+        for j in range(1, len(stages)):
+            steps = self.starts[j] - self.starts[j - 1]
+            self.before.append(self.before[-1] + self.plans[j - 1].rows_in(steps))
+        self.max_epochs = max_epochs or [None] * len(sources)
+        # a 64-bit code per build for step hashes
+        self._codes = np.array([int(fp[:16], 16) - (1 << 63) for fp in self.fingerprints],
+                               np.int64)
+
+    def stage_at(self, step: int) -> int:
+        return bisect.bisect_right(self.starts, step) - 1
+
+    def rows_before(self, step: int) -> np.ndarray:
+        """Rows each source gives to steps [0, step)."""
+        j = self.stage_at(step)
+        return self.before[j] + self.plans[j].rows_in(step - self.starts[j])
+
+    def epochs_before(self, step: int) -> np.ndarray:
+        return self.rows_before(step) / self.sizes
+
+    def _drawn(self, step: int) -> list[tuple[int, np.ndarray]]:
+        """(source, its rows) of a step, in source order, rows as the source's own ids."""
+        first, after = self.rows_before(step), self.rows_before(step + 1)
+        return [(k, self.orders[k].rows(int(first[k]), int(after[k] - first[k])))
+                for k in range(len(self.orders)) if after[k] > first[k]]
+
+    def _shuffle(self, step: int) -> np.ndarray:
+        digest = hashlib.sha256(f"mix:{self.seed}:{step}".encode()).digest()
+        rng = np.random.Generator(np.random.PCG64(int.from_bytes(digest[:8], "little")))
+        return rng.permutation(self.global_batch)
+
+    def step_rows(self, step: int) -> np.ndarray:
+        drawn = self._drawn(step)
+        if len(drawn) == 1:
+            k, rows = drawn[0]
+            return rows + self.bases[k]
+        rows = np.concatenate([rows + self.bases[k] for k, rows in drawn])
+        return rows[self._shuffle(step)]
+
+    def rank_rows(self, step: int, rank: int, world: int) -> np.ndarray:
+        if self.global_batch % world:
+            raise ValueError(f"global batch {self.global_batch} does not split over {world} ranks")
+        per = self.global_batch // world
+        return self.step_rows(step)[rank * per:(rank + 1) * per]
+
+    def step_hash(self, step: int) -> str:
+        """A short id of the step's rows (see the module docstring)."""
+        drawn = self._drawn(step)
+        if len(drawn) == 1:
+            return batch_hash(drawn[0][1])
+        pairs = np.concatenate([np.stack([np.full(len(rows), self._codes[k]), rows], 1)
+                                for k, rows in drawn])[self._shuffle(step)]
+        return batch_hash(pairs.ravel())
+
+    def history(self) -> list:
+        """The stages as a checkpoint keeps them: [[first step, {build fingerprint: share}]]
+        (sources at 0 left out), so a resume compares them whatever the sources are named."""
+        out = []
+        for start, shares in zip(self.starts, self.shares):
+            mix = {}
+            for fp, w in zip(self.fingerprints, shares):
+                if w > 0:
+                    mix[fp] = mix.get(fp, 0.0) + float(w)
+            out.append([start, mix])
+        return out
+
+    def last_step(self, max_steps: int) -> tuple[int, int | None]:
+        """(the steps the run may take, at most max_steps; the source that cuts it, or None):
+        the steps before any source would pass its max_epochs."""
+        limit, by = max_steps, None
+        for k, epochs in enumerate(self.max_epochs):
+            if epochs is None:
+                continue
+            allowed = int(epochs * self.sizes[k] + 1e-9)
+            if self.rows_before(limit)[k] <= allowed:
+                continue
+            lo, hi = 0, limit  # the most steps whose rows of k stay within `allowed`
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if self.rows_before(mid)[k] <= allowed:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            limit, by = lo, k
+        return limit, by
+
+
+def history_until(history: list, step: int) -> list:
+    """The mixtures of steps [0, step) of a `history`: stages from step on left out, and a
+    stage that repeats the one before it merged into it."""
+    out = []
+    for start, mix in history:
+        if start >= step:
+            break
+        if not out or not same_shares(out[-1][1], mix):
+            out.append([start, mix])
+    return out
+
+
+def same_shares(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-9 for k in a)
+
+
+def same_until(a: list, b: list, step: int) -> bool:
+    """Whether two histories give steps [0, step) the same mixtures."""
+    a, b = history_until(a, step), history_until(b, step)
+    return len(a) == len(b) and all(x[0] == y[0] and same_shares(x[1], y[1])
+                                    for x, y in zip(a, b))
+
+
+class MixedRows:
+    """The train (or val) rows of several builds as one id space: source k's row r is
+    bases[k] + r. `check`, `unchecked` and `get` as a single build's rows (training/data.py)."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.bases = [0]
+        for p in parts[:-1]:
+            self.bases.append(self.bases[-1] + len(p))
+
+    def __len__(self) -> int:
+        return self.bases[-1] + len(self.parts[-1])
+
+    def _find(self, i: int) -> tuple[object, int]:
+        k = bisect.bisect_right(self.bases, i) - 1
+        return self.parts[k], i - self.bases[k]
+
+    def check(self, i: int) -> None:
+        part, r = self._find(int(i))
+        part.check(r)
+
+    def unchecked(self) -> int:
+        return sum(p.unchecked() for p in self.parts)
+
+    def get(self, i: int):
+        part, r = self._find(int(i))
+        return part.get(r)
+
+
+def same_tokens(names: list[str], manifests: list[dict], seqs: list[int]) -> None:
+    """Refuse a mixture of builds whose ids mean other things or whose samples differ in
+    length, naming both builds."""
+    keys = ("name", "kind", "sha256", "vocab_size", "eos_id")
+
+    def tokenizer(m):
+        return {k: m["tokenizer"].get(k) for k in keys}
+
+    for name, manifest, seq in zip(names[1:], manifests[1:], seqs[1:]):
+        if tokenizer(manifest) != tokenizer(manifests[0]):
+            raise DataError(f"--shards: {names[0]} and {name} were tokenized differently "
+                            f"({manifests[0]['tokenizer']['name']} vs "
+                            f"{manifest['tokenizer']['name']}, or another vocabulary); a "
+                            "mixture needs one tokenizer: rebuild one of them")
+        if seq != seqs[0]:
+            raise DataError(f"--shards: {names[0]} has rows of {seqs[0]} tokens and {name} of "
+                            f"{seq}; pass --seq with a divisor of both, or rebuild one with "
+                            "pack build --seq")
+
+
+@dataclass
+class Sources:
+    """The builds a run trains on, named: one, or a mixture's. `train` is the rows the order's
+    ids index; `vals` each source's val rows (None where it has none)."""
+
+    names: list[str]
+    builds: list[Build]
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.builds) > 1
+
+    @property
+    def seq(self) -> int:
+        return self.builds[0].seq
+
+    @property
+    def manifest(self) -> dict:  # the tokenizer and seq every source shares
+        return self.builds[0].manifest
+
+    @property
+    def fingerprint(self) -> str:
+        """The build's fingerprint; a mixture's: of its sources' (by name)."""
+        if not self.mixed:
+            return self.builds[0].fingerprint
+        text = json.dumps(sorted(zip(self.names, (b.fingerprint for b in self.builds))))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @property
+    def train(self):
+        return MixedRows([b.train for b in self.builds]) if self.mixed else self.builds[0].train
+
+    @property
+    def vals(self) -> list[tuple[str, object | None]]:
+        return [(n, b.val) for n, b in zip(self.names, self.builds)]
+
+
+def open_sources(cfg, cache: Path) -> Sources:
+    """Every --shards build, checked to share a tokenizer and a sample length."""
+    sources = cfg.mixture()[0]
+    builds = []
+    for name, path in sources:
+        try:
+            builds.append(open_build(path, cache, cfg.cache_limit, cfg.seq))
+        except DataError as e:
+            raise DataError(f"{name}: {e}" if len(sources) > 1 else str(e)) from None
+    names = [n for n, _ in sources]
+    same_tokens(names, [b.manifest for b in builds], [b.seq for b in builds])
+    return Sources(names, builds)
+
+
+def make_order(sources: Sources, cfg, global_batch: int) -> MixedOrder:
+    """The run's order: --mix (or each source by its train rows) from step 0, then each
+    --mix-stage from its first step (cfg.max_steps resolved: a stage at P% needs it)."""
+    _, weights, stages, max_epochs = cfg.mixture()
+    names = sources.names
+    sizes = [len(b.train) for b in sources.builds]
+    first = weights or natural_weights(dict(zip(names, sizes)))
+    step_tokens = global_batch * (sources.seq - 1)
+    starts = {0: first}
+    for stage in stages:
+        at = stage.start_step(step_tokens, cfg.max_steps)
+        if at in starts and at != 0:
+            raise DataError(f"--mix-stage: two stages start at step {at}")
+        starts[at] = stage.weights  # a stage at step 0 replaces --mix
+    shares = [(at, np.array([w[n] for n in names])) for at, w in sorted(starts.items())]
+    for k, name in enumerate(names):
+        if not any(w[k] > 0 for _, w in shares):
+            raise DataError(f"--shards {name}: no stage draws from it (weight 0 throughout); "
+                            "give it a weight in --mix or drop it")
+    return MixedOrder([(n, b.fingerprint) for n, b in zip(sizes, sources.builds)], shares,
+                      global_batch, cfg.seed, [max_epochs.get(n) for n in names])
