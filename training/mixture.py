@@ -92,6 +92,9 @@ class MixedOrder:
             steps = self.starts[j] - self.starts[j - 1]
             self.before.append(self.before[-1] + self.plans[j - 1].rows_in(steps))
         self.max_epochs = max_epochs or [None] * len(sources)
+        # sources in the order of their builds' fingerprints: a step's rows and hash do not
+        # depend on the order --shards lists them in
+        self._by_build = sorted(range(len(sources)), key=lambda k: self.fingerprints[k])
         # a 64-bit code per build for step hashes
         self._codes = np.array([int(fp[:16], 16) - (1 << 63) for fp in self.fingerprints],
                                np.int64)
@@ -108,10 +111,10 @@ class MixedOrder:
         return self.rows_before(step) / self.sizes
 
     def _drawn(self, step: int) -> list[tuple[int, np.ndarray]]:
-        """(source, its rows) of a step, in source order, rows as the source's own ids."""
+        """(source, its rows) of a step, by build fingerprint, rows as the source's own ids."""
         first, after = self.rows_before(step), self.rows_before(step + 1)
         return [(k, self.orders[k].rows(int(first[k]), int(after[k] - first[k])))
-                for k in range(len(self.orders)) if after[k] > first[k]]
+                for k in self._by_build if after[k] > first[k]]
 
     def _shuffle(self, step: int) -> np.ndarray:
         digest = hashlib.sha256(f"mix:{self.seed}:{step}".encode()).digest()
