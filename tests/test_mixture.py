@@ -142,6 +142,7 @@ def mixed(builds, out, **kw):
     return config((f"web={web}", f"code={code}"), out, **{"mix": "web=0.75,code=0.25", **kw})
 
 
+@pytest.mark.slow
 def test_a_mixed_run_resumes_exactly_and_counts_each_source(tmp_path, two_builds):
     straight = train(mixed(two_builds, tmp_path / "a", eval_every=4), log=lambda m: None)
     train(mixed(two_builds, tmp_path / "b", eval_every=4), log=lambda m: None, stop_at=3)
@@ -160,6 +161,7 @@ def test_a_mixed_run_resumes_exactly_and_counts_each_source(tmp_path, two_builds
     assert lo <= straight[3]["val_loss"] <= hi  # over both sources' targets
 
 
+@pytest.mark.slow
 def test_a_resume_refuses_another_mixture_but_takes_a_new_stage_at_its_step(tmp_path, two_builds):
     train(mixed(two_builds, tmp_path / "r"), log=lambda m: None, stop_at=4)
     with pytest.raises(TrainingError, match="another mixture before its step 4"):
@@ -171,6 +173,7 @@ def test_a_resume_refuses_another_mixture_but_takes_a_new_stage_at_its_step(tmp_
     assert [h["rows/web"] for h in history] == [3, 6, 9, 12, 12, 12, 12, 12]
 
 
+@pytest.mark.slow
 def test_a_stage_leaves_the_steps_before_it_as_the_single_stage_run(tmp_path, two_builds):
     one = train(mixed(two_builds, tmp_path / "one"), log=lambda m: None)
     staged = train(mixed(two_builds, tmp_path / "two", mix_stages=("50%:web=1",)),
@@ -227,3 +230,15 @@ def test_a_config_files_data_list_is_the_flags(tmp_path, two_builds):
     (tmp_path / "bad.toml").write_text(f'[[data]]\npath = "{web}"\nshare = 1\n')
     result = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "bad.toml")])
     assert result.exit_code != 0 and "unknown share" in result.output
+
+
+def test_a_source_in_a_bucket_mixes_with_a_local_one(tmp_path, two_builds, s3):
+    web, code = two_builds
+    remote = s3.upload_tree(code, "builds/code")  # a real S3 server on 127.0.0.1
+    local = train(config((f"web={web}", f"code={code}"), tmp_path / "a", mix="web=3,code=1",
+                         max_steps=3), log=lambda m: None)
+    mixed_remote = train(config((f"web={web}", remote), tmp_path / "b", mix="web=3,code=1",
+                                max_steps=3), log=lambda m: None)  # named by its URL's folder
+    assert [h["batch"] for h in mixed_remote] == [h["batch"] for h in local]
+    assert [h["loss"] for h in mixed_remote] == [h["loss"] for h in local]
+    assert mixed_remote[-1]["rows/code"] == 3
