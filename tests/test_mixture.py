@@ -2,6 +2,7 @@
 O(1) positioning), the settings, and runs through `train` (resume, refusals, metrics)."""
 
 import json
+import random
 
 import numpy as np
 import pytest
@@ -145,12 +146,16 @@ def mixed(builds, out, **kw):
 @pytest.mark.slow
 def test_a_mixed_run_resumes_exactly_and_counts_each_source(tmp_path, two_builds):
     straight = train(mixed(two_builds, tmp_path / "a", eval_every=4), log=lambda m: None)
-    train(mixed(two_builds, tmp_path / "b", eval_every=4), log=lambda m: None, stop_at=3)
-    resumed = train(mixed(two_builds, tmp_path / "b", eval_every=4), log=lambda m: None)
-    assert [h["batch"] for h in straight] == [h["batch"] for h in resumed]
-    assert [h["loss"] for h in straight] == [h["loss"] for h in resumed]
-    a, b = weights(tmp_path / "a"), weights(tmp_path / "b")
-    assert all((a[k] == b[k]).all() for k in a)
+    a = weights(tmp_path / "a")
+    for stop in sorted(random.Random(18).sample(range(1, 8), 2)):  # resume at random steps
+        run = tmp_path / f"stop-{stop}"
+        train(mixed(two_builds, run, eval_every=4, save_every=100), log=lambda m: None,
+              stop_at=stop)
+        resumed = train(mixed(two_builds, run, eval_every=4), log=lambda m: None)
+        assert [h["batch"] for h in straight] == [h["batch"] for h in resumed]
+        assert [h["loss"] for h in straight] == [h["loss"] for h in resumed]
+        b = weights(run)
+        assert all((a[k] == b[k]).all() for k in a)
     last = straight[-1]  # batch 4: 3 rows of web and 1 of code each step, 8 steps
     assert (last["rows/web"], last["rows/code"]) == (24, 8)
     assert last["tokens/web"] == 24 * 64 and last["tokens/web"] + last["tokens/code"] == last["tokens"]

@@ -29,8 +29,10 @@ import bisect
 import hashlib
 import itertools
 import json
+import random
 import shutil
 import tempfile
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,16 +150,31 @@ class StreamingRows:
 
     def __init__(self, remote: str, local: Path, cache_limit: str, vocab_size: int):
         self.remote, self.local, self.vocab_size = remote, local, vocab_size
-        try:
-            self.dataset = import_streaming().StreamingDataset(
-                remote=remote, local=str(local), shuffle=False, batch_size=1,
-                cache_limit=cache_limit, keep_zip=False)
-        except (ValueError, FileNotFoundError) as e:
-            raise DataError(f"mosaicml-streaming cannot open {remote} (cache {local}): {e}") \
-                from None
+        self.dataset = self._open(cache_limit)
         # streaming has put the split's index.json in the cache (it reads it from there too)
         self.shards = MdsFormat(local, json.loads((local / "index.json").read_text()))
         self.checks = ShardChecks(len(self.shards))
+
+    def _open(self, cache_limit: str):
+        """The StreamingDataset. streaming names its shared memory by the first free number,
+        looked up and then taken: two processes opening datasets at the same moment may pick
+        the same one, and the slower gets FileExistsError; it tries again (one process: under
+        torchrun the ranks' barriers inside streaming would no longer pair up)."""
+        import torch.distributed as dist
+
+        attempts = 1 if dist.is_available() and dist.is_initialized() else 5
+        for attempt in range(attempts):
+            try:
+                return import_streaming().StreamingDataset(
+                    remote=self.remote, local=str(self.local), shuffle=False, batch_size=1,
+                    cache_limit=cache_limit, keep_zip=False)
+            except (ValueError, FileNotFoundError) as e:
+                raise DataError(f"mosaicml-streaming cannot open {self.remote} (cache "
+                                f"{self.local}): {e}") from None
+            except FileExistsError:
+                time.sleep(random.Random().uniform(0.05, 0.5) * (attempt + 1))  # own RNG
+        raise DataError(f"{self.remote}: mosaicml-streaming's shared memory was taken by "
+                        "another process opening a dataset at the same moment; start again")
 
     def __len__(self) -> int:
         # All rows of the split; len(StreamingDataset) is one rank's share of an epoch.
