@@ -16,6 +16,7 @@ training/optim.py groups by; MoE also `active_params()`).
     gpt_neox.py     attention + MLP blocks (parallel residual)
     moe.py          attention + routed experts (moe_experts.py: dispatch, expert MLPs)
     resonance.py    FFT long convolution + MLP blocks
+    mamba.py        selective state-space (Mamba-2) blocks, chunked scan; recurrent decoding
       |  layers.py      the loss: logits, cross-entropy (chunked past a memory budget)
       v
     {"loss", "ce", "aux"}
@@ -30,13 +31,14 @@ from pathlib import Path
 
 import torch
 
-from archs import gpt_neox, moe, resonance
+from archs import gpt_neox, mamba, moe, resonance
 
 # family -> (config class, model class, presets)
 FAMILIES = {
     "gpt-neox": (gpt_neox.GPTNeoXConfig, gpt_neox.GPTNeoX, gpt_neox.PRESETS),
     "moe": (moe.MoEConfig, moe.MoE, moe.PRESETS),
     "resonance": (resonance.ResonanceConfig, resonance.Resonance, resonance.PRESETS),
+    "mamba": (mamba.MambaConfig, mamba.Mamba, mamba.PRESETS),
 }
 PRESETS = {name: family for family, (_, _, presets) in FAMILIES.items() for name in presets}
 LIST_SEQ = 2048  # the sequence length list_models reports FLOPs/token at

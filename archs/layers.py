@@ -5,6 +5,7 @@ the optimizer roles of parameters.
 first 0, padded at the end with -1 (what the loader builds from a row's `doc_starts` column).
 """
 
+import math
 from fnmatch import fnmatchcase
 
 import torch
@@ -21,7 +22,8 @@ OPTIMIZER_ROLES = {
     "norm": "a normalization's scale or shift",
     "bias": "a bias",
     "router": "a routing or gating vector (MoE router, MoD router and predictor)",
-    "kernel": "a convolution's parameters (resonance's kernels and taps)",
+    "kernel": "a sequence mixer's own parameters: convolution kernels and taps (resonance, "
+              "Mamba), a state space's decay, skip and step (Mamba's A_log, D, dt_bias)",
 }
 
 
@@ -215,6 +217,28 @@ class LinearCrossEntropy(torch.autograd.Function):
         grad_h = (grad @ weight.to(dtype)) * scale
         grad_w = grad.t() @ (h.to(dtype) * scale)
         return grad_h.to(h.dtype), grad_w.to(weight.dtype), None
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution of width k; taps never reach into an earlier document."""
+
+    def __init__(self, d: int, k: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(k, d) / math.sqrt(k))
+        self.bias = nn.Parameter(torch.zeros(d))
+
+    def forward(self, u: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
+        # u (B, T, d); pos (B, T) position within the document, None when a row is one document
+        # (then the taps before t = 0 are simply absent, and no mask is needed). Resonance's
+        # short convolution and Mamba's.
+        T = u.shape[1]
+        y = torch.addcmul(self.bias, u, self.weight[0])
+        for j in range(1, min(self.weight.shape[0], T)):
+            tap = u[:, : T - j]  # u[t - j] for t >= j
+            if pos is not None:  # a tap reaching back past the document's start reads zero
+                tap = tap * (pos[:, j:, None] >= j)
+            y[:, j:] += tap * self.weight[j]
+        return y
 
 
 class StackedLM(nn.Module):

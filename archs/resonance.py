@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import StackedLM
+from archs.layers import ShortConv, StackedLM
 
 
 @dataclass(frozen=True)
@@ -138,27 +138,6 @@ class LongConv(nn.Module):
                         spectra[n] = torch.fft.rfft(kernel[:, :n], n=2 * n)
                     y[b:b + 1, :, lo:hi] = fft_causal_conv(x[b:b + 1, :, lo:hi], spectra[n], n)
         return (y.transpose(1, 2) + u * self.skip).to(u.dtype)  # (B, T, d)
-
-
-class ShortConv(nn.Module):
-    """Causal depthwise convolution of width k; taps never reach into an earlier document."""
-
-    def __init__(self, d: int, k: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(k, d) / math.sqrt(k))
-        self.bias = nn.Parameter(torch.zeros(d))
-
-    def forward(self, u: torch.Tensor, pos: torch.Tensor | None) -> torch.Tensor:
-        # u (B, T, d); pos (B, T) position within the document, None when a row is one document
-        # (then the taps before t = 0 are simply absent, and no mask is needed).
-        T = u.shape[1]
-        y = torch.addcmul(self.bias, u, self.weight[0])
-        for j in range(1, min(self.weight.shape[0], T)):
-            tap = u[:, : T - j]  # u[t - j] for t >= j
-            if pos is not None:  # a tap reaching back past the document's start reads zero
-                tap = tap * (pos[:, j:, None] >= j)
-            y[:, j:] += tap * self.weight[j]
-        return y
 
 
 class Block(nn.Module):

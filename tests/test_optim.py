@@ -39,6 +39,12 @@ EXPECTED_ROLES = {
         r"blocks\.\d+\.predictor\.weight": "router",
         r"blocks\.\d+\.predictor\.bias": "bias",
     },
+    "mamba": {
+        r"embed\.weight": "embedding",  # tied: the head is the same parameter
+        r"(ln_f\.(weight|bias)|blocks\.\d+\.norm|blocks\.\d+\.mixer\.norm)": "norm",
+        r"blocks\.\d+\.mixer\.(in_proj|out_proj)\.weight": "matrix",
+        r"blocks\.\d+\.mixer\.(conv\.(weight|bias)|A_log|D|dt_bias)": "kernel",
+    },
 }
 # What each role gets: (weight decay, optimizer under --optimizer muon); AdamW under adamw.
 TREATMENT = {"matrix": (True, "Muon"), "experts": (True, "Muon"), "head": (True, "AdamW"),

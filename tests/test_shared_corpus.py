@@ -158,7 +158,8 @@ def test_damaged_real_files_are_counted_and_the_rest_is_kept(tmp_path, shared):
 
 
 @pytest.mark.slow
-def test_loss_falls_training_on_the_real_corpus(tmp_path, shared):
+@pytest.mark.parametrize("model", ["neox-tiny", "mamba-tiny"])
+def test_loss_falls_training_on_the_real_corpus(tmp_path, shared, model):
     from training.config import TrainConfig
     from training.loop import train
 
@@ -167,7 +168,7 @@ def test_loss_falls_training_on_the_real_corpus(tmp_path, shared):
                       inputs=(str(shared / "data/fineweb-edu-sample"),),
                       tokenizer=gpt2(shared), seq=129, val_fraction=0.05,
                       max_tokens=300_000), show_progress=False)
-    history = train(TrainConfig(shards=str(out), model="neox-tiny", out=str(tmp_path / "run"),
+    history = train(TrainConfig(shards=str(out), model=model, out=str(tmp_path / "run"),
                                 batch_size=8, max_steps=40, warmup=5, lr=3e-3, save_every=40,
                                 eval_every=40, eval_batches=2), log=lambda m: None)
     first, last = history[0]["loss"], sum(h["loss"] for h in history[-5:]) / 5

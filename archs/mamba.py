@@ -1,0 +1,264 @@
+"""Mamba: a selective state-space language model (Mamba-2's block, in plain PyTorch).
+
+Each layer mixes tokens with a state h of H heads x P channels x N state entries, per head
+    h_t = exp(dt_t * A) h_{t-1} + dt_t x_t B_t^T,        y_t = h_t C_t + D x_t
+where the step dt_t > 0 (softplus), the input and output maps B_t, C_t (N each, shared by the
+heads of a group) and x_t come from the token itself ("selective"), and A < 0 is one scalar per
+head (Mamba-2's scalar decay). Training uses the chunked ("state space duality") form: within a
+chunk of Q tokens, y = (C B^T * L) (dt x) with L[t, s] = exp(sum of dt A over s < r <= t), a
+masked Q x Q product like attention's; across chunks, the state at each chunk's end carries
+over by the recurrence, one step per chunk. Generation uses the recurrent form, one token at a
+time with O(1) state (`decode` with a cache); tests check the two agree (fp32, 1e-5).
+
+A block: x + out(norm(y * silu(z))) with (z, xBC, dt) = in(RMSNorm(x)) and xBC through a short
+causal depthwise convolution (width 4) and SiLU first. With `doc_starts` the state and the
+convolution restart at each document start: L is zero between documents, a chunk's carried
+state reaches only tokens of the document it belongs to, and convolution taps never reach back
+past a start. Embeddings are tied to the output head, as in the published Mamba models, so the
+presets' sizes (130m, 370m, 1.3b: Mamba-2's published widths and depths) are what they say.
+The mixer (`MambaMixer`) is also the Mamba layer of the MoE family's hybrids (archs/moe.py).
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from archs.layers import ShortConv, StackedLM, segment_ids
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    vocab_size: int = 50257
+    d_model: int = 768
+    n_layers: int = 24
+    d_state: int = 128  # N
+    expand: int = 2  # inner width = expand x d_model
+    head_dim: int = 64  # P; heads H = inner width / P
+    n_groups: int = 1  # B and C are shared by the heads of a group
+    conv_width: int = 4
+    chunk: int = 64  # Q of the chunked form
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    max_seq: int = 32768
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    checkpointing: bool = False
+
+    def __post_init__(self):
+        inner = self.expand * self.d_model
+        if inner % self.head_dim:
+            raise ValueError(f"expand x d_model ({inner}) is not a multiple of head_dim "
+                             f"{self.head_dim}")
+        if (inner // self.head_dim) % self.n_groups:
+            raise ValueError(f"the {inner // self.head_dim} heads do not split into n_groups "
+                             f"{self.n_groups}")
+        if self.chunk < 1:
+            raise ValueError("chunk must be at least 1")
+
+
+def ssd_chunked(x, dt, A, B, C, seg=None, chunk: int = 64, state=None):
+    """The selective scan, chunked. x (b, T, G, R, P); dt (b, T, G, R) > 0; A (G, R) < 0;
+    B, C (b, T, G, N); seg (b, T) document ids or None; state (b, G, R, P, N) carried in (the
+    tokens before, of the first token's document) or None. Returns y like x, and the state
+    after the last token. Work in fp32."""
+    b, T, G, R, P = x.shape
+    N = B.shape[-1]
+    Q = min(chunk, T)
+    pad = -T % Q
+    if pad:  # dt = 0 on padding: no decay, no input, so the final state is untouched
+        x, dt, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C))
+        if seg is not None:
+            seg = torch.cat([seg, seg[:, -1:].expand(b, pad)], 1)
+    c = (T + pad) // Q
+    x = x.reshape(b, c, Q, G, R, P)
+    dt = dt.reshape(b, c, Q, G, R)
+    B, C = B.reshape(b, c, Q, G, N), C.reshape(b, c, Q, G, N)
+    S = torch.cumsum(dt * A, 2)  # (b, c, Q, G, R): log decay from the chunk's start to t
+    S_t = S.permute(0, 1, 3, 4, 2)  # (b, c, G, R, Q)
+    causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
+    if seg is None:
+        same, last_same, carried = causal, None, None
+    else:
+        seg = seg.reshape(b, c, Q)
+        same = causal & (seg[:, :, :, None] == seg[:, :, None, :])[:, :, None, None]
+        last_same = (seg == seg[:, :, -1:])  # (b, c, Q): in the chunk's last document
+        before = torch.cat([seg[:, :1, :1], seg[:, :-1, -1:]], 1)  # the carried state's document
+        carried = (seg == before)  # (b, c, Q): tokens the carried state reaches
+    # within the chunk: (C B^T * L) (dt x)
+    L = torch.exp(torch.where(same, S_t[..., :, None] - S_t[..., None, :], -math.inf))
+    CB = torch.einsum("bcqgn,bcsgn->bcgqs", C, B)[:, :, :, None]  # (b, c, G, 1, Q, Q)
+    dtx = (x * dt[..., None]).permute(0, 1, 3, 4, 2, 5)  # (b, c, G, R, Q, P)
+    y = (CB * L) @ dtx  # (b, c, G, R, Q, P)
+    # each chunk's own contribution to the state at its end
+    to_end = torch.exp(S_t[..., -1:] - S_t)  # (b, c, G, R, Q)
+    if last_same is not None:
+        to_end = to_end * last_same[:, :, None, None]
+    local = (dtx * to_end[..., None]).transpose(-1, -2) @ B.permute(0, 1, 3, 2, 4)[:, :, :, None]
+    # (b, c, G, R, P, N); across chunks: the recurrence, one step per chunk
+    h = x.new_zeros(b, G, R, P, N) if state is None else state
+    chunk_decay = torch.exp(S_t[..., -1])  # (b, c, G, R)
+    starts = []
+    for k in range(c):
+        starts.append(h)
+        keep = chunk_decay[:, k] if seg is None else chunk_decay[:, k] * carried[:, k, -1, None, None]
+        h = local[:, k] + keep[..., None, None] * h
+    h_in = torch.stack(starts, 1)  # (b, c, G, R, P, N): the state each chunk starts from
+    # the carried state's part of each output: exp(S_t) C_t h_in
+    from_state = C.permute(0, 1, 3, 2, 4)[:, :, :, None] @ h_in.transpose(-1, -2)  # (.., Q, P)
+    reach = torch.exp(S_t)
+    if carried is not None:
+        reach = reach * carried[:, :, None, None]
+    y = y + from_state * reach[..., None]
+    y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * Q, G, R, P)[:, :T]
+    return y, h
+
+
+def ssd_recurrent(x, dt, A, B, C, seg=None, state=None):
+    """The same scan one token at a time (generation's form; a reference for the chunked one).
+    Shapes as ssd_chunked's; a document start (seg changes) empties the state."""
+    b, T, G, R, P = x.shape
+    h = x.new_zeros(b, G, R, P, B.shape[-1]) if state is None else state
+    ys = []
+    for t in range(T):
+        if seg is not None and t > 0:
+            h = h * (seg[:, t] == seg[:, t - 1]).to(h.dtype)[:, None, None, None, None]
+        decay = torch.exp(dt[:, t] * A)  # (b, G, R)
+        inp = (dt[:, t, ..., None] * x[:, t])[..., None] * B[:, t, :, None, None, :]
+        h = decay[..., None, None] * h + inp  # (b, G, R, P, N)
+        ys.append((h @ C[:, t, :, None, :, None])[..., 0])  # (b, G, R, P)
+    return torch.stack(ys, 1), h
+
+
+class MambaMixer(nn.Module):
+    """The token mixer of a Mamba block (no residual, no pre-norm): what a layer adds."""
+
+    def __init__(self, d_model: int, d_state: int = 128, expand: int = 2, head_dim: int = 64,
+                 n_groups: int = 1, conv_width: int = 4, chunk: int = 64, norm_eps: float = 1e-5,
+                 dt_min: float = 0.001, dt_max: float = 0.1):
+        super().__init__()
+        inner = expand * d_model
+        self.heads, self.head_dim, self.groups = inner // head_dim, head_dim, n_groups
+        self.d_state, self.chunk, self.inner, self.eps = d_state, chunk, inner, norm_eps
+        conv_dim = inner + 2 * n_groups * d_state
+        self.in_proj = nn.Linear(d_model, inner + conv_dim + self.heads, bias=False)
+        self.conv = ShortConv(conv_dim, conv_width)
+        # dt starts log-uniform in [dt_min, dt_max] (its bias is softplus's inverse of that);
+        # A = -exp(A_log) starts in [-16, -1], one per head; D (the skip) at 1.
+        dt = torch.exp(torch.rand(self.heads) * (math.log(dt_max) - math.log(dt_min))
+                       + math.log(dt_min))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.A_log = nn.Parameter(torch.log(torch.empty(self.heads).uniform_(1, 16)))
+        self.D = nn.Parameter(torch.ones(self.heads))
+        self.norm = nn.Parameter(torch.ones(inner))  # gated RMSNorm's scale
+        self.out_proj = nn.Linear(inner, d_model, bias=False)
+
+    def forward(self, x, pos, doc_starts, cache: dict | None = None):
+        """x (b, T, d). `cache` (generation, one document): {} at first; holds the last
+        conv_width - 1 inputs of the convolution and the state, updated here."""
+        b, T, _ = x.shape
+        G, R, P, N = self.groups, self.heads // self.groups, self.head_dim, self.d_state
+        z, xBC, dt = self.in_proj(x).split([self.inner, self.inner + 2 * G * N, self.heads], -1)
+        if cache is None:
+            xBC = self.conv(xBC, None if doc_starts is None else pos)
+        else:  # the convolution sees the inputs before these too
+            width = self.conv.weight.shape[0] - 1
+            past = cache.get("conv", xBC.new_zeros(b, width, xBC.shape[-1]))
+            both = torch.cat([past, xBC], 1)
+            cache["conv"] = both[:, both.shape[1] - width:]
+            xBC = self.conv(both, None)[:, width:]
+        xs, Bm, Cm = F.silu(xBC).split([self.inner, G * N, G * N], -1)
+        dtype = x.dtype
+        xs = xs.float().view(b, T, G, R, P)
+        Bm, Cm = Bm.float().view(b, T, G, N), Cm.float().view(b, T, G, N)
+        dt = F.softplus(dt.float() + self.dt_bias).view(b, T, G, R)
+        A = -torch.exp(self.A_log.float()).view(G, R)
+        seg = None if doc_starts is None else segment_ids(doc_starts, T)
+        if cache is None:
+            y, _ = ssd_chunked(xs, dt, A, Bm, Cm, seg, self.chunk)
+        elif T == 1:  # a generated token: the recurrent step
+            y, cache["ssm"] = ssd_recurrent(xs, dt, A, Bm, Cm, None, cache.get("ssm"))
+        else:  # a prompt: chunked, from (and into) the cached state
+            y, cache["ssm"] = ssd_chunked(xs, dt, A, Bm, Cm, None, self.chunk, cache.get("ssm"))
+        y = y + xs * self.D.float().view(G, R, 1)
+        y = y.reshape(b, T, self.inner).to(dtype) * F.silu(z)
+        return self.out_proj(F.rms_norm(y, (self.inner,), self.norm, self.eps))
+
+    def scan_flops(self, seq: int) -> float:
+        """Forward FLOPs per token of the chunked scan (beside its weights' 2 per parameter):
+        C B^T within the chunk (2QN per group), the masked product with dt x (2QP per head),
+        each chunk's state (2PN per head) and the carried state's output (2PN per head)."""
+        Q = min(self.chunk, seq)
+        return 2 * Q * self.d_state * self.groups + self.heads * (
+            2 * Q * self.head_dim + 4 * self.head_dim * self.d_state)
+
+
+def mixer_from(cfg) -> MambaMixer:
+    """The mixer a config describes (MambaConfig, or MoEConfig's ssm_* fields for hybrids)."""
+    get = getattr
+    return MambaMixer(cfg.d_model, get(cfg, "d_state"), get(cfg, "expand"), get(cfg, "head_dim"),
+                      get(cfg, "n_groups"), get(cfg, "conv_width"), get(cfg, "chunk"),
+                      cfg.norm_eps, cfg.dt_min, cfg.dt_max)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: MambaConfig):
+        super().__init__()
+        self.norm = nn.Parameter(torch.ones(cfg.d_model))  # RMSNorm before the mixer
+        self.eps = cfg.norm_eps
+        self.mixer = mixer_from(cfg)
+
+    def forward(self, x, pos, doc_starts, cache: dict | None = None):
+        h = F.rms_norm(x, (x.shape[-1],), self.norm, self.eps)
+        return x + self.mixer(h, pos, doc_starts, cache)
+
+
+class Mamba(StackedLM):
+    PARAM_ROLES = (  # each parameter's optimizer role (archs.layers.OPTIMIZER_ROLES), by name
+        ("embed.weight", "embedding"),  # tied: also the output head
+        ("ln_f.*", "norm"), ("blocks.*.norm", "norm"), ("blocks.*.mixer.norm", "norm"),
+        ("blocks.*.mixer.in_proj.weight", "matrix"), ("blocks.*.mixer.out_proj.weight", "matrix"),
+        ("blocks.*.mixer.conv.*", "kernel"), ("blocks.*.mixer.A_log", "kernel"),
+        ("blocks.*.mixer.D", "kernel"), ("blocks.*.mixer.dt_bias", "kernel"),
+    )
+
+    def __init__(self, cfg: MambaConfig):
+        super().__init__(cfg, Block)
+        nn.init.normal_(self.embed.weight, std=cfg.init_std)
+        self.head.weight = self.embed.weight  # tied
+        for block in self.blocks:
+            nn.init.normal_(block.mixer.in_proj.weight, std=cfg.init_std)
+            # scaled residual init on the branch's last projection, as in gpt_neox.py
+            nn.init.normal_(block.mixer.out_proj.weight,
+                            std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
+
+    def new_cache(self) -> list[dict]:
+        """An empty state for `decode`: one dict per layer."""
+        return [{} for _ in self.blocks]
+
+    def decode(self, input_ids, cache: list[dict]):
+        """Logits (B, T, vocab) of tokens that follow those `cache` holds (one document):
+        generation's recurrent form (a prompt chunked into the state at once, then a step per
+        token), equal to the full forward's logits."""
+        x = self.embed(input_ids)
+        for block, layer_cache in zip(self.blocks, cache):
+            x = block(x, None, None, layer_cache)
+        return self.head(self.ln_f(x))
+
+    def flops_per_token(self, seq: int) -> float:
+        """Nominal training FLOPs per token: 6N for the weights plus 3x the forward FLOPs of
+        each layer's chunked scan (MambaMixer.scan_flops): linear in seq beyond the chunk."""
+        return 6 * self.num_params() + 3 * sum(b.mixer.scan_flops(seq) for b in self.blocks)
+
+
+# Widths and depths of the published Mamba-2 models (state 128, expand 2, head 64, tied
+# embeddings); the tiny one is for tests.
+PRESETS = {
+    "mamba-tiny": dict(vocab_size=512, d_model=64, n_layers=2, d_state=16, head_dim=16,
+                       chunk=16, max_seq=256),
+    "mamba-130m": dict(d_model=768, n_layers=24),
+    "mamba-370m": dict(d_model=1024, n_layers=48),
+    "mamba-1.3b": dict(d_model=2048, n_layers=48),
+}
