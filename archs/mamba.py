@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import ShortConv, StackedLM, segment_ids
+from archs.layers import ShortConv, StackedLM, positions, segment_ids
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,11 @@ class MambaMixer(nn.Module):
         G, R, P, N = self.groups, self.heads // self.groups, self.head_dim, self.d_state
         z, xBC, dt = self.in_proj(x).split([self.inner, self.inner + 2 * G * N, self.heads], -1)
         if cache is None:
-            xBC = self.conv(xBC, None if doc_starts is None else pos)
+            # taps stop at document starts; positions from doc_starts, not `pos`: a
+            # depth-routed block (archs/moe.py) passes its chosen tokens with their places in
+            # the whole row, and the convolution runs over the chosen ones
+            xBC = self.conv(xBC, None if doc_starts is None else
+                            positions(doc_starts, b, T, x.device))
         else:  # the convolution sees the inputs before these too
             width = self.conv.weight.shape[0] - 1
             past = cache.get("conv", xBC.new_zeros(b, width, xBC.shape[-1]))
@@ -195,20 +199,14 @@ class MambaMixer(nn.Module):
             2 * Q * self.head_dim + 4 * self.head_dim * self.d_state)
 
 
-def mixer_from(cfg) -> MambaMixer:
-    """The mixer a config describes (MambaConfig, or MoEConfig's ssm_* fields for hybrids)."""
-    get = getattr
-    return MambaMixer(cfg.d_model, get(cfg, "d_state"), get(cfg, "expand"), get(cfg, "head_dim"),
-                      get(cfg, "n_groups"), get(cfg, "conv_width"), get(cfg, "chunk"),
-                      cfg.norm_eps, cfg.dt_min, cfg.dt_max)
-
-
 class Block(nn.Module):
     def __init__(self, cfg: MambaConfig):
         super().__init__()
         self.norm = nn.Parameter(torch.ones(cfg.d_model))  # RMSNorm before the mixer
         self.eps = cfg.norm_eps
-        self.mixer = mixer_from(cfg)
+        self.mixer = MambaMixer(cfg.d_model, cfg.d_state, cfg.expand, cfg.head_dim,
+                                cfg.n_groups, cfg.conv_width, cfg.chunk, cfg.norm_eps,
+                                cfg.dt_min, cfg.dt_max)
 
     def forward(self, x, pos, doc_starts, cache: dict | None = None):
         h = F.rms_norm(x, (x.shape[-1],), self.norm, self.eps)

@@ -36,6 +36,7 @@ from archs.layers import (
     positions,
     segment_ids,
 )
+from archs.mamba import MambaMixer
 from archs.moe_experts import Experts, document_ids, document_lengths
 
 
@@ -61,8 +62,42 @@ class MoEConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     checkpointing: bool = False
+    # Hybrids: each layer's token mixer, "A" (attention) or "M" (Mamba, archs/mamba.py), one
+    # letter per layer (a shorter pattern repeats), or attention_every=K: attention on every
+    # K-th layer, Mamba on the others. Neither: attention throughout.
+    layers: str | None = None
+    attention_every: int | None = None
+    ssm_state: int = 128  # the Mamba layers' N, inner width factor, head width, groups, ...
+    ssm_expand: int = 2
+    ssm_head_dim: int = 64
+    ssm_groups: int = 1
+    ssm_conv: int = 4
+    ssm_chunk: int = 64
+
+    @property
+    def mixers(self) -> str:
+        """Each layer's token mixer, "A" or "M"."""
+        if self.attention_every:
+            return (("M" * (self.attention_every - 1) + "A") * self.n_layers)[:self.n_layers]
+        return ((self.layers or "A") * self.n_layers)[:self.n_layers]
 
     def __post_init__(self):
+        if self.layers is not None:
+            if not self.layers or set(self.layers) - {"A", "M"}:
+                raise ValueError(f"layers {self.layers!r}: one letter per layer, A (attention) "
+                                 "or M (Mamba)")
+            if self.n_layers % len(self.layers):
+                raise ValueError(f"layers {self.layers!r}: its length must divide n_layers "
+                                 f"({self.n_layers}; a shorter pattern repeats)")
+            if self.attention_every is not None:
+                raise ValueError("give layers or attention_every, not both")
+        if self.attention_every is not None and not 1 <= self.attention_every:
+            raise ValueError("attention_every must be at least 1")
+        if "M" in self.mixers and (self.ssm_expand * self.d_model) % (
+                self.ssm_head_dim * self.ssm_groups):
+            raise ValueError(f"the Mamba layers' width ssm_expand x d_model "
+                             f"({self.ssm_expand * self.d_model}) must divide into heads of "
+                             f"ssm_head_dim ({self.ssm_head_dim}) x ssm_groups")
         if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
         if not 1 <= self.top_k <= self.n_experts:
@@ -104,15 +139,23 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: MoEConfig):
+    def __init__(self, cfg: MoEConfig, mixer: str = "A"):
         super().__init__()
         self.norm1 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        if mixer == "A":
+            self.attn = Attention(cfg)
+        else:
+            self.ssm = MambaMixer(cfg.d_model, cfg.ssm_state, cfg.ssm_expand, cfg.ssm_head_dim,
+                                  cfg.ssm_groups, cfg.ssm_conv, cfg.ssm_chunk, cfg.norm_eps)
         self.norm2 = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.experts = Experts(cfg)
 
+    @property
+    def mixer(self) -> nn.Module:
+        return self.attn if hasattr(self, "attn") else self.ssm
+
     def forward(self, x, pos, doc_starts, cache: dict | None = None):
-        x = x + self.attn(self.norm1(x), pos, doc_starts, cache)
+        x = x + self.mixer(self.norm1(x), pos, doc_starts, cache)
         y, stats = self.experts(self.norm2(x), doc_starts)
         return x + y, stats
 
@@ -120,10 +163,10 @@ class Block(nn.Module):
 class DepthRouted(nn.Module):
     """A Block that only a share of the tokens goes through (Mixture-of-Depths, see above)."""
 
-    def __init__(self, cfg: MoEConfig):
+    def __init__(self, cfg: MoEConfig, mixer: str = "A"):
         super().__init__()
         self.capacity = cfg.mod_capacity
-        self.block = Block(cfg)
+        self.block = Block(cfg, mixer)
         self.router = nn.Linear(cfg.d_model, 1, bias=False)
         self.predictor = nn.Linear(cfg.d_model, 1)  # causal stand-in for the top-k at inference
 
@@ -184,6 +227,10 @@ class MoE(nn.Module):
         ("blocks.*.predictor.bias", "bias"),
         ("blocks.*.attn.q.weight", "matrix"), ("blocks.*.attn.kv.weight", "matrix"),
         ("blocks.*.attn.out.weight", "matrix"), ("mtp.*.weight", "matrix"),
+        ("blocks.*.ssm.in_proj.weight", "matrix"), ("blocks.*.ssm.out_proj.weight", "matrix"),
+        ("blocks.*.ssm.norm", "norm"), ("blocks.*.ssm.conv.*", "kernel"),
+        ("blocks.*.ssm.A_log", "kernel"), ("blocks.*.ssm.D", "kernel"),
+        ("blocks.*.ssm.dt_bias", "kernel"),
         ("blocks.*.experts.w_gate", "experts"), ("blocks.*.experts.w_up", "experts"),
         ("blocks.*.experts.w_down", "experts"),
     )
@@ -193,8 +240,8 @@ class MoE(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(
-            DepthRouted(cfg) if cfg.mod_capacity is not None and i % 2 else Block(cfg)
-            for i in range(cfg.n_layers))
+            DepthRouted(cfg, mixer) if cfg.mod_capacity is not None and i % 2 else
+            Block(cfg, mixer) for i, mixer in enumerate(cfg.mixers))
         self.norm_f = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.mtp = nn.ModuleList(nn.Linear(cfg.d_model, cfg.d_model, bias=False)
@@ -205,7 +252,8 @@ class MoE(nn.Module):
                 nn.init.normal_(m.weight, std=std)
         for block in self.blocks:  # scaled residual init on each branch's last projection
             block = block.block if isinstance(block, DepthRouted) else block
-            nn.init.normal_(block.attn.out.weight, std=deep)
+            out = block.attn.out if hasattr(block, "attn") else block.ssm.out_proj
+            nn.init.normal_(out.weight, std=deep)
             nn.init.normal_(block.experts.w_gate, std=std)
             nn.init.normal_(block.experts.w_up, std=std)
             nn.init.normal_(block.experts.w_down, std=deep)
@@ -282,8 +330,14 @@ class MoE(nn.Module):
         return self.num_params() - c.n_layers * (c.n_experts - c.top_k) * expert
 
     def flops_per_token(self, seq: int) -> float:
-        """6 x active parameters + 12 * layers * d * seq for attention (nominal)."""
-        return 6 * self.active_params() + 12 * self.cfg.n_layers * self.cfg.d_model * seq
+        """6 x active parameters + 12 * d * seq per attention layer (nominal) + 3x the forward
+        FLOPs of each Mamba layer's scan (archs/mamba.py)."""
+        mixers = self.cfg.mixers
+        scan = sum(b.mixer.scan_flops(seq) for b in
+                   (blk.block if isinstance(blk, DepthRouted) else blk for blk in self.blocks)
+                   if isinstance(b.mixer, MambaMixer))
+        return (6 * self.active_params() + 12 * mixers.count("A") * self.cfg.d_model * seq
+                + 3 * scan)
 
 
 def mtp_targets(input_ids: torch.Tensor, doc_starts: torch.Tensor | None, j: int) -> torch.Tensor:
@@ -313,4 +367,11 @@ PRESETS = {
                      top_k=2, d_expert=1664),
     "moe-5b": dict(d_model=2048, n_layers=24, n_heads=16, n_kv_heads=4, n_experts=16,
                    top_k=2, d_expert=1920),
+    # Hybrids: Mamba layers with attention on every 4th (the 5B design: GQA, MoE, Mamba; add
+    # --model-arg mod_capacity=0.5 for its Mixture-of-Depths); experts narrowed to stay at 5B
+    "hybrid-tiny": dict(vocab_size=512, d_model=64, n_layers=4, n_heads=4, n_kv_heads=2,
+                        n_experts=4, top_k=2, d_expert=128, max_seq=256, layers="MA",
+                        ssm_state=16, ssm_head_dim=16, ssm_chunk=16),
+    "hybrid-5b": dict(d_model=2048, n_layers=24, n_heads=16, n_kv_heads=4, n_experts=16,
+                      top_k=2, d_expert=1792, attention_every=4),
 }

@@ -8,7 +8,7 @@ import torch
 import archs
 from archs.layers import attention, chunked_cross_entropy, positions, segment_ids
 
-FAMILY_TINY = ["neox-tiny", "resonance-tiny", "moe-tiny", "mamba-tiny"]
+FAMILY_TINY = ["neox-tiny", "resonance-tiny", "moe-tiny", "mamba-tiny", "hybrid-tiny"]
 
 
 def neox_params(V, d, L, f):

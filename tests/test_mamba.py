@@ -94,3 +94,47 @@ def test_the_mixer_refuses_widths_that_do_not_split():
     with pytest.raises(ValueError, match="do not split into n_groups"):
         archs.build("mamba-tiny", n_groups=3)
     assert isinstance(archs.build("mamba-tiny").blocks[0].mixer, MambaMixer)
+
+
+@pytest.mark.parametrize("args", [{}, {"mod_capacity": 0.5, "n_pred_tokens": 2},
+                                  {"layers": None, "attention_every": 3, "n_layers": 6}])
+def test_a_hybrid_decodes_with_its_caches_and_keeps_documents_apart(args):
+    torch.manual_seed(0)
+    model = archs.build("hybrid-tiny", vocab_size=300, **args).eval()
+    for block in model.blocks:  # a predictor that sends about half the tokens through
+        if hasattr(block, "predictor"):
+            torch.nn.init.normal_(block.predictor.weight, std=1.0)
+    kinds = [type((b.block if hasattr(b, "block") else b).mixer).__name__ for b in model.blocks]
+    assert kinds == ["MambaMixer" if c == "M" else "Attention" for c in model.cfg.mixers]
+    assert "MambaMixer" in kinds and "Attention" in kinds
+    ids = torch.randint(0, 300, (1, 30))
+    cache = model.new_cache()
+    with torch.no_grad():
+        full = model(ids)
+        got = torch.cat([model.decode(ids[:, :9], cache)]
+                        + [model.decode(ids[:, t:t + 1], cache) for t in range(9, 30)], 1)
+        assert (got - full).abs().max() < 1e-5
+        docs = [torch.randint(0, 300, (n,)) for n in (7, 20, 3)]
+        packed = model(torch.cat(docs)[None], doc_starts=torch.tensor([[0, 7, 27]]))[0]
+        alone = torch.cat([model(d[None])[0] for d in docs])
+    assert (packed - alone).abs().max() < 1e-5
+
+
+def test_hybrid_layer_patterns_and_the_5b_design():
+    cfg = archs.config("moe", n_layers=8, attention_every=4)
+    assert cfg.mixers == "MMMAMMMA"
+    assert archs.config("moe", n_layers=6, layers="MMA").mixers == "MMAMMA"
+    assert archs.config("moe", n_layers=3).mixers == "AAA"  # attention throughout by default
+    for bad, says in [({"layers": "MX"}, "one letter per layer"),
+                      ({"layers": "MMA", "n_layers": 4}, "must divide n_layers"),
+                      ({"layers": "MA", "attention_every": 2}, "not both")]:
+        with pytest.raises(ValueError, match=says):
+            archs.config("moe", **bad)
+    listed = {m["name"]: m for m in archs.list_models()}
+    big = listed["hybrid-5b"]
+    assert 4.8e9 < big["params"] < 5.2e9 and big["active_params"] < 0.3 * big["params"]
+    model = archs.build("hybrid-5b", device="meta")
+    scan = sum(b.mixer.scan_flops(2048) for b in model.blocks if b.mixer.__class__.__name__ ==
+               "MambaMixer")
+    assert model.flops_per_token(2048) == (6 * model.active_params() + 12 * 6 * 2048 * 2048
+                                           + 3 * scan)  # 6 attention layers of 24

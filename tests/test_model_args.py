@@ -47,9 +47,10 @@ def test_moe_with_multi_token_heads_and_mixture_of_depths_trains_and_exports(tmp
            "-> 2)" in more.output
 
 
-def test_resonance_trains_end_to_end(tmp_path, shards):
+@pytest.mark.parametrize("model", ["resonance-tiny", "mamba-tiny", "hybrid-tiny"])
+def test_the_other_families_train_end_to_end(tmp_path, shards, model):
     run = tmp_path / "res"
-    result = CliRunner().invoke(train_cli, args(shards, run, "resonance-tiny"))
+    result = CliRunner().invoke(train_cli, args(shards, run, model))
     assert result.exit_code == 0, result.output
     assert len(losses(run)) == 2
 

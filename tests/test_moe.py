@@ -15,11 +15,16 @@ STARTS = torch.tensor([[0, 5, 17, -1], [0, 11, -1, -1]])  # documents of two 24-
 
 
 def moe_params(c):
-    hd = c.d_model // c.n_heads
-    per_layer = (2 * c.d_model * c.d_model + 2 * c.n_kv_heads * hd * c.d_model + 2 * c.d_model
-                 + c.d_model * c.n_experts + 3 * c.n_experts * c.d_model * c.d_expert)
-    return (c.n_layers * per_layer + 2 * c.vocab_size * c.d_model + c.d_model
-            + (c.n_pred_tokens - 1) * c.d_model * c.d_model)
+    d, hd = c.d_model, c.d_model // c.n_heads
+    attention = 2 * d * d + 2 * c.n_kv_heads * hd * d
+    inner = c.ssm_expand * d  # a hybrid's Mamba layer, from Mamba-2's layout
+    heads, conv = inner // c.ssm_head_dim, inner + 2 * c.ssm_groups * c.ssm_state
+    mamba = (d * (inner + conv + heads) + (c.ssm_conv + 1) * conv + 3 * heads + inner
+             + inner * d)
+    per_layer = 2 * d + d * c.n_experts + 3 * c.n_experts * d * c.d_expert
+    mixers = sum(attention if m == "A" else mamba for m in c.mixers)
+    return (c.n_layers * per_layer + mixers + 2 * c.vocab_size * d + d
+            + (c.n_pred_tokens - 1) * d * d)
 
 
 @pytest.mark.parametrize("name", list(archs.moe.PRESETS))

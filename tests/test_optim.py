@@ -38,6 +38,10 @@ EXPECTED_ROLES = {
         r"blocks\.\d+((\.block)?\.experts)?\.router\.weight": "router",
         r"blocks\.\d+\.predictor\.weight": "router",
         r"blocks\.\d+\.predictor\.bias": "bias",
+        # hybrids' Mamba layers
+        r"blocks\.\d+(\.block)?\.ssm\.(in_proj|out_proj)\.weight": "matrix",
+        r"blocks\.\d+(\.block)?\.ssm\.norm": "norm",
+        r"blocks\.\d+(\.block)?\.ssm\.(conv\.(weight|bias)|A_log|D|dt_bias)": "kernel",
     },
     "mamba": {
         r"embed\.weight": "embedding",  # tied: the head is the same parameter
@@ -52,7 +56,8 @@ TREATMENT = {"matrix": (True, "Muon"), "experts": (True, "Muon"), "head": (True,
              "router": (False, "AdamW"), "kernel": (False, "AdamW")}
 # MoE with every optional part: Mixture-of-Depths blocks and multi-token heads.
 MODELS = [*((name, {}) for name in archs.PRESETS),
-          ("moe-tiny", {"mod_capacity": 0.5, "n_layers": 4, "n_pred_tokens": 3})]
+          ("moe-tiny", {"mod_capacity": 0.5, "n_layers": 4, "n_pred_tokens": 3}),
+          ("hybrid-tiny", {"mod_capacity": 0.5})]
 
 
 def expected_role(family: str, name: str) -> str:
@@ -66,7 +71,7 @@ def train_config(optimizer: str, **kw) -> TrainConfig:
     return TrainConfig(shards="unused", optimizer=optimizer, lr=0.02, weight_decay=0.1, **kw)
 
 
-@pytest.mark.parametrize("name, overrides", MODELS, ids=[m[0] + ("+mod+mtp" if m[1] else "")
+@pytest.mark.parametrize("name, overrides", MODELS, ids=[m[0] + ("+options" if m[1] else "")
                                                          for m in MODELS])
 def test_every_parameter_has_its_role(name, overrides):
     model = archs.build(name, device="meta", **overrides)
@@ -77,7 +82,7 @@ def test_every_parameter_has_its_role(name, overrides):
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-@pytest.mark.parametrize("name, overrides", MODELS, ids=[m[0] + ("+mod+mtp" if m[1] else "")
+@pytest.mark.parametrize("name, overrides", MODELS, ids=[m[0] + ("+options" if m[1] else "")
                                                          for m in MODELS])
 def test_optimizer_groups_follow_the_roles(name, overrides, optimizer):
     """Every parameter in exactly one group, with the decay and optimizer of its role."""

@@ -43,7 +43,8 @@ def own_models() -> list[dict]:
 def test_tiny_presets_are_sized_at_their_own_512_and_others_at_gpt2s_vocabulary(own_models):
     own = {m["name"]: m for m in own_models}
     assert {n: m["vocab_size"] for n, m in own.items() if n.endswith("-tiny")} == {
-        "neox-tiny": 512, "moe-tiny": 512, "resonance-tiny": 512, "mamba-tiny": 512}
+        "neox-tiny": 512, "moe-tiny": 512, "resonance-tiny": 512, "mamba-tiny": 512,
+        "hybrid-tiny": 512}
     assert all(m["vocab_size"] == 50257 for n, m in own.items() if not n.endswith("-tiny"))
     at_gpt2 = {m["name"]: m for m in archs.list_models(vocab_size=50257)}
     assert at_gpt2["neox-tiny"]["params"] == built_sizes("neox-tiny", 50257)["params"] == 6_532_992
