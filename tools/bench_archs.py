@@ -7,6 +7,9 @@ CPU (what this 2-core machine can show):
      loss, backward), best of --repeat;
   2. resonance scaling: d 64, 2 layers, seq 4k -> 64k: seconds per step divided by L log2 L
      should stay flat if the time grows as L log L (printed as a ratio to the 4k figure);
+  2b. Mamba against gpt-neox at equal width and depth (d 128, 2 layers, vocab 512, batch 1,
+     fp32) at 2k -> 32k (--scan-seqs): tokens/s of a training step, rounds alternating, and the
+     first length where Mamba's linear scan passes attention's quadratic cost (--only-scan);
   3. against a nanoGPT-shaped GPT written below (learned positions, pre-LN, fused qkv, GELU MLP,
      tied head; the shape of nanoGPT's model.py, written here): 6 layers, d 384, 6 heads, FFN 1536,
      vocab 50257, batch 4 x 1024, a whole AdamW step, fp32 and bf16 autocast; each zoo family at
@@ -23,6 +26,7 @@ its figures and exits 0: a measuring tool, not a test.
 
     .venv/bin/python tools/bench_archs.py [--repeat 3] [--rounds 3] [--cpu-only] [--only-nano]
                                           [--families gpt-neox,moe,resonance] [--dtypes fp32,bf16]
+                                          [--only-scan] [--scan-seqs 2048,4096,8192,16384,32768]
                                           [--peak-tflops 989]
 """
 
@@ -71,7 +75,8 @@ def cpu_section(repeat: int):
     shapes = {"gpt-neox": dict(d_model=256, n_layers=4, n_heads=4, d_ff=1024),
               "moe": dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, n_experts=4,
                           top_k=2, d_expert=512),
-              "resonance": dict(d_model=256, n_layers=4, num_frequencies=64)}
+              "resonance": dict(d_model=256, n_layers=4, num_frequencies=64),
+              "mamba": dict(d_model=256, n_layers=4)}
     print(f"  {'model':<12}{'params':>12}" + "".join(f"{'seq ' + str(s):>12}"
                                                      for s in (1024, 2048, 4096)))
     for family, shape in shapes.items():
@@ -91,6 +96,40 @@ def cpu_section(repeat: int):
         base = base or per
         print(f"  seq {seq:>6}: {t:7.3f} s/step, {seq / t:>9,.0f} tokens/s, "
               f"time/(L log L) x{per / base:.2f}")
+
+
+SCAN_SHAPES = {"gpt-neox": dict(d_model=128, n_layers=2, n_heads=2, d_ff=512, vocab_size=512),
+               "mamba": dict(d_model=128, n_layers=2, vocab_size=512)}
+
+
+def scan_section(repeat: int, rounds: int, seqs: list[int]):
+    """Mamba vs gpt-neox at equal width and depth as the row grows: each length's steps
+    alternate between the two models for `rounds` rounds (best step each); printed as
+    measured, then the first length where Mamba is the faster."""
+    cpu = torch.device("cpu")
+    print(f"\n== CPU ({torch.get_num_threads()} threads), Mamba vs gpt-neox, d 128, 2 layers, "
+          f"vocab 512, batch 1, fp32: tokens/s of a training step (best of {repeat} steps x "
+          f"{rounds} alternating rounds)", flush=True)
+    models = {}
+    for family, shape in SCAN_SHAPES.items():
+        torch.manual_seed(0)
+        models[family] = archs.build(family, **{**shape, "max_seq": max(seqs)})
+        print(f"  {family:<10}{models[family].num_params():>10,} params", flush=True)
+    crossed = None
+    for seq in seqs:
+        best = dict.fromkeys(models, math.inf)
+        for _ in range(rounds):
+            for family, model in models.items():
+                best[family] = min(best[family], step_time(model, 1, seq, cpu, None, repeat,
+                                                           False))
+        rates = {f: seq / t for f, t in best.items()}
+        ratio = rates["mamba"] / rates["gpt-neox"]
+        print(f"  seq {seq:>6}: gpt-neox {rates['gpt-neox']:>9,.0f} tokens/s, mamba "
+              f"{rates['mamba']:>9,.0f} tokens/s, mamba/neox {ratio:5.2f}x", flush=True)
+        if crossed is None and ratio >= 1:
+            crossed = seq
+    print("  crossing: " + (f"mamba is faster from seq {crossed}" if crossed else
+                            f"mamba is not faster up to seq {seqs[-1]}"))
 
 
 class NanoBlock(nn.Module):
@@ -224,12 +263,14 @@ def gpu_section(repeat: int, peak_tflops: float, doc_len: int):
           f"{peak_tflops} TFLOP/s")
     cases = [("neox-350m", 8, 2048, None), ("neox-1.2b", 1, 32768, doc_len),
              ("neox-1.2b", 1, 32768, None),
-             ("resonance", 1, 32768, None)]
+             ("resonance", 1, 32768, None), ("mamba", 1, 32768, None)]
     for name, batch, seq, docs in cases:
         torch.manual_seed(0)
         overrides = {}
         if name == "resonance":  # the same width and depth as neox-1.2b
             overrides = dict(d_model=2048, n_layers=24, num_frequencies=256)
+        if name == "mamba":
+            overrides = dict(d_model=2048, n_layers=24)
         model = archs.build(name, device=dev, **overrides)
         model = torch.compile(model)
         raw = model._orig_mod
@@ -250,6 +291,9 @@ def main():
     ap.add_argument("--cpu-only", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds, nanoGPT section")
     ap.add_argument("--only-nano", action="store_true", help="only the nanoGPT comparison")
+    ap.add_argument("--only-scan", action="store_true", help="only Mamba vs gpt-neox by length")
+    ap.add_argument("--scan-seqs", default="2048,4096,8192,16384,32768",
+                    help="row lengths of the Mamba vs gpt-neox comparison")
     ap.add_argument("--families", default=",".join(FAMILIES_AT_NANO),
                     help="comma-separated zoo families of the nanoGPT comparison")
     ap.add_argument("--dtypes", default="fp32,bf16",
@@ -265,10 +309,15 @@ def main():
             ap.error(f"{flag}: choose from {', '.join(choices)} (got {','.join(value)})")
     if args.repeat < 1 or args.rounds < 1:
         ap.error("--repeat and --rounds must be at least 1")
+    seqs = [int(s) for s in args.scan_seqs.split(",")]
     if args.only_nano:
         nano_section(args.repeat, args.rounds, families, dtypes)
         return
+    if args.only_scan:
+        scan_section(args.repeat, args.rounds, seqs)
+        return
     cpu_section(args.repeat)
+    scan_section(args.repeat, args.rounds, seqs)
     nano_section(args.repeat, args.rounds, families, dtypes)
     if torch.cuda.is_available() and not args.cpu_only:
         gpu_section(args.repeat, args.peak_tflops, args.doc_len)
