@@ -99,12 +99,15 @@ def ssd_chunked(x, dt, A, B, C, seg=None, chunk: int = 64, state=None):
     local = (dtx * to_end[..., None]).transpose(-1, -2) @ B.permute(0, 1, 3, 2, 4)[:, :, :, None]
     # (b, c, G, R, P, N); across chunks: the recurrence, one step per chunk
     h = x.new_zeros(b, G, R, P, N) if state is None else state
-    chunk_decay = torch.exp(S_t[..., -1])  # (b, c, G, R)
+    keep = torch.exp(S_t[..., -1])  # (b, c, G, R): how much of the carried state survives
+    if carried is not None:
+        keep = keep * carried[:, :, -1, None, None]
     starts = []
-    for k in range(c):
+    # unbind, not local[:, k]: each indexing's backward would write a whole zero gradient
+    # (quadratic in the chunks); unbind's stacks them once
+    for own, kept in zip(local.unbind(1), keep.unbind(1)):
         starts.append(h)
-        keep = chunk_decay[:, k] if seg is None else chunk_decay[:, k] * carried[:, k, -1, None, None]
-        h = local[:, k] + keep[..., None, None] * h
+        h = own + kept[..., None, None] * h
     h_in = torch.stack(starts, 1)  # (b, c, G, R, P, N): the state each chunk starts from
     # the carried state's part of each output: exp(S_t) C_t h_in
     from_state = C.permute(0, 1, 3, 2, 4)[:, :, :, None] @ h_in.transpose(-1, -2)  # (.., Q, P)
