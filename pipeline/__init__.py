@@ -28,8 +28,8 @@ An --out URL (s3://, gs://, ...): remote_build.py stages the build in a local fo
 uploader.py sends each finished shard up in the background, the manifest last; every URL of
 longpack (inputs, outputs, the trainer's checkpoints) goes through storage.py (fsspec).
 `pack stats` reads builds back through the same format classes: shards.py, stats.py,
-stats_report.py, stats_files.py, recommend.py. docs/FORMAT.md is the single source of truth
-for the on-disk format.
+stats_report.py, stats_files.py, recommend.py (several builds: stats_mix.py). docs/FORMAT.md is
+the single source of truth for the on-disk format.
 
 What the rest of longpack (the trainer) uses of the data stage is the names below, and only
 those: `from pipeline import DataError, get_format, ...`. They load on first use, so that
@@ -52,7 +52,7 @@ _API = {  # name -> the module that defines it
     "staging_folder": "storage", "redact": "storage", "refuse_unwritable": "storage",
     "load_tokenizer": "tokenizer",  # the build's tokenizer (zoo: export, generate)
     "parse_mixture": "mixture", "natural_weights": "mixture",  # train on several builds
-    "source_name": "mixture",
+    "source_name": "mixture", "REPEAT_WARNING_EPOCHS": "mixture",  # repeats worth less past it
 }
 __all__ = sorted(_API)
 

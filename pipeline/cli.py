@@ -153,7 +153,7 @@ def import_(src, out, seq, dtype, eos_id, tokenizer, fmt, shard_bytes, overwrite
 
 
 @pack.command()
-@click.argument("path")
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
 @click.option("--verify", is_flag=True, help="Also check checksums, token ids, document starts and "
                    "continued documents' hashes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/STATS.md).")
@@ -168,23 +168,64 @@ def import_(src, out, seq, dtype, eos_id, tokenizer, fmt, shard_bytes, overwrite
               help="Training budget in tokens, for epochs and time.")
 @click.option("--eos-id", type=int, default=None,
               help="EOS id for data without a manifest (plain .npy or other tools' MDS).")
-def stats(path, verify, as_json, decode, split, plot, throughput, budget, eos_id):
-    """Validate a build and report what it holds and what it will train."""
+@click.option("--mix", default=None, metavar="NAME=WEIGHT,...",
+              help="Several builds: each one's share of the mixture, as train --mix takes them "
+              "(PATH may be NAME=PATH; a bare path is named by its folder) [each in proportion "
+              "to its train rows].")
+def stats(paths, verify, as_json, decode, split, plot, throughput, budget, eos_id, mix):
+    """Validate a build and report what it holds and what it will train; given several builds,
+    also what their mixture gives."""
     import json
 
     from pipeline import stats_report
 
+    if len(paths) > 1:
+        return _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id, mix)
+    if mix is not None:
+        raise click.UsageError("--mix needs two or more builds: pack stats web=./fw "
+                               "code=./code --mix web=0.7,code=0.3")
     try:
         if decode is not None:
-            click.echo(stats_report.decode_row(path, split, decode, eos_id))
+            click.echo(stats_report.decode_row(paths[0], split, decode, eos_id))
             return
-        report = stats_report.collect(path, verify, throughput, budget, eos_id)
+        report = stats_report.collect(paths[0], verify, throughput, budget, eos_id)
         if plot is not None:
             stats_report.plot(report, plot)
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
     click.echo(json.dumps(report, indent=2) if as_json else stats_report.render(report))
     if not report["checks"]["ok"]:
+        sys.exit(1)
+
+
+def _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id, mix):
+    """`pack stats A B [--mix ...]`: each build's report, then the mixture's (stats_mix.py)."""
+    import json
+
+    from pipeline import stats_mix, stats_report
+    from pipeline.errors import SettingsError
+    from pipeline.mixture import parse_sources, parse_weights
+
+    for flag, used in (("--decode", decode is not None), ("--plot", plot is not None)):
+        if used:
+            raise click.UsageError(f"{flag} reads one build: give one PATH")
+    try:
+        sources = parse_sources(paths)
+        names = [n for n, _ in sources]
+        weights = parse_weights(mix, names) if mix is not None else None
+    except SettingsError as e:  # mixture.py words them for train's --shards; here: the PATHs
+        raise click.UsageError(str(e).replace("--shards", "pack stats")) from None
+    try:
+        reports = stats_mix.collect_all(sources, verify, throughput, budget, eos_id)
+        mixture = stats_mix.mixture(names, reports, weights, budget, throughput)
+    except LongpackError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps({"builds": dict(zip(names, reports)), "mixture": mixture},
+                              indent=2))
+    else:
+        click.echo("\n\n".join([*map(stats_report.render, reports), stats_mix.render(mixture)]))
+    if not all(r["checks"]["ok"] for r in reports):
         sys.exit(1)
 
 

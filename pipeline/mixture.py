@@ -19,6 +19,11 @@ from dataclasses import dataclass
 
 from pipeline.errors import SettingsError
 
+# More epochs of a source than this gets a warning (`pack stats --mix --budget`, `train
+# --dry-run`): up to about 4 repeats cost little against fresh data, beyond that the value of
+# repeated tokens falls off fast (Muennighoff et al. 2023, "Scaling Data-Constrained Language
+# Models").
+REPEAT_WARNING_EPOCHS = 4
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
 START = re.compile(r"(?P<number>\d+(\.\d*)?(e\d+)?)(?P<unit>tok|%)?", re.IGNORECASE)
 

@@ -265,14 +265,7 @@ def render(r: dict) -> str:
     for note in c["not_checked"]:
         lines.append(f"    not checked: {note}")
     rec = r["recommendations"]
-    presets = ", ".join(f"{p['name']} ({_human(p['params'])}" + (
-        f", {_human(p['active_params'])} active)" if p["active_params"] != p["params"] else ")")
-        for p in rec["presets"]) or "none in archs/ within 0.5x-2x"
-    vocab = (f"at vocab {rec['vocab_size']:,}" if rec["vocab_size"] is not None
-             else "each at its own vocab (no manifest)")
-    lines.append("  recommend".ljust(24) + f"{_human(rec['compute_optimal_params'])} parameters"
-                 f" is compute-optimal for {_human(rec['train_tokens'])} train tokens "
-                 f"({rec['tokens_per_param']} tokens/param); presets near it, {vocab}: {presets}")
+    lines.append(recommend_line(rec))
     if "epochs_for_budget" in rec and rec["epochs_for_budget"] is not None:
         lines.append(f"{'':24}a {_human(rec['budget_tokens'])}-token budget is "
                      f"{rec['epochs_for_budget']:.2f} epochs over train")
@@ -282,6 +275,19 @@ def render(r: dict) -> str:
         lines.append(f"{'':24}at {_human(rec['throughput_tokens_per_second'])} tokens/s one "
                      f"epoch takes {_duration(rec['epoch_seconds'])}{more}")
     return "\n".join(lines)
+
+
+def recommend_line(rec: dict, tokens: str = "train tokens") -> str:
+    """The compute-optimal size for `rec["train_tokens"]` (what they are: `tokens`) and the
+    presets near it (also the mixture's line, stats_mix.py)."""
+    presets = ", ".join(f"{p['name']} ({_human(p['params'])}" + (
+        f", {_human(p['active_params'])} active)" if p["active_params"] != p["params"] else ")")
+        for p in rec["presets"]) or "none in archs/ within 0.5x-2x"
+    vocab = (f"at vocab {rec['vocab_size']:,}" if rec["vocab_size"] is not None
+             else "each at its own vocab (no manifest)")
+    return ("  recommend".ljust(24) + f"{_human(rec['compute_optimal_params'])} parameters is "
+            f"compute-optimal for {_human(rec['train_tokens'])} {tokens} "
+            f"({rec['tokens_per_param']} tokens/param); presets near it, {vocab}: {presets}")
 
 
 def find_row(path, split: str, row: int, eos_id):

@@ -29,6 +29,7 @@ import torch
 
 import archs
 from archs.layers import LOGITS_BUDGET_BYTES
+from pipeline import REPEAT_WARNING_EPOCHS
 from training import distributed
 from training.batch import make_batch
 from training.config import TrainConfig
@@ -41,10 +42,6 @@ PROBE_STEPS = 2  # timed, after one warm-up
 CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
 MIN_PROBE_TOKENS = 16
 CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy (its default)
-# More epochs of a source than this gets a warning: up to about 4 repeats cost little against
-# fresh data, beyond that the value of repeated tokens falls off fast (Muennighoff et al. 2023,
-# "Scaling Data-Constrained Language Models").
-REPEAT_WARNING_EPOCHS = 4
 
 
 def plan(cfg: TrainConfig, say=print) -> dict:
