@@ -210,11 +210,11 @@ def _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id,
         if used:
             raise click.UsageError(f"{flag} reads one build: give one PATH")
     try:
-        sources = parse_sources(paths)
+        sources = parse_sources(paths, "pack stats")
         names = [n for n, _ in sources]
         weights = parse_weights(mix, names) if mix is not None else None
-    except SettingsError as e:  # mixture.py words them for train's --shards; here: the PATHs
-        raise click.UsageError(str(e).replace("--shards", "pack stats")) from None
+    except SettingsError as e:
+        raise click.UsageError(str(e)) from None
     try:
         reports = stats_mix.collect_all(sources, verify, throughput, budget, eos_id)
         mixture = stats_mix.mixture(names, reports, weights, budget, throughput)

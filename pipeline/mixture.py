@@ -33,24 +33,25 @@ def source_name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1].split("://")[-1] or path
 
 
-def parse_sources(values) -> list[tuple[str, str]]:
-    """(name, path) of each --shards value, NAME=PATH or a bare path; names are unique."""
+def parse_sources(values, what: str = "--shards") -> list[tuple[str, str]]:
+    """(name, path) of each value of `what` (train's --shards, pack stats' PATHs), NAME=PATH
+    or a bare path; names are unique."""
     out = []
     for value in values:
         name, sep, path = value.partition("=")
         if not sep or not NAME.fullmatch(name) or "://" in name:
             name, path = source_name(value), value
         if not path:
-            raise SettingsError(f"--shards {value!r}: give NAME=PATH or a path")
+            raise SettingsError(f"{what} {value!r}: give NAME=PATH or a path")
         if not NAME.fullmatch(name):
-            raise SettingsError(f"--shards {value}: its name {name!r} has characters other than "
-                                "letters, digits, '_', '.', '-'; name it: --shards NAME=PATH")
+            raise SettingsError(f"{what} {value}: its name {name!r} has characters other than "
+                                f"letters, digits, '_', '.', '-'; name it: {what} NAME=PATH")
         if name in (n for n, _ in out):
-            raise SettingsError(f"--shards: two sources are named {name!r}; name them: "
-                                "--shards NAME=PATH")
+            raise SettingsError(f"{what}: two sources are named {name!r}; name them: "
+                                f"{what} NAME=PATH")
         out.append((name, path))
     if not out:
-        raise SettingsError("--shards: give at least one build")
+        raise SettingsError(f"{what}: give at least one build")
     return out
 
 

@@ -21,7 +21,7 @@ from pipeline.errors import DataError, LongpackError
 from pipeline.mixture import REPEAT_WARNING_EPOCHS, natural_weights
 from pipeline.recommend import recommendations
 from pipeline.stats_files import open_output
-from pipeline.stats_report import _duration, _human, collect, recommend_line
+from pipeline.stats_report import collect, human, human_duration, recommend_line
 from pipeline.storage import Store, is_url
 
 # What makes two builds' ids the same ids (the trainer compares the same: training/mixture.py).
@@ -139,10 +139,10 @@ def render(mix: dict) -> str:
     rec = mix["recommendations"]
     lines.append(recommend_line(rec, "tokens before any source repeats"))
     if "epoch_seconds" in rec:
-        more = (f", the budget {_duration(rec['budget_seconds'])}"
+        more = (f", the budget {human_duration(rec['budget_seconds'])}"
                 if "budget_seconds" in rec else "")
-        lines.append(f"{'':24}at {_human(rec['throughput_tokens_per_second'])} tokens/s they "
-                     f"take {_duration(rec['epoch_seconds'])}{more}")
+        lines.append(f"{'':24}at {human(rec['throughput_tokens_per_second'])} tokens/s they "
+                     f"take {human_duration(rec['epoch_seconds'])}{more}")
     for s in mix["sources"]:
         if s["name"] in mix["repeated"]:
             lines.append("  warning".ljust(24) + f"{s['name']} is repeated {s['epochs']:.1f} "

@@ -198,14 +198,14 @@ def _n(x, digits=2) -> str:
     return f"{x:,}"
 
 
-def _human(n: float, unit: str = "") -> str:
+def human(n: float, unit: str = "") -> str:
     for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.2f}{suffix}{unit}"
     return f"{n:.0f}{unit}"
 
 
-def _duration(seconds: float) -> str:
+def human_duration(seconds: float) -> str:
     h, rest = divmod(int(seconds), 3600)
     return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
@@ -227,7 +227,7 @@ def render(r: dict) -> str:
     lines.append(f"  {'seq / dtype':22}" + "".join(
         f"{str(cols[n].get('seq', '')) + ' ' + str(cols[n].get('dtype', '')):>16}"
         for n in r["splits"]))
-    row("bytes on disk", "bytes_on_disk", lambda x: _human(x, "B") if x is not None else "-")
+    row("bytes on disk", "bytes_on_disk", lambda x: human(x, "B") if x is not None else "-")
     row("compression ratio", "compression_ratio")
     row("bytes per token", "bytes_per_token", lambda x: _n(x, 3))
     row("tokens", "tokens")
@@ -267,26 +267,26 @@ def render(r: dict) -> str:
     rec = r["recommendations"]
     lines.append(recommend_line(rec))
     if "epochs_for_budget" in rec and rec["epochs_for_budget"] is not None:
-        lines.append(f"{'':24}a {_human(rec['budget_tokens'])}-token budget is "
+        lines.append(f"{'':24}a {human(rec['budget_tokens'])}-token budget is "
                      f"{rec['epochs_for_budget']:.2f} epochs over train")
     if "epoch_seconds" in rec:
-        more = (f", the budget {_duration(rec['budget_seconds'])}"
+        more = (f", the budget {human_duration(rec['budget_seconds'])}"
                 if "budget_seconds" in rec else "")
-        lines.append(f"{'':24}at {_human(rec['throughput_tokens_per_second'])} tokens/s one "
-                     f"epoch takes {_duration(rec['epoch_seconds'])}{more}")
+        lines.append(f"{'':24}at {human(rec['throughput_tokens_per_second'])} tokens/s one "
+                     f"epoch takes {human_duration(rec['epoch_seconds'])}{more}")
     return "\n".join(lines)
 
 
 def recommend_line(rec: dict, tokens: str = "train tokens") -> str:
     """The compute-optimal size for `rec["train_tokens"]` (what they are: `tokens`) and the
     presets near it (also the mixture's line, stats_mix.py)."""
-    presets = ", ".join(f"{p['name']} ({_human(p['params'])}" + (
-        f", {_human(p['active_params'])} active)" if p["active_params"] != p["params"] else ")")
+    presets = ", ".join(f"{p['name']} ({human(p['params'])}" + (
+        f", {human(p['active_params'])} active)" if p["active_params"] != p["params"] else ")")
         for p in rec["presets"]) or "none in archs/ within 0.5x-2x"
     vocab = (f"at vocab {rec['vocab_size']:,}" if rec["vocab_size"] is not None
              else "each at its own vocab (no manifest)")
-    return ("  recommend".ljust(24) + f"{_human(rec['compute_optimal_params'])} parameters is "
-            f"compute-optimal for {_human(rec['train_tokens'])} {tokens} "
+    return ("  recommend".ljust(24) + f"{human(rec['compute_optimal_params'])} parameters is "
+            f"compute-optimal for {human(rec['train_tokens'])} {tokens} "
             f"({rec['tokens_per_param']} tokens/param); presets near it, {vocab}: {presets}")
 
 
