@@ -33,6 +33,7 @@ import bisect
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -277,7 +278,7 @@ class Sources:
         text = json.dumps(sorted(zip(self.names, (b.fingerprint for b in self.builds))))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-    @property
+    @cached_property
     def train(self):
         return MixedRows([b.train for b in self.builds]) if self.mixed else self.builds[0].train
 
