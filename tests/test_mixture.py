@@ -59,6 +59,28 @@ def test_each_source_goes_through_every_row_once_per_epoch():
     assert order.epochs_before(50) == pytest.approx([200 / 1000, 200 / 100])
 
 
+def test_a_step_is_the_same_however_it_is_reached():
+    """Steps are drawn a block at a time: a step asked for alone, far on or at a block's edge,
+    holds what the run reaching it in turn gives, and source k's rows in it are the next ones of
+    its own order."""
+    sources, G = [(1000, FP[0]), (100, FP[1]), (37, FP[2])], 16
+    stages = [(0, np.array([0.5, 0.3, 0.2])), (1030, np.array([0.1, 0.0, 0.9]))]
+    in_turn = MixedOrder(sources, stages, G, seed=4)
+    own = [GlobalOrder(n, G, 4, fp) for n, fp in sources]
+    for step in range(1000, 1100):  # across a block's end (4096 rows) and the stage at 1030
+        rows = in_turn.step_rows(step)
+        alone = MixedOrder(sources, stages, G, seed=4)
+        assert np.array_equal(alone.step_rows(step), rows)
+        assert alone.step_hash(step) == in_turn.step_hash(step)
+        first, after = in_turn.rows_before(step), in_turn.rows_before(step + 1)
+        for k, order in enumerate(own):
+            mine = rows[source_of(in_turn, rows) == k] - in_turn.bases[k]
+            assert sorted(mine) == sorted(order.rows(first[k], after[k] - first[k]))
+    far = MixedOrder(sources, stages, G, seed=4)
+    assert np.array_equal(far.step_rows(10**7 + 3), in_turn.step_rows(10**7 + 3))
+    assert not np.array_equal(in_turn.step_rows(5), MixedOrder(sources, stages, G, 5).step_rows(5))
+
+
 def test_one_source_is_the_single_build_order():
     order = MixedOrder([(1000, FP[0])], [(0, np.array([1.0]))], 16, seed=5)
     single = GlobalOrder(1000, 16, seed=5, fingerprint=FP[0])

@@ -30,12 +30,20 @@ Rates are rows (and tokens) delivered per second of wall clock.
    its own during an untimed warm-up epoch, then timed as the others (each run opens the
    build afresh, as a training run does: manifest fetched, every cached shard checked again).
 
+5. --mix (instead of 2-4): the same documents as one build or as a mixture of two. The one
+   build is the FineWeb-Edu sample's; the mixture is of its two parquet files built apart, as
+   `train --shards a=... --shards b=... --mix a=0.5,b=0.5` draws them (training.mixture:
+   MixedOrder over MixedRows, every batch from both, shuffled). Same format, steps and batch;
+   rates in rows per second. (Same documents on both sides: what it costs to turn a row into a
+   batch depends on the documents in it, e.g. how many start there.)
+
 Targets: memmap loader >= 0.8 x raw; MDS loader >= 1.0 x plain StreamingDataset; --remote: the
-loader from S3 >= 0.8 x the loader from the local folder once the cache is warm. It prints a
+loader from S3 >= 0.8 x the loader from the local folder once the cache is warm; --mix: the
+loader over the mixture >= 0.95 x over the one build, per format. It prints a
 table with PASS/FAIL and exits 0 whatever the figures are: a measuring tool, not a test.
 
     .venv/bin/python tools/bench_loader.py [--work DIR] [--seq 2048] [--batch 8] [--workers 2]
-                                           [--epochs 20] [--repeat 3] [--remote]
+                                           [--epochs 20] [--repeat 3] [--remote | --mix]
 """
 
 import argparse
@@ -50,6 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_common import (  # noqa: E402
+    SHARED,
     CpuWatch,
     build_shared_corpus,
     describe_checkout,
@@ -124,12 +133,96 @@ def main():
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--remote", action="store_true", help="also the loader from an S3 server")
+    ap.add_argument("--mix", action="store_true",
+                    help="the loader over a mixture of two builds vs one build of them all")
     args = ap.parse_args()
     work, _ = work_dir(args.work, "bench_loader.")
+    if args.mix:
+        return measure_mix(args, work)
     with contextlib.ExitStack() as stack:
         if args.remote:
             os.environ.update(stack.enter_context(s3_server()))
         measure(args, work)
+
+
+MIX = {"a": 0.5, "b": 0.5}  # the sources: the FineWeb-Edu sample's parquet files
+
+
+def build_sources(work: Path, seq: int, fmt: str) -> dict[str, Path]:
+    """The mixture's builds (kept in `work` and reused): each FineWeb-Edu parquet file apart,
+    tokenized as build_shared_corpus's."""
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    parquet = sorted((SHARED / "data/fineweb-edu-sample").glob("*.parquet"))
+    outs = {}
+    for name, path in zip(MIX, parquet):
+        out = work / f"{fmt}-{seq}-{name}"
+        if not (out / "manifest.json").exists():
+            build(BuildConfig(out=str(out), dataset="fineweb-edu", inputs=(str(path),),
+                              tokenizer=str(SHARED / "tokenizers/gpt2.tiktoken"), seq=seq,
+                              val_fraction=0.0, format=fmt), show_progress=False)
+        outs[name] = out
+    return outs
+
+
+def measure_mix(args, work: Path) -> None:
+    from training.data import open_build
+    from training.mixture import MixedOrder, MixedRows
+
+    single = build_shared_corpus(work, args.seq)
+    runs, rows_of, ratios = {}, {}, {}
+    for fmt in ("memmap", "mds"):
+        sources = build_sources(work, args.seq, fmt)
+        cache = work / f"cache-mix-{fmt}"
+
+        def open_one(fmt=fmt, cache=cache):
+            return open_build(str(single[fmt]), cache, "100gb").train
+
+        def open_mix(sources=sources, cache=cache):
+            return MixedRows([open_build(str(p), cache, "100gb").train
+                              for p in sources.values()])
+        one = open_build(str(single[fmt]), cache, "100gb")
+        parts = [open_build(str(p), cache, "100gb") for p in sources.values()]
+        n = len(one.train)
+        steps = args.epochs * n // args.batch
+        # what the trainer's make_order gives: one source, or the two at MIX
+        one_order = MixedOrder([(n, one.fingerprint)], [(0, np.ones(1))], args.batch, 0)
+        mix_order = MixedOrder([(len(b.train), b.fingerprint) for b in parts],
+                               [(0, np.array([MIX[k] for k in sources]))], args.batch, 0)
+        runs[f"{fmt} one build"] = our_loader(open_one, one_order, steps, args.batch,
+                                              args.workers)
+        runs[f"{fmt} mixture"] = our_loader(open_mix, mix_order, steps, args.batch,
+                                            args.workers)
+        rows_of[fmt] = (n, sum(len(b.train) for b in parts))
+        # warm-up (untimed), an epoch of each build: pages in, MDS shards decompressed
+        for b in [one, *parts]:
+            once = MixedOrder([(len(b.train), b.fingerprint)], [(0, np.ones(1))], args.batch, 0)
+            our_loader(lambda b=b: b.train, once, len(b.train) // args.batch + 1, args.batch, 0)()
+    best = {}
+    for r in range(args.repeat):
+        names = list(runs)
+        names = names[r % len(names):] + names[:r % len(names)]  # rotate the order each round
+        for name in names:
+            seconds, rows, others = timed(runs[name])
+            print(f"  round {r + 1} {name:<16} {rows / seconds:>10,.0f} rows/s "
+                  f"({seconds:.2f} s, {rows} rows; others {others:.2f} cores)", flush=True)
+            best[name] = max(best.get(name, 0.0), rows / seconds)
+    print(f"\nbench_loader --mix: batch {args.batch}, {args.workers} workers, "
+          f"{args.epochs} epochs of the single build, rows of {args.seq}, best of "
+          f"{args.repeat}; mixture {', '.join(f'{k}={w}' for k, w in MIX.items())}; "
+          f"checkout {describe_checkout()}")
+    print(f"{'reader':<18}{'rows':>8}{'rows/s':>12}{'tokens/s':>16}")
+    for name, rate in best.items():
+        fmt = name.split()[0]
+        rows = rows_of[fmt][0 if name.endswith("one build") else 1]
+        print(f"{name:<18}{rows:>8}{rate:>12,.0f}{rate * args.seq:>16,.0f}")
+    print()
+    for fmt in ("memmap", "mds"):
+        ratios[fmt] = best[f"{fmt} mixture"] / best[f"{fmt} one build"]
+        print(f"{fmt} loader, mixture / one build   {ratios[fmt]:.2f}  (target >= 0.95)  "
+              f"{verdict(ratios[fmt] >= 0.95)}")
+    print(f"work dir: {work}")
 
 
 def upload(out: Path, url: str) -> None:

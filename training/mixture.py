@@ -19,8 +19,10 @@ nothing but the stages.
 
 Source k's rows come from its own endless order of epoch permutations (sampler.GlobalOrder,
 seeded by its build's fingerprint): the step takes the next count_k of them. A step drawing from
-two or more sources shuffles its rows (seeded by the run's seed and the step), so every process
-and micro-batch gets the mixture, not a block of one source. Epochs of a source are its rows
+two or more sources shuffles its rows (by sorting a key per position, a hash of the run's seed,
+the step and the position), so every process and micro-batch gets the mixture, not a block of
+one source. Steps are drawn a block at a time, vectorized (a loader asks for every step in
+turn); what a step holds does not depend on the block it was drawn in. Epochs of a source are its rows
 drawn over its train rows; `max_epochs` cuts the run at the last step before a source would
 pass it.
 
@@ -99,6 +101,12 @@ class MixedOrder:
         # a 64-bit code per build for step hashes
         self._codes = np.array([int(fp[:16], 16) - (1 << 63) for fp in self.fingerprints],
                                np.int64)
+        digest = hashlib.sha256(f"mix:{seed}".encode()).digest()
+        self._seed_key = np.uint64(int.from_bytes(digest[:8], "little"))
+        # steps are drawn a block at a time (the loader asks for them in turn, each micro-batch
+        # and the step's hash again): about 64k rows a block, the last two blocks kept
+        self._block_steps = max(1, min(1024, (1 << 16) // global_batch))
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def stage_at(self, step: int) -> int:
         return bisect.bisect_right(self.starts, step) - 1
@@ -111,24 +119,66 @@ class MixedOrder:
     def epochs_before(self, step: int) -> np.ndarray:
         return self.rows_before(step) / self.sizes
 
-    def _drawn(self, step: int) -> list[tuple[int, np.ndarray]]:
-        """(source, its rows) of a step, by build fingerprint, rows as the source's own ids."""
-        first, after = self.rows_before(step), self.rows_before(step + 1)
-        return [(k, self.orders[k].rows(int(first[k]), int(after[k] - first[k])))
-                for k in self._by_build if after[k] > first[k]]
+    def _counts(self, steps: np.ndarray) -> np.ndarray:
+        """rows_before of each of `steps` (ascending): [len(steps), sources]."""
+        out = np.empty((len(steps), len(self.sizes)), np.int64)
+        stage = np.searchsorted(self.starts, steps, side="right") - 1
+        for j in np.unique(stage):
+            at = stage == j
+            t = steps[at] - self.starts[j]
+            full, part = np.divmod(t, PERIOD)
+            plan = self.plans[j]
+            out[at] = (self.before[j] + t[:, None] * plan.base
+                       + full[:, None] * plan.extra[:, PERIOD] + plan.extra[:, part].T)
+        return out
 
-    def _shuffle(self, step: int) -> np.ndarray:
-        digest = hashlib.sha256(f"mix:{self.seed}:{step}".encode()).digest()
-        rng = np.random.Generator(np.random.PCG64(int.from_bytes(digest[:8], "little")))
-        return rng.permutation(self.global_batch)
+    def _block(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Steps [b * B, (b + 1) * B) at once (B = self._block_steps): their rows as MixedRows
+        ids and each row's source, [B, G] each. Source k's rows for the block are one run of
+        its order, cut by its counts; a step with rows of two or more sources is shuffled."""
+        if b in self._blocks:
+            return self._blocks[b]
+        steps = np.arange(b * self._block_steps, (b + 1) * self._block_steps + 1)
+        before = self._counts(steps)
+        counts = np.diff(before, axis=0)  # [B, sources]
+        n, g = len(steps) - 1, self.global_batch
+        ids = np.empty((n, g), np.int64)
+        source = np.empty((n, g), np.int64)
+        column = np.zeros(n, np.int64)  # where the next source's rows start in each step
+        for k in self._by_build:
+            drawn = self.orders[k].rows(int(before[0, k]), int(before[-1, k] - before[0, k]))
+            step = np.repeat(np.arange(n), counts[:, k])
+            first = np.concatenate([[0], np.cumsum(counts[:, k])[:-1]])
+            col = column[step] + np.arange(len(drawn)) - first[step]
+            ids[step, col] = drawn + self.bases[k]
+            source[step, col] = k
+            column += counts[:, k]
+        mixed = (counts > 0).sum(1) > 1
+        if mixed.any():
+            order = np.argsort(self._keys(steps[:-1][mixed]), axis=1, kind="stable")
+            ids[mixed] = np.take_along_axis(ids[mixed], order, 1)
+            source[mixed] = np.take_along_axis(source[mixed], order, 1)
+        if len(self._blocks) >= 2:
+            self._blocks.pop(min(self._blocks))
+        self._blocks[b] = ids, source
+        return ids, source
+
+    def _keys(self, steps: np.ndarray) -> np.ndarray:
+        """A random 64-bit key per (step, position), a pure function of (seed, step, position)
+        (splitmix64's finalizer of a counter): sorting a step's keys shuffles its rows."""
+        x = (self._seed_key + (steps[:, None].astype(np.uint64) * np.uint64(self.global_batch)
+                               + np.arange(self.global_batch, dtype=np.uint64)))
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+    def _step(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        b, t = divmod(step, self._block_steps)
+        ids, source = self._block(b)
+        return ids[t], source[t]
 
     def step_rows(self, step: int) -> np.ndarray:
-        drawn = self._drawn(step)
-        if len(drawn) == 1:
-            k, rows = drawn[0]
-            return rows + self.bases[k]
-        rows = np.concatenate([rows + self.bases[k] for k, rows in drawn])
-        return rows[self._shuffle(step)]
+        return self._step(step)[0].copy()  # the block stays as drawn
 
     def rank_rows(self, step: int, rank: int, world: int) -> np.ndarray:
         if self.global_batch % world:
@@ -138,12 +188,11 @@ class MixedOrder:
 
     def step_hash(self, step: int) -> str:
         """A short id of the step's rows (see the module docstring)."""
-        drawn = self._drawn(step)
-        if len(drawn) == 1:
-            return batch_hash(drawn[0][1])
-        pairs = np.concatenate([np.stack([np.full(len(rows), self._codes[k]), rows], 1)
-                                for k, rows in drawn])[self._shuffle(step)]
-        return batch_hash(pairs.ravel())
+        ids, source = self._step(step)
+        rows = ids - self.bases[source]
+        if (source == source[0]).all():
+            return batch_hash(rows)
+        return batch_hash(np.stack([self._codes[source], rows], 1).ravel())
 
     def history(self) -> list:
         """The stages as a checkpoint keeps them: [[first step, {build fingerprint: share}]]
@@ -225,9 +274,9 @@ class MixedRows:
     def unchecked(self) -> int:
         return sum(p.unchecked() for p in self.parts)
 
-    def get(self, i: int):
-        part, r = self._find(int(i))
-        return part.get(r)
+    def get(self, i: int):  # per row of every batch: no more than a bisect on top of the part's
+        k = bisect.bisect_right(self.bases, i) - 1
+        return self.parts[k].get(i - self.bases[k])
 
 
 def same_tokens(names: list[str], manifests: list[dict], seqs: list[int]) -> None:
