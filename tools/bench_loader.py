@@ -77,6 +77,21 @@ def timed(run) -> tuple[float, int, float]:
     return seconds, rows, watch.read()[1]
 
 
+def best_of_rounds(runs: dict, repeat: int) -> dict[str, float]:
+    """Each run once a round, `repeat` rounds, the order rotated each round; every run printed,
+    the best rows/s of each returned."""
+    best = {}
+    for r in range(repeat):
+        names = list(runs)
+        names = names[r % len(names):] + names[:r % len(names)]
+        for name in names:
+            seconds, rows, others = timed(runs[name])
+            print(f"  round {r + 1} {name:<16} {rows / seconds:>10,.0f} rows/s "
+                  f"({seconds:.2f} s, {rows} rows; others {others:.2f} cores)", flush=True)
+            best[name] = max(best.get(name, 0.0), rows / seconds)
+    return best
+
+
 def raw_memmap(out: Path, order, steps: int):
     files = sorted((out / "train").glob("shard.*.tokens.npy"))
     shards = [np.load(f, mmap_mode="r") for f in files]
@@ -199,15 +214,7 @@ def measure_mix(args, work: Path) -> None:
         for b in [one, *parts]:
             once = MixedOrder([(len(b.train), b.fingerprint)], [(0, np.ones(1))], args.batch, 0)
             our_loader(lambda b=b: b.train, once, len(b.train) // args.batch + 1, args.batch, 0)()
-    best = {}
-    for r in range(args.repeat):
-        names = list(runs)
-        names = names[r % len(names):] + names[:r % len(names)]  # rotate the order each round
-        for name in names:
-            seconds, rows, others = timed(runs[name])
-            print(f"  round {r + 1} {name:<16} {rows / seconds:>10,.0f} rows/s "
-                  f"({seconds:.2f} s, {rows} rows; others {others:.2f} cores)", flush=True)
-            best[name] = max(best.get(name, 0.0), rows / seconds)
+    best = best_of_rounds(runs, args.repeat)
     print(f"\nbench_loader --mix: batch {args.batch}, {args.workers} workers, "
           f"{args.epochs} epochs of the single build, rows of {args.seq}, best of "
           f"{args.repeat}; mixture {', '.join(f'{k}={w}' for k, w in MIX.items())}; "
@@ -272,16 +279,7 @@ def measure(args, work: Path) -> None:
     runs["mds streaming"](1)
     our_loader(lambda: mds.train, mds_order, n // args.batch + 1, args.batch, 0)()
     runs["memmap raw"]()
-    best = {}
-    for r in range(args.repeat):
-        names = list(runs)
-        names = names[r % len(names):] + names[:r % len(names)]  # rotate the order each round
-        for name in names:
-            seconds, rows, others = timed(runs[name])
-            print(f"  round {r + 1} {name:<16} {rows / seconds:>10,.0f} rows/s "
-                  f"({seconds:.2f} s, {rows} rows; others {others:.2f} cores)", flush=True)
-            if name not in best or rows / seconds > best[name]:
-                best[name] = rows / seconds
+    best = best_of_rounds(runs, args.repeat)
 
     print(f"\nbench_loader: {n} rows x {args.seq} tokens, batch {args.batch}, "
           f"{args.workers} workers, {args.epochs} epochs, best of {args.repeat}; "
