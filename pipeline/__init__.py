@@ -48,6 +48,7 @@ _API = {  # name -> the module that defines it
     "get_format": "formats", "MdsFormat": "format_mds",  # shard formats
     "SplitReader": "shards",  # the rows and segments of a split, any format
     "import_streaming": "streaming_compat",  # the one way to import mosaicml-streaming
+    "clear_stale_locks": "streaming_compat",  # mosaicml-streaming's lock files of gone datasets
     "StorageError": "errors", "Store": "storage", "is_url": "storage",  # object stores
     "staging_folder": "storage", "redact": "storage", "refuse_unwritable": "storage",
     "load_tokenizer": "tokenizer",  # the build's tokenizer (zoo: export, generate)

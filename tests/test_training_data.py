@@ -2,6 +2,7 @@
 
 import json
 import multiprocessing
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from pipeline.build import build
 from pipeline.config import BuildConfig
 from pipeline.errors import DataError, LoaderError
 from pipeline.shards import open_split
-from pipeline.streaming_compat import import_streaming
+from pipeline.streaming_compat import clear_stale_locks, import_streaming
 from training.batch import make_batch
 from training.data import MemmapRows, StreamingRows, open_build
 from training.loader import StepBatches, batches
@@ -102,6 +103,35 @@ def test_mds_through_streaming_and_memmap_give_the_rows_the_build_wrote(tmp_path
     written = list(open_split(mds / "train").rows())  # pipeline's own reader
     assert all(np.array_equal(written[i][0], a.train.get(i)[0]) for i in range(len(written)))
     assert not list(mds.rglob("*.mds"))  # the build dir is not written to: only .mds.zstd
+
+
+def test_streamings_lock_files_of_gone_datasets_are_cleared(tmp_path):
+    temp, shm = tmp_path / "tmp", tmp_path / "shm"
+    temp.mkdir(), shm.mkdir()
+    names = ["000003_cache_filelock", "000003_barrier_filelock",  # a gone dataset's
+             "000004_cache_filelock", "000004_barrier_filelock",  # a live one's (its memory)
+             "my_filelock", "000005_cache_filelock.txt"]  # not streaming's
+    for name in names:
+        (temp / name).touch()
+    (shm / "000004_locals").touch()
+    assert clear_stale_locks(temp, shm) == 2
+    assert sorted(p.name for p in temp.iterdir()) == sorted(names[2:])
+    assert clear_stale_locks(temp, tmp_path / "no-shm") == 0  # no /dev/shm: nothing touched
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="shared memory is not under /dev/shm")
+def test_opening_an_mds_build_clears_stale_lock_files(tmp_path, byte_tokenizer):
+    mds = _build(tmp_path, byte_tokenizer, "mds")
+    number = max([int(p.name[:6]) for p in Path(tempfile.gettempdir()).glob("[0-9]*_filelock")
+                  if p.name[:6].isdigit()] + [900000]) + 1
+    stale = Path(tempfile.gettempdir()) / f"{number:06d}_cache_filelock"
+    stale.touch()  # a dataset killed long ago
+    try:
+        rows = open_build(str(mds), tmp_path / "cache", "1gb").train
+        rows.get(0)
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
 
 
 def test_seq_windows_cut_rows_and_keep_document_starts(tmp_path, byte_tokenizer):

@@ -39,7 +39,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import DataError, LongpackError, MdsFormat, SplitReader, get_format, import_streaming
+from pipeline import (
+    DataError,
+    LongpackError,
+    MdsFormat,
+    SplitReader,
+    clear_stale_locks,
+    get_format,
+    import_streaming,
+)
 from training.verify import GOOD, ShardChecks, check_ids, file_problem
 
 __all__ = ["Build", "MemmapRows", "StreamingRows", "Windows", "open_build"]
@@ -163,6 +171,7 @@ class StreamingRows:
         import torch.distributed as dist
 
         attempts = 1 if dist.is_available() and dist.is_initialized() else 5
+        clear_stale_locks()  # else each open walks every dataset's lock files ever left
         for attempt in range(attempts):
             try:
                 return import_streaming().StreamingDataset(
