@@ -22,9 +22,9 @@ seeded by its build's fingerprint): the step takes the next count_k of them. A s
 two or more sources shuffles its rows (by sorting a key per position, a hash of the run's seed,
 the step and the position), so every process and micro-batch gets the mixture, not a block of
 one source. Steps are drawn a block at a time, vectorized (a loader asks for every step in
-turn); what a step holds does not depend on the block it was drawn in. Epochs of a source are its rows
-drawn over its train rows; `max_epochs` cuts the run at the last step before a source would
-pass it.
+turn); what a step holds does not depend on the block it was drawn in. Epochs of a source are
+its rows drawn over its train rows; `max_epochs` cuts the run at the last step before a source
+would pass it.
 
 A step's hash (what checkpoints keep to prove a resume continues the same order) is of the
 rows' (build fingerprint, row) pairs, not of ids that depend on the order the sources are
@@ -81,7 +81,7 @@ class MixedOrder:
                  global_batch: int, seed: int, max_epochs: list[float | None] | None = None):
         if global_batch < 1:
             raise ValueError("the global batch must be positive")
-        self.global_batch, self.seed = global_batch, seed
+        self.global_batch = global_batch
         self.sizes = np.array([n for n, _ in sources], np.int64)
         self.fingerprints = [fp for _, fp in sources]
         self.bases = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
@@ -263,13 +263,9 @@ class MixedRows:
     def __len__(self) -> int:
         return self.bases[-1] + len(self.parts[-1])
 
-    def _find(self, i: int) -> tuple[object, int]:
-        k = bisect.bisect_right(self.bases, i) - 1
-        return self.parts[k], i - self.bases[k]
-
     def check(self, i: int) -> None:
-        part, r = self._find(int(i))
-        part.check(r)
+        k = bisect.bisect_right(self.bases, int(i)) - 1
+        self.parts[k].check(int(i) - self.bases[k])
 
     def unchecked(self) -> int:
         return sum(p.unchecked() for p in self.parts)
