@@ -9,13 +9,14 @@ training/mixture.py's.
 
 A bare path is named by its folder's name (the last part of a URL's path). Weights are any
 non-negative numbers, divided by their sum; a source a mixture does not name gets 0. A stage
-starts at a step (`8000`), after a number of tokens (`2e9tok`: the first step whose tokens
-reach it) or at a share of the run's steps (`90%`).
+starts at a step (`8000`), after a number of tokens (`2e9tok`: the first step once that many
+have been trained) or at a share of the run's steps (`90%`).
 """
 
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from pipeline.errors import SettingsError
 
@@ -25,7 +26,7 @@ from pipeline.errors import SettingsError
 # Models").
 REPEAT_WARNING_EPOCHS = 4
 NAME = re.compile(r"[A-Za-z0-9_.-]+")
-START = re.compile(r"(?P<number>\d+(\.\d*)?(e\d+)?)(?P<unit>tok|%)?", re.IGNORECASE)
+START = re.compile(r"(?P<number>\d+(\.\d*)?(e\d{1,2})?)(?P<unit>tok|%)?", re.IGNORECASE)
 
 
 def source_name(path: str) -> str:
@@ -75,19 +76,22 @@ def parse_weights(text: str, names: list[str], what: str = "--mix") -> dict[str,
         if not (weight >= 0 and math.isfinite(weight)):
             raise SettingsError(f"{what}: {name}={number}: a weight is a number >= 0")
         given[name] = weight
-    total = sum(given.values())
-    if total <= 0:
+    top = max(given.values())
+    if top <= 0:
         raise SettingsError(f"{what} {text!r}: at least one weight must be above 0")
-    return {n: given.get(n, 0.0) / total for n in names}
+    total = sum(w / top for w in given.values())  # over the largest first: no overflow
+    return {n: given.get(n, 0.0) / top / total for n in names}
 
 
 @dataclass(frozen=True)
 class Stage:
-    """A mixture from a point of the run on: `at` in `unit` ("step", "tok" or "%")."""
+    """A mixture from a point of the run on: `at` in `unit` ("step", "tok" or "%"), exact
+    (90% of 70 steps is step 63, not 64 by a float's rounding); `text` as the user wrote it."""
 
-    at: float
+    at: Fraction
     unit: str
     weights: dict
+    text: str
 
     def start_step(self, step_tokens: int, max_steps: int) -> int:
         """The first step of this stage, given the tokens of a step and the run's steps."""
@@ -95,7 +99,7 @@ class Stage:
             return int(self.at)
         if self.unit == "tok":
             return math.ceil(self.at / step_tokens)
-        return math.ceil(self.at / 100 * max_steps)
+        return math.ceil(self.at * max_steps / 100)
 
 
 def parse_stage(text: str, names: list[str]) -> Stage:
@@ -106,12 +110,12 @@ def parse_stage(text: str, names: list[str]) -> Stage:
         raise SettingsError(f"--mix-stage {text!r}: give START:NAME=WEIGHT,..., START a step "
                             "(8000), tokens (2e9tok) or a share of the steps (90%)")
     unit = (m["unit"] or "step").lower()
-    at = float(m["number"])
-    if unit == "step" and at != int(at):
+    at = Fraction(m["number"])
+    if unit == "step" and at.denominator != 1:
         raise SettingsError(f"--mix-stage {text!r}: a step is a whole number")
     if unit == "%" and not 0 <= at <= 100:
         raise SettingsError(f"--mix-stage {text!r}: a share of the steps is 0% to 100%")
-    return Stage(at, unit, parse_weights(mix, names, f"--mix-stage {start}"))
+    return Stage(at, unit, parse_weights(mix, names, f"--mix-stage {start}"), start.strip())
 
 
 def natural_weights(rows: dict[str, int]) -> dict[str, float]:

@@ -103,9 +103,10 @@ def test_a_stage_changes_only_the_steps_from_its_start():
 
 
 def test_steps_do_not_depend_on_the_order_sources_are_listed_in():
-    a = MixedOrder([(1000, FP[0]), (300, FP[1])], [(0, np.array([0.5, 0.5]))], 8, seed=0)
-    b = MixedOrder([(300, FP[1]), (1000, FP[0])], [(0, np.array([0.5, 0.5]))], 8, seed=0)
-    for step in range(20):
+    # 0.3 x 64 = 19.2: the extra rows go now to one source, now to the other
+    a = MixedOrder([(1000, FP[0]), (300, FP[1])], [(0, np.array([0.3, 0.7]))], 64, seed=0)
+    b = MixedOrder([(300, FP[1]), (1000, FP[0])], [(0, np.array([0.7, 0.3]))], 64, seed=0)
+    for step in range(50):
         assert a.step_hash(step) == b.step_hash(step) != a.step_hash(step + 1)
         # the same (build, row) at each position of the step
         in_a = [(FP[k], r - a.bases[k]) for r, k in
@@ -113,6 +114,14 @@ def test_steps_do_not_depend_on_the_order_sources_are_listed_in():
         in_b = [(FP[1 - k], r - b.bases[k]) for r, k in
                 zip(b.step_rows(step), source_of(b, b.step_rows(step)))]
         assert in_a == in_b
+
+
+def test_a_stage_that_repeats_the_shares_before_it_changes_nothing():
+    sources, shares = [(1000, FP[0]), (300, FP[1])], np.array([0.3, 0.7])
+    one = MixedOrder(sources, [(0, shares)], 64, seed=0)
+    two = MixedOrder(sources, [(0, shares), (10, shares.copy())], 64, seed=0)
+    assert all(one.step_hash(s) == two.step_hash(s) for s in range(100))
+    assert one.history() == two.history()
 
 
 def test_max_epochs_cuts_the_run_before_a_source_repeats():
@@ -130,10 +139,15 @@ def test_the_settings_name_sources_and_check_shares():
     stage = parse_stage("90%:books=1", ["web", "books"])
     assert stage.start_step(1000, 500) == 450 and stage.weights == {"web": 0.0, "books": 1.0}
     assert parse_stage("2e6tok:web=1", ["web"]).start_step(1000, 5) == 2000
+    # exact: k% of 100 or 200 steps is step k or 2k (0.07 * 100 is 7.000000000000001 in floats)
+    assert all(parse_stage(f"{k}%:web=1", ["web"]).start_step(1, steps) == k * steps // 100
+               for k in range(101) for steps in (100, 200))
+    assert parse_weights("web=1e308,code=1e308", ["web", "code"]) == {"web": 0.5, "code": 0.5}
     for bad, says in [(dict(mix="web=1,cod=1"), "no source is named 'cod'"),
                       (dict(mix="web=-1"), "a weight is a number >= 0"),
                       (dict(mix="web=0"), "at least one weight"),
                       (dict(mix_stages=("soon:web=1",)), "START a step"),
+                      (dict(mix_stages=("1e400:web=1",)), "START a step"),
                       (dict(max_epochs=("code=0",)), "above 0"),
                       (dict(shards=("a=./x", "a=./y")), "two sources are named 'a'")]:
         with pytest.raises(SettingsError, match=says):
@@ -241,6 +255,35 @@ def test_max_epochs_stops_the_run_and_the_dry_run_says_what_each_source_gives(
     assert len(lines) == code_rows // 2 and json.loads(lines[-1])["rows/code"] <= code_rows
 
 
+def test_stages_and_sources_that_cannot_be_drawn_are_one_line(tmp_path, two_builds):
+    web, code = two_builds
+    for kw, says in [
+            (dict(mix_stages=("8:code=1",)), r"8: starts at step 8, and the run has 8 steps"),
+            (dict(mix_stages=("1e40tok:code=1",)), "it would never be drawn"),
+            (dict(mix_stages=("0:code=1", "0%:web=1")), "two stages start at step 0"),
+            (dict(shards=(f"web={web}", f"again={web}")), "web and again are the same build"),
+            (dict(max_epochs=("web=0.001",)), "web reaches it at step 0, before any step")]:
+        shards = kw.pop("shards", (f"web={web}", f"code={code}"))
+        with pytest.raises((DataError, SettingsError), match=says):
+            train(config(shards, tmp_path / "x", **kw), log=lambda m: None)
+        assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_past_a_lowered_max_epochs_is_refused_and_a_finished_one_is_complete(
+        tmp_path, two_builds):
+    rows = json.loads((two_builds[1] / "manifest.json").read_text())["splits"]["train"]["rows"]
+    run = mixed(two_builds, tmp_path / "r", max_steps=rows)  # 1 row of code a step
+    train(run, log=lambda m: None, stop_at=4)
+    with pytest.raises(DataError, match="code reaches it at step 2, and the run is at step 4"):
+        train(mixed(two_builds, tmp_path / "r", max_steps=rows, max_epochs=(f"code={2 / rows}",)),
+              log=lambda m: None)
+    said = []
+    train(mixed(two_builds, tmp_path / "r", max_steps=rows, max_epochs=(f"code={4 / rows}",)),
+          log=said.append)
+    assert "code reached --max-epochs at step 4: the run is complete" in said
+
+
 def test_a_config_files_data_list_is_the_flags(tmp_path, two_builds):
     web, code = two_builds
     (tmp_path / "c.toml").write_text(
@@ -257,6 +300,9 @@ def test_a_config_files_data_list_is_the_flags(tmp_path, two_builds):
     (tmp_path / "bad.toml").write_text(f'[[data]]\npath = "{web}"\nshare = 1\n')
     result = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "bad.toml")])
     assert result.exit_code != 0 and "unknown share" in result.output
+    (tmp_path / "bad.toml").write_text(f'[[data]]\nname = "a=b"\npath = "{web}"\n')
+    result = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "bad.toml")])
+    assert result.exit_code != 0 and "its name 'a=b' has characters" in result.output
 
 
 def test_a_source_in_a_bucket_mixes_with_a_local_one(tmp_path, two_builds, s3):

@@ -187,9 +187,13 @@ def data_list(entries: list, path: str) -> dict:
             raise click.UsageError(f"{path}: data entry {i + 1}: unknown "
                                    f"{', '.join(sorted(unknown))} (the keys: "
                                    f"{', '.join(DATA_KEYS)})")
-        from pipeline import source_name
+        from pipeline.mixture import NAME, source_name
 
         name = str(entry.get("name") or source_name(str(entry["path"])))
+        if not NAME.fullmatch(name):
+            raise click.UsageError(f"{path}: data entry {i + 1}: its name {name!r} has "
+                                   "characters other than letters, digits, '_', '.', '-'; "
+                                   "give it a name = ...")
         shards.append(f"{name}={entry['path']}")
         if "weight" in entry:
             weights.append(f"{name}={entry['weight']}")

@@ -278,8 +278,10 @@ class Build:
     val: object | None  # None when the build made no val rows
 
 
-def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = None) -> Build:
-    manifest = read_manifest(location)
+def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = None,
+               manifest: dict | None = None) -> Build:
+    """The build at `location` (its manifest, when the caller has read it already)."""
+    manifest = manifest or read_manifest(location)
     fingerprint = dataset_fingerprint(manifest)
     row_seq = manifest["seq"]
     seq = seq or row_seq

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import archs
-from pipeline import TrainingError, is_url, redact, staging_folder
+from pipeline import DataError, TrainingError, is_url, redact, staging_folder
 from training import checkpoint, distributed
 from training.batch import model_inputs
 from training.config import TrainConfig
@@ -78,6 +78,12 @@ def _train(cfg, resume, log, stop_at, procs):
                             **cfg.model_overrides()).to(device)
         state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile
         step = checkpoint.restore(found, state, cfg) if found else 0
+        last, cut_by = order.last_step(cfg.max_steps)  # --max-epochs may end the run sooner
+        if cut_by is not None and (step > last or last == 0):
+            name = data.names[cut_by]
+            raise DataError(f"--max-epochs: {name} reaches it at step {last}"
+                            + (f", and the run is at step {step} already" if step else
+                               ", before any step") + f"; raise {name}'s --max-epochs")
     # -- the run starts: its directory and metrics ------------------------------------------
     run.mkdir(parents=True, exist_ok=True)
     metrics = MetricsLog(run, cfg.report_to, cfg.to_dict()) if procs.main else None
@@ -90,10 +96,11 @@ def _train(cfg, resume, log, stop_at, procs):
                              cfg.grad_accum)
     peak = peak_flops(device)
     step_tokens = order.global_batch * (data.seq - 1)
-    last, cut_by = order.last_step(cfg.max_steps)  # --max-epochs may end the run sooner
-    if cut_by is not None and step < last:
-        log(f"{data.names[cut_by]} reaches --max-epochs at step {last}: the run stops there "
-            f"(of {cfg.max_steps} steps)")
+    if cut_by is not None:
+        name = data.names[cut_by]
+        log(f"{name} reaches --max-epochs at step {last}: the run stops there (of "
+            f"{cfg.max_steps} steps)" if step < last else
+            f"{name} reached --max-epochs at step {last}: the run is complete")
     eta = Eta(last)
     # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0) ----
     with stop_requested() as stop, uploads_finished(remote, log), \

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import DataError, natural_weights
-from training.data import Build, open_build
+from training.data import Build, dataset_fingerprint, open_build, read_manifest
 from training.sampler import GlobalOrder, batch_hash
 
 PERIOD = 10007  # Q, a prime: the extras' pattern repeats after it
@@ -52,18 +52,21 @@ class StagePlan:
     """One stage's counts: `base` rows per source each step, and the running count of the
     extras over one period (`extra[k][t]`: source k's extras in the stage's steps 0..t-1)."""
 
-    def __init__(self, weights: np.ndarray, global_batch: int):
+    def __init__(self, weights: np.ndarray, global_batch: int, layout: list[int]):
+        """`layout`: the sources in the order their parts lie on [0, R) (by build, so that
+        the order --shards lists them in changes nothing)."""
         quota = weights * global_batch
         self.base = np.floor(quota + 1e-9).astype(np.int64)
         left = global_batch - int(self.base.sum())
-        fractions = np.clip(quota - self.base, 0, None)
+        fractions = np.clip(quota - self.base, 0, None)[layout]
         ends = np.cumsum(fractions)
         ends = ends * (left / ends[-1]) if left else ends * 0  # the parts end exactly at R
         starts = np.concatenate([[0.0], ends[:-1]])
         t = np.arange(PERIOD)
         u = ((t * STRIDE) % PERIOD + 0.5) / PERIOD
-        # extras of source k at step t: points u + j (j integer) in [starts_k, ends_k)
-        per_step = (np.ceil(ends[:, None] - u) - np.ceil(starts[:, None] - u)).astype(np.int64)
+        # extras of the part at step t: points u + j (j integer) in [start, end)
+        per_step = np.empty((len(weights), PERIOD), np.int64)
+        per_step[layout] = np.ceil(ends[:, None] - u) - np.ceil(starts[:, None] - u)
         self.extra = np.concatenate([np.zeros((len(weights), 1), np.int64),
                                      np.cumsum(per_step, 1)], 1)  # (sources, PERIOD + 1)
 
@@ -86,18 +89,24 @@ class MixedOrder:
         self.fingerprints = [fp for _, fp in sources]
         self.bases = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.orders = [GlobalOrder(n, global_batch, seed, fp) for n, fp in sources]
-        self.starts = [s for s, _ in stages]
-        self.shares = [np.asarray(w, np.float64) for _, w in stages]
-        self.plans = [StagePlan(np.asarray(w, np.float64), global_batch) for _, w in stages]
-        # rows of each source before each stage
-        self.before = [np.zeros(len(sources), np.int64)]
-        for j in range(1, len(stages)):
-            steps = self.starts[j] - self.starts[j - 1]
-            self.before.append(self.before[-1] + self.plans[j - 1].rows_in(steps))
-        self.max_epochs = max_epochs or [None] * len(sources)
         # sources in the order of their builds' fingerprints: a step's rows and hash do not
         # depend on the order --shards lists them in
         self._by_build = sorted(range(len(sources)), key=lambda k: self.fingerprints[k])
+        self.starts, self.shares = [], []
+        for start, weights in stages:
+            weights = np.asarray(weights, np.float64)
+            # a stage that repeats the shares before it is no new stage: the extras' schedule
+            # goes on (so a resume's check, which merges them too, compares what is drawn)
+            if not self.shares or np.abs(weights - self.shares[-1]).max() >= 1e-9:
+                self.starts.append(start)
+                self.shares.append(weights)
+        self.plans = [StagePlan(w, global_batch, self._by_build) for w in self.shares]
+        # rows of each source before each stage
+        self.before = [np.zeros(len(sources), np.int64)]
+        for j in range(1, len(self.starts)):
+            steps = self.starts[j] - self.starts[j - 1]
+            self.before.append(self.before[-1] + self.plans[j - 1].rows_in(steps))
+        self.max_epochs = max_epochs or [None] * len(sources)
         # a 64-bit code per build for step hashes
         self._codes = np.array([int(fp[:16], 16) - (1 << 63) for fp in self.fingerprints],
                                np.int64)
@@ -335,12 +344,21 @@ class Sources:
 def open_sources(cfg, cache: Path) -> Sources:
     """Every --shards build, checked to share a tokenizer and a sample length."""
     sources = cfg.mixture()[0]
-    builds = []
+    builds, seen = [], {}
     for name, path in sources:
-        try:
-            builds.append(open_build(path, cache, cfg.cache_limit, cfg.seq))
-        except DataError as e:
-            raise DataError(f"{name}: {e}" if len(sources) > 1 else str(e)) from None
+        def opened(step, *args, name=name):  # the source named in what fails, of several
+            try:
+                return step(*args)
+            except DataError as e:
+                raise DataError(f"{name}: {e}" if len(sources) > 1 else str(e)) from None
+
+        manifest = opened(read_manifest, path)
+        fingerprint = dataset_fingerprint(manifest)
+        if fingerprint in seen:  # read in lockstep, every row twice
+            raise DataError(f"--shards: {seen[fingerprint]} and {name} are the same build "
+                            f"(fingerprint {fingerprint}); give it once, with the share of both")
+        seen[fingerprint] = name
+        builds.append(opened(open_build, path, cache, cfg.cache_limit, cfg.seq, manifest))
     names = [n for n, _ in sources]
     same_tokens(names, [b.manifest for b in builds], [b.seq for b in builds])
     return Sources(names, builds)
@@ -354,12 +372,17 @@ def make_order(sources: Sources, cfg, global_batch: int) -> MixedOrder:
     sizes = [len(b.train) for b in sources.builds]
     first = weights or natural_weights(dict(zip(names, sizes)))
     step_tokens = global_batch * (sources.seq - 1)
-    starts = {0: first}
+    starts = {}
     for stage in stages:
         at = stage.start_step(step_tokens, cfg.max_steps)
-        if at in starts and at != 0:
+        if at >= cfg.max_steps:
+            raise DataError(f"--mix-stage {stage.text}: starts at step {at:,}, and the run has "
+                            f"{cfg.max_steps:,} steps (--max-steps): it would never be drawn; "
+                            "drop it or start it sooner")
+        if at in starts:
             raise DataError(f"--mix-stage: two stages start at step {at}")
-        starts[at] = stage.weights  # a stage at step 0 replaces --mix
+        starts[at] = stage.weights
+    starts.setdefault(0, first)  # a stage at step 0 replaces --mix
     shares = [(at, np.array([w[n] for n in names])) for at, w in sorted(starts.items())]
     for k, name in enumerate(names):
         if not any(w[k] > 0 for _, w in shares):
