@@ -53,7 +53,8 @@ _API = {  # name -> the module that defines it
     "staging_folder": "storage", "redact": "storage", "refuse_unwritable": "storage",
     "load_tokenizer": "tokenizer",  # the build's tokenizer (zoo: export, generate)
     "parse_mixture": "mixture", "natural_weights": "mixture",  # train on several builds
-    "source_name": "mixture", "REPEAT_WARNING_EPOCHS": "mixture",  # repeats worth less past it
+    "source_name": "mixture", "good_name": "mixture",  # a source's name: given or its folder's
+    "REPEAT_WARNING_EPOCHS": "mixture",  # repeats worth less past it
 }
 __all__ = sorted(_API)
 

@@ -29,6 +29,11 @@ NAME = re.compile(r"[A-Za-z0-9_.-]+")
 START = re.compile(r"(?P<number>\d+(\.\d*)?(e\d{1,2})?)(?P<unit>tok|%)?", re.IGNORECASE)
 
 
+def good_name(name: str) -> bool:
+    """Whether `name` may name a source: letters, digits, '_', '.', '-'."""
+    return NAME.fullmatch(name) is not None
+
+
 def source_name(path: str) -> str:
     """A bare --shards path's name: its folder's (a URL's last path part)."""
     return path.rstrip("/").rsplit("/", 1)[-1].split("://")[-1] or path
@@ -40,11 +45,11 @@ def parse_sources(values, what: str = "--shards") -> list[tuple[str, str]]:
     out = []
     for value in values:
         name, sep, path = value.partition("=")
-        if not sep or not NAME.fullmatch(name) or "://" in name:
+        if not sep or not good_name(name) or "://" in name:
             name, path = source_name(value), value
         if not path:
             raise SettingsError(f"{what} {value!r}: give NAME=PATH or a path")
-        if not NAME.fullmatch(name):
+        if not good_name(name):
             raise SettingsError(f"{what} {value}: its name {name!r} has characters other than "
                                 f"letters, digits, '_', '.', '-'; name it: {what} NAME=PATH")
         if name in (n for n, _ in out):

@@ -187,10 +187,10 @@ def data_list(entries: list, path: str) -> dict:
             raise click.UsageError(f"{path}: data entry {i + 1}: unknown "
                                    f"{', '.join(sorted(unknown))} (the keys: "
                                    f"{', '.join(DATA_KEYS)})")
-        from pipeline.mixture import NAME, source_name
+        from pipeline import good_name, source_name
 
         name = str(entry.get("name") or source_name(str(entry["path"])))
-        if not NAME.fullmatch(name):
+        if not good_name(name):
             raise click.UsageError(f"{path}: data entry {i + 1}: its name {name!r} has "
                                    "characters other than letters, digits, '_', '.', '-'; "
                                    "give it a name = ...")
