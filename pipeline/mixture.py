@@ -91,7 +91,7 @@ def parse_weights(text: str, names: list[str], what: str = "--mix") -> dict[str,
 @dataclass(frozen=True)
 class Stage:
     """A mixture from a point of the run on: `at` in `unit` ("step", "tok" or "%"), exact
-    (90% of 70 steps is step 63, not 64 by a float's rounding); `text` as the user wrote it."""
+    (7% of 100 steps is step 7, not 8 by a float's rounding); `text` as the user wrote it."""
 
     at: Fraction
     unit: str
