@@ -126,8 +126,9 @@ def merge(out, task_index, quiet):
 @click.option("--out", required=True, type=click.Path(path_type=Path), help="Output directory.")
 @click.option("--seq", type=click.IntRange(min=2), default=None,
               help="Tokens per row (.bin: required; .npy/.pt: their width) [the files'].")
-@click.option("--dtype", default=None, help=".bin: the token type (nanoGPT's GPT-2: uint16).")
-@click.option("--eos-id", type=int, default=None,
+@click.option("--dtype", default=None, help=".bin: the token type, uint8 to uint64 or int8 to "
+              "int64 (nanoGPT's GPT-2: uint16).")
+@click.option("--eos-id", type=click.IntRange(min=0), default=None,
               help="Documents end at this id (their starts are recorded) [rows are documents].")
 @click.option("--tokenizer", default=None, help="The tokenizer the ids are of, recorded (and "
               "its vocabulary checked) [the largest id + 1].")

@@ -13,8 +13,18 @@ all of it is train. Files, sorted by path, by their suffix:
 Every row is checked: a file whose rows are not --seq long (or not as long as the first
 file's) is skipped whole, a row holding an id below 0 or not below the vocabulary is skipped;
 each skip is a line of skipped.jsonl (file, row, reason) and a count in the manifest, as in
-`pack build`. The vocabulary is --tokenizer's (recorded in the manifest), else the largest id
-+ 1 (with a warning: the trainer sizes the model's embedding from it).
+`pack build`. The vocabulary is --tokenizer's (recorded in the manifest; a warning when the
+data's largest id is below half of it: a smaller tokenizer's ids fit unnoticed), else the
+largest id + 1 (with a warning: the trainer sizes the model's embedding from it), and then an
+id of MAX_VOCAB or more is refused: no vocabulary is that large, the bytes are of another type.
+Kept ids are in [0, vocab), which the output's dtype holds: nothing is cast with wraparound
+(comparisons are exact for uint64 and int64 alike, `at_least`).
+
+Refused before anything is written, in one line naming the file (and row and id): an empty or
+truncated file; a .npy of Python objects (never unpickled: its header is read first); a .pt
+whose pickle holds more than tensors (torch refuses it unrun), or that holds no dense integer
+tensor; anything but [N, seq] integer ids, in an MDS tokens column too; a .bin whose size is
+not whole --dtype ids (BIN_DTYPES); an --eos-id not below the vocabulary.
 
 Documents: with --eos-id (or --tokenizer: its EOS) each row's segments start at 0 and after
 each EOS, and a row that begins inside a document (the row before did not end with EOS)
@@ -27,8 +37,10 @@ manifest.json last); an interrupted import is run again from the start by the sa
 """
 
 import json
+import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -46,6 +58,10 @@ from pipeline.split import doc_hash
 
 SUFFIXES = (".npy", ".pt", ".bin")
 BLOCK_ROWS = 4096  # rows checked and packed at a time
+BIN_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
+# Without --tokenizer the vocabulary is the largest id + 1: above this it is no vocabulary but
+# bytes read as the wrong type (a trainer's int32 ids, an embedding of 2**31 rows).
+MAX_VOCAB = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,18 @@ class ImportConfig:
     format: str = "mds"
     shard_bytes: int = 64 << 20
     overwrite: bool = False
+
+    def __post_init__(self):
+        if self.seq is not None and self.seq < 2:
+            raise SettingsError(f"--seq {self.seq}: a row needs at least 2 tokens")
+        if self.dtype is not None and self.dtype not in BIN_DTYPES:
+            raise SettingsError(f"--dtype {self.dtype}: a .bin holds integer ids; use one of "
+                                f"{', '.join(BIN_DTYPES)}")
+        if self.eos_id is not None and self.eos_id < 0:
+            raise SettingsError(f"--eos-id {self.eos_id}: ids are not negative")
+        if self.shard_bytes < 1:
+            raise SettingsError(f"--shard-bytes must be positive (got {self.shard_bytes})")
+        get_format(self.format)  # unknown: one line listing the formats
 
 
 def find_files(src: Path) -> dict[str, list[Path]]:
@@ -78,46 +106,124 @@ def find_files(src: Path) -> dict[str, list[Path]]:
 
 
 def read_blocks(path: Path, cfg: ImportConfig):
-    """The source's rows, [n, width] arrays one after another (one for a file, one a shard for
-    an MDS folder)."""
+    """The source's rows, [n, width] integer arrays one after another (one for a file, one a
+    shard for an MDS folder); InputError naming the file for anything else."""
     if path.is_dir():
         from pipeline.shards import ShardError, SplitReader
 
         try:
             reader = SplitReader(path)
             for i in range(len(reader.format)):
-                yield reader.read_shard(i).tokens
+                yield _integer_rows(reader.format.shard_file(i), reader.read_shard(i).tokens,
+                                    "its tokens column holds")
         except ShardError as e:
             raise InputError(f"{e.path}: {e.what}") from None
         return
-    yield read_rows(path, cfg)
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: an empty file (0 bytes), not token rows: remove it or write "
+                         "it again")
+    read = {".npy": _read_npy, ".pt": _read_pt}.get(path.suffix, _read_bin)
+    yield _integer_rows(path, read(path, cfg), "it holds")
 
 
-def read_rows(path: Path, cfg: ImportConfig) -> np.ndarray:
-    """The file's rows, [N, width] (a .bin: cut at --seq; its tail is dropped by the caller)."""
+def _read_npy(path: Path, cfg: ImportConfig) -> np.ndarray:
+    """Memory-mapped, after its header is checked: never unpickled, never read past its end."""
+    fmt = np.lib.format
     try:
-        if path.suffix == ".npy":
-            rows = np.load(path, mmap_mode="r")
-        elif path.suffix == ".pt":
-            import torch
-
-            rows = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(rows, torch.Tensor):
-                raise ValueError(f"holds a {type(rows).__name__}, not a tensor")
-            rows = rows.numpy()
-        else:
-            if cfg.seq is None or cfg.dtype is None:
-                raise SettingsError(f"{path}: a .bin file needs --seq and --dtype (nanoGPT's "
-                                    "GPT-2 data: --dtype uint16)")
-            flat = np.memmap(path, dtype=np.dtype(cfg.dtype), mode="r")
-            rows = flat[: len(flat) // cfg.seq * cfg.seq].reshape(-1, cfg.seq)
-    except (OSError, ValueError, RuntimeError, EOFError) as e:  # unreadable: one line
-        raise InputError(f"{path}: cannot be read as token rows ({type(e).__name__}: {e})") \
+        with open(path, "rb") as f:
+            major, _ = fmt.read_magic(f)  # 3.0 differs from 2.0 only in the header's encoding
+            header = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
+            shape, _, dtype = header(f)
+            data_at = f.tell()
+    except (OSError, ValueError, SyntaxError) as e:
+        raise InputError(f"{path}: not a .npy file ({_one_line(e)}): write it with numpy.save")\
             from None
+    if dtype.hasobject:
+        raise InputError(f"{path}: holds Python objects (dtype {dtype}), which import never "
+                         "unpickles: save the ids as an integer array")
+    need = math.prod(shape) * dtype.itemsize
+    if path.stat().st_size - data_at < need:
+        raise InputError(f"{path}: truncated: its header says {dtype} {list(shape)} "
+                         f"({need:,} bytes), the file holds {path.stat().st_size - data_at:,} "
+                         "after the header: write it again")
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot be read as token rows ({_one_line(e)})") from None
+
+
+def _read_pt(path: Path, cfg: ImportConfig) -> np.ndarray:
+    """torch.load(weights_only=True) (given explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD cannot
+    turn it off), so a pickle of anything but tensors is refused, never run."""
+    import pickle
+
+    import torch
+
+    try:
+        with warnings.catch_warnings():  # a damaged pickle's protocol warning: not one line
+            warnings.simplefilter("ignore")
+            rows = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        why = ("its pickle holds more than tensors, which torch.load(weights_only=True) refuses "
+               "(none of it was run)" if "weights only" in str(e).lower() else _one_line(e))
+        raise InputError(f"{path}: not a plain tensor file: {why}; save the rows alone "
+                         "(torch.save(rows, PATH)) or as .npy") from None
+    except Exception as e:  # a damaged zip or pickle: whatever torch's reader raised
+        raise InputError(f"{path}: not a readable torch.save file ({_one_line(e)}): write it "
+                         "again") from None
+    if not isinstance(rows, torch.Tensor):
+        raise InputError(f"{path}: holds a {type(rows).__name__}, not a tensor: import takes a "
+                         "file of one [N, seq] integer tensor (torch.save(rows, PATH))")
+    if rows.layout != torch.strided:
+        raise InputError(f"{path}: a {rows.layout} tensor: save rows.to_dense()")
+    if rows.dtype not in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                          torch.uint16, torch.uint32, torch.uint64):
+        raise InputError(f"{path}: a {rows.dtype} tensor of shape {list(rows.shape)}: import "
+                         "takes [N, seq] integer ids")
+    try:
+        return rows.detach().numpy()
+    except (RuntimeError, TypeError) as e:
+        raise InputError(f"{path}: cannot be read as token rows ({_one_line(e)})") from None
+
+
+def _read_bin(path: Path, cfg: ImportConfig) -> np.ndarray:
+    """A flat run of --dtype (little-endian) ids, cut at --seq; the tail is the caller's."""
+    if cfg.seq is None or cfg.dtype is None:
+        raise SettingsError(f"{path}: a .bin file needs --seq and --dtype (nanoGPT's GPT-2 "
+                            "data: --dtype uint16)")
+    dtype = np.dtype(cfg.dtype).newbyteorder("<")
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise InputError(f"{path}: {size:,} bytes are not whole {cfg.dtype} ids: check --dtype")
+    try:
+        flat = np.memmap(path, dtype=dtype, mode="r")
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: cannot be read as token rows ({_one_line(e)})") from None
+    return flat[: len(flat) // cfg.seq * cfg.seq].reshape(-1, cfg.seq)
+
+
+def _integer_rows(path: Path, rows: np.ndarray, what: str) -> np.ndarray:
     if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.integer):
-        raise InputError(f"{path}: {rows.dtype} array of shape {list(rows.shape)}; import takes "
-                         "[N, seq] integer rows")
+        raise InputError(f"{path}: {what} {rows.dtype} values of shape {list(rows.shape)}; "
+                         "import takes [N, seq] integer ids")
     return rows
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one line (torch's and numpy's messages may run to many)."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+def at_least(ids: np.ndarray, value: int) -> np.ndarray:
+    """ids >= value, exact for every integer dtype: the bound is a scalar of the ids' own type
+    (or settles it), never a float64 that uint64 and int64 might meet on the way."""
+    info = np.iinfo(ids.dtype)
+    if value <= info.min:
+        return np.ones(ids.shape, bool)
+    if value > info.max:
+        return np.zeros(ids.shape, bool)
+    return ids >= ids.dtype.type(value)
 
 
 class _Split:
@@ -139,6 +245,7 @@ class _Split:
             self.folder.mkdir(parents=True, exist_ok=True)
 
     def add(self, rows: np.ndarray) -> None:
+        """Rows whose ids _add_rows checked: all in [0, vocab), which the dtype holds."""
         self.rows.append(rows.astype(self.dtype))
         self.buffered += len(rows)
         while self.buffered >= self.per_shard:
@@ -202,23 +309,14 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "overwrite")}
     fingerprint = {"import": settings, "inputs": inputs,
                    "tokenizer": tok.identity() if tok else None, "format_version": FORMAT_VERSION}
-    # the first pass: widths and the largest id (the vocabulary and the dtype come from them)
-    seq, largest = cfg.seq, 0
-    for split_files in files.values():
-        for path in split_files:
-            for rows in read_blocks(path, cfg):
-                if seq is None:
-                    seq = rows.shape[1]
-                if rows.shape[1] == seq and len(rows):
-                    largest = max(largest, int(rows.max()))
+    seq, largest = _scan(files, cfg, tok is None)
     if seq is None or seq < 2:
         raise SettingsError(f"{src}: rows of {seq} tokens; a row needs at least 2")
-    vocab = tok.vocab_size if tok else largest + 1
-    if tok is None:
-        warn(f"pack import: no --tokenizer: the vocabulary is taken as the largest id + 1 "
-             f"({vocab:,}), which sizes the model's embedding; pass --tokenizer to record the "
-             "real one")
-    dtype = np.uint16 if vocab <= 1 << 16 else np.uint32
+    fmt = get_format(cfg.format)
+    fmt.check_settings(seq, cfg.shard_bytes, None if fmt.default_compression == "none"
+                       else fmt.default_compression)
+    vocab = _vocabulary(cfg, tok, largest, warn)
+    dtype = np.uint16 if vocab <= 1 << 16 else np.uint32  # holds every id below vocab
     with OutputLock(out / WORK_DIR):
         found = prepare_output(out, fingerprint, cfg.overwrite)
         if found == "complete":
@@ -231,6 +329,69 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
             journal.close()
 
 
+def _scan(files: dict[str, list[Path]], cfg: ImportConfig, check_ids: bool):
+    """The first pass, before anything is written: (row width, largest id) over the rows of that
+    width (--seq, else the first file's). With `check_ids` (no --tokenizer: the vocabulary is
+    the largest id + 1) an id of MAX_VOCAB or more is refused, naming its file, row and value,
+    rather than recorded as a vocabulary or cast into the output's dtype."""
+    seq, largest = cfg.seq, 0
+    for split_files in files.values():
+        for path in split_files:
+            first = 0  # the source's row number of the block's first row, as _write counts
+            for rows in read_blocks(path, cfg):
+                if seq is None:
+                    seq = rows.shape[1]
+                if rows.shape[1] == seq and len(rows):
+                    top = int(rows.max())
+                    if check_ids and top >= MAX_VOCAB:
+                        row, value = _first_at_least(rows, MAX_VOCAB)
+                        raise InputError(
+                            f"{path}: row {first + row} holds id {value:,}, beyond any "
+                            f"vocabulary ({MAX_VOCAB:,} ids at most without --tokenizer), so "
+                            "these are not token ids as stored (bytes of another dtype?): fix "
+                            "the file, or pass --tokenizer to skip rows beyond its vocabulary")
+                    largest = max(largest, top)
+                first += len(rows)
+    return seq, largest
+
+
+def _first_at_least(rows: np.ndarray, value: int) -> tuple[int, int]:
+    """(row, id) of the first id >= value, a block at a time (rows may be a memory map)."""
+    for a in range(0, len(rows), BLOCK_ROWS):
+        block = np.asarray(rows[a:a + BLOCK_ROWS])
+        hit = np.flatnonzero(at_least(block, value).any(1))
+        if len(hit):
+            row = block[hit[0]]
+            return a + int(hit[0]), int(row[at_least(row, value)][0])
+    raise AssertionError("no such id")
+
+
+def _vocabulary(cfg: ImportConfig, tok, largest: int, warn) -> int:
+    """The vocabulary size the manifest records (every kept id is below it), checked against
+    --eos-id and, with --tokenizer, the data's largest id."""
+    if tok is None:
+        vocab = largest + 1
+        warn(f"pack import: no --tokenizer: the vocabulary is taken as the largest id + 1 "
+             f"({vocab:,}), which sizes the model's embedding; pass --tokenizer to record the "
+             "real one")
+    else:
+        vocab = tok.vocab_size
+        if vocab > 1 << 32:
+            raise SettingsError(f"--tokenizer {cfg.tokenizer}: a vocabulary of {vocab:,} ids "
+                                "does not fit uint32 tokens")
+        if largest < vocab // 2:  # a smaller tokenizer's ids fit, and would be mislabelled
+            warn(f"pack import: the largest id in {cfg.src} is {largest:,}, and --tokenizer "
+                 f"{cfg.tokenizer} has {vocab:,}: if the ids are another tokenizer's, pass that "
+                 "one (the manifest records this one, and the model's embedding its size)")
+    if cfg.eos_id is not None and cfg.eos_id >= vocab:
+        raise SettingsError(
+            f"--eos-id {cfg.eos_id} is not an id of --tokenizer {cfg.tokenizer} (its vocabulary "
+            f"has {vocab:,})" if tok else
+            f"--eos-id {cfg.eos_id} is above every id in {cfg.src} (the largest is {largest:,}), "
+            "so no document would end: check the id, or pass --tokenizer")
+    return vocab
+
+
 def _add_rows(rows, path: Path, first: int, seq: int, vocab: int, split: "_Split", skip) -> None:
     """A block of a source's rows into the split, those of another width or with an id out of
     the vocabulary skipped (numbered from `first`)."""
@@ -240,7 +401,7 @@ def _add_rows(rows, path: Path, first: int, seq: int, vocab: int, split: "_Split
         return
     for a in range(0, len(rows), BLOCK_ROWS):
         block = np.asarray(rows[a:a + BLOCK_ROWS])
-        bad = (block < 0).any(1) | (block >= vocab).any(1)
+        bad = (~at_least(block, 0)).any(1) | at_least(block, vocab).any(1)
         for r in np.flatnonzero(bad):
             skip(path, first + a + int(r), "id_out_of_range",
                  f"ids {int(block[r].min())}..{int(block[r].max())}, the vocabulary has {vocab}")
