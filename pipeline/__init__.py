@@ -52,6 +52,7 @@ _API = {  # name -> the module that defines it
     "StorageError": "errors", "Store": "storage", "is_url": "storage",  # object stores
     "staging_folder": "storage", "redact": "storage", "refuse_unwritable": "storage",
     "load_tokenizer": "tokenizer",  # the build's tokenizer (zoo: export, generate)
+    "same_tokenizer": "manifest", "tokenizer_label": "manifest",  # do two builds' ids agree
     "parse_mixture": "mixture", "natural_weights": "mixture",  # train on several builds
     "source_name": "mixture", "good_name": "mixture",  # a source's name: given or its folder's
     "REPEAT_WARNING_EPOCHS": "mixture",  # repeats worth less past it

@@ -20,6 +20,28 @@ def longpack_version() -> str:
         return "unknown"
 
 
+# What makes two builds' ids mean the same thing (a manifest's "tokenizer"): not where the
+# tokenizer file was read from, nor which engine encoded.
+TOKENIZER_IDENTITY = ("name", "kind", "sha256", "vocab_size", "eos_id")
+
+
+def same_tokenizer(a: dict | None, b: dict | None) -> bool:
+    """Whether two manifests' tokenizers give ids the same meaning (None: not known)."""
+    if a is None or b is None:
+        return a is b
+    return all(a.get(k) == b.get(k) for k in TOKENIZER_IDENTITY)
+
+
+def tokenizer_label(tok: dict | None) -> str:
+    """A manifest's tokenizer in a few words: its name, its file's sha256 and its vocabulary."""
+    if tok is None:
+        return "no manifest"
+    if tok.get("kind") == "imported":
+        return f"imported ids (no tokenizer, vocabulary {tok.get('vocab_size'):,})"
+    sha = f"sha256 {tok['sha256'][:12]}, " if tok.get("sha256") else ""
+    return f"{tok.get('name')} ({sha}vocabulary {tok.get('vocab_size'):,})"
+
+
 def empty_counts(splits, reasons) -> dict:
     split = {"documents": 0, "tokens": 0, "text_bytes": 0, "padding_tokens": 0,
              "dropped_tokens": 0}

@@ -18,14 +18,12 @@ import json
 from pathlib import Path
 
 from pipeline.errors import DataError, LongpackError
+from pipeline.manifest import same_tokenizer, tokenizer_label
 from pipeline.mixture import REPEAT_WARNING_EPOCHS, natural_weights
 from pipeline.recommend import recommendations
 from pipeline.stats_files import open_output
 from pipeline.stats_report import collect, human, human_duration, recommend_line
 from pipeline.storage import Store, is_url
-
-# What makes two builds' ids the same ids (the trainer compares the same: training/mixture.py).
-TOKENIZER_KEYS = ("name", "kind", "sha256", "vocab_size", "eos_id")
 
 
 def collect_all(sources: list[tuple[str, str]], verify: bool, throughput, budget,
@@ -64,16 +62,10 @@ def _manifest(name: str, path: str) -> dict | None:
 def same_tokens(names: list[str], tokenizers: list[dict | None], seqs: list[int | None]) -> None:
     """Refuse builds whose ids mean other things (a tokenizer of None: no manifest) or whose
     rows differ in length (None: not known), naming both, in the trainer's words."""
-    def identity(tok):
-        return None if tok is None else {k: tok.get(k) for k in TOKENIZER_KEYS}
-
-    def label(tok):
-        return "no manifest" if tok is None else tok.get("name")
-
     for name, tok, seq in zip(names[1:], tokenizers[1:], seqs[1:]):
-        if identity(tok) != identity(tokenizers[0]):
-            raise DataError(f"pack stats: {names[0]} and {name} were tokenized differently "
-                            f"({label(tokenizers[0])} vs {label(tok)}, or another vocabulary);"
+        if not same_tokenizer(tok, tokenizers[0]):
+            raise DataError(f"pack stats: {names[0]} and {name} were tokenized differently: "
+                            f"{tokenizer_label(tokenizers[0])} vs {tokenizer_label(tok)};"
                             " a mixture needs one tokenizer: rebuild one of them")
         if seq is not None and seqs[0] is not None and seq != seqs[0]:
             raise DataError(f"pack stats: {names[0]} has rows of {seqs[0]} tokens and {name} of "

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.errors import LongpackError
+from pipeline.manifest import tokenizer_label
 from pipeline.recommend import recommendations
 from pipeline.shards import ShardError, SplitReader
 from pipeline.split import PAD_HASH
@@ -29,6 +30,10 @@ def _tokenizer(manifest: dict | None, not_checked: list):
     from pipeline.tokenizer import load_tokenizer
 
     source = manifest["tokenizer"]["source"]
+    if source is None:  # `pack import` without --tokenizer: ids only
+        not_checked.append("token texts: the build records no tokenizer (pack import without "
+                           "--tokenizer)")
+        return None
     try:
         return load_tokenizer(source)
     except LongpackError as e:
@@ -171,6 +176,9 @@ def _collect(path: Path, verify: bool, throughput, budget, eos_id, open_reader) 
                        other if name != "val" else None, open_reader)
         if result:
             splits[name], scans[name] = result
+    if manifest and "val" not in manifest["splits"]:
+        not_checked.append("val: the build has no val split (train runs without a val loss; "
+                           "train/val overlap does not arise)")
     if "train" in scans and scans["train"].overlap:
         problems.append(Problem("val", f"{scans['train'].overlap:,} documents are in both "
                                        "train and val", fix="re-run pack build with --overwrite"))
@@ -216,7 +224,7 @@ def render(r: dict) -> str:
     tok = r["tokenizer"]
     head = f"pack stats {r['path']}  ({r['format'] or 'no manifest'}"
     if tok:
-        head += f", tokenizer {tok['name']} sha256 {tok['sha256'][:12]}, vocab {tok['vocab_size']:,}"
+        head += f", tokenizer {tokenizer_label(tok)}"
     lines = [head + ")", f"  {'':22}" + "".join(f"{n:>16}" for n in names)]
 
     def row(label, key, fmt=_n):

@@ -32,7 +32,7 @@ def test_a_trained_gpt_neox_loads_in_transformers_with_the_same_logits(tmp_path,
     assert not any(info.values()), info  # no missing, unexpected or mismatched keys
     from training.export import load_run
 
-    ours, _ = load_run(neox_run)
+    ours = load_run(neox_run).model
     ids = torch.randint(0, ours.cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         diff = (hf.eval()(ids).logits - ours(ids)).abs().max().item()
@@ -170,7 +170,8 @@ def test_greedy_generation_is_transformers_greedy_generation(tmp_path, neox_run)
     assert CliRunner().invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out",
                                     str(out)]).exit_code == 0
     hf = transformers.GPTNeoXForCausalLM.from_pretrained(out).eval()
-    model, tokenizer = load_run(neox_run)
+    trained = load_run(neox_run)
+    model, tokenizer = trained.model, trained.tokenizer
     prompt = tokenizer.reference.encode_flat(["the long context "])[0].tolist()
     ours = generate(model, prompt, max_new=12)  # eos_id None: 12 tokens whatever comes
     theirs = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,

@@ -125,9 +125,11 @@ def test_builds_of_other_tokenizers_or_row_lengths_are_refused_before_any_shard_
     monkeypatch.setattr(stats_mix, "collect", lambda *a, **k: pytest.fail("a build was read"))
     code_, out = stats(builds["web"], builds["other"])
     assert code_ == 1
-    assert out.strip() == ("Error: pack stats: web and other were tokenized differently (gpt2 "
-                           "vs cl100k_base, or another vocabulary); a mixture needs one "
-                           "tokenizer: rebuild one of them")
+    sha = json.loads((builds["web"] / "manifest.json").read_text())["tokenizer"]["sha256"][:12]
+    assert out.strip() == (f"Error: pack stats: web and other were tokenized differently: gpt2 "
+                           f"(sha256 {sha}, vocabulary 50,257) vs cl100k_base (sha256 {sha}, "
+                           "vocabulary 100,277); a mixture needs one tokenizer: rebuild one of "
+                           "them")
     code_, out = stats(builds["web"], builds["longer"], "--mix", "web=1,longer=1")
     assert code_ == 1 and len(out.strip().splitlines()) == 1
     assert "pack stats: web has rows of 65 tokens and longer of 129" in out

@@ -86,9 +86,15 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_one_before(tmp_path, shar
     run = tmp_path / "r"
     train(config(shards, run, max_steps=6), log=lambda m: None)  # checkpoints at 3 and 6
     (run / "step-00000006" / "state.pt").write_bytes(b"truncated")
-    with pytest.warns(UserWarning, match="skipping checkpoint .*step-00000006"):
-        state, path = checkpoint.load_latest(run)
+    said = []
+    state, path = checkpoint.load_latest(run, said.append)
     assert path.name == "step-00000003" and state["step"] == 3
+    assert len(said) == 1 and said[0].startswith(f"skipping checkpoint {run / 'step-00000006'}:")
+    # the trainer says it once, in its own log, and resumes from the one before
+    lines = []
+    train(config(shards, run, max_steps=7), log=lines.append)
+    assert [m for m in lines if "skipping checkpoint" in m] == said
+    assert f"resumed from {run / 'step-00000003'} at step 3" in lines
 
 
 @pytest.mark.slow

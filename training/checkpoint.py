@@ -15,7 +15,7 @@ that copy is ignored.
 
 import random
 import shutil
-import warnings
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -65,12 +65,18 @@ def load(path: Path) -> tuple[dict, Path]:
     return _readable(state, path), path
 
 
-def load_latest(run: Path) -> tuple[dict, Path] | None:
+def warn(line: str) -> None:
+    """A note for the user on stderr, one line (the trainer passes its own log instead)."""
+    print(f"warning: {line}", file=sys.stderr)
+
+
+def load_latest(run: Path, say=warn) -> tuple[dict, Path] | None:
+    """The newest sound checkpoint of RUN; `say` is told of each one skipped, in one line."""
     for path in sorted(run.glob("step-*"), reverse=True):
         try:
             state = _read(path)
         except Exception as e:  # truncated, missing or unreadable: fall back to the one before
-            warnings.warn(f"skipping checkpoint {path}: {e}", stacklevel=2)
+            say(f"skipping checkpoint {path}: {e}; using the one before it")
             continue
         # sound but newer: refused, since falling back to an older one would undo steps
         return _readable(state, path), path
@@ -94,13 +100,13 @@ def _readable(state: dict, path: Path) -> dict:
     return state
 
 
-def find(run: Path, resume: str) -> tuple[dict, Path] | None:
+def find(run: Path, resume: str, say=warn) -> tuple[dict, Path] | None:
     """--resume auto: the newest sound checkpoint in the run, if any; never: none; else the
     checkpoint directory named."""
     if resume == "never":
         return None
     if resume == "auto":
-        return load_latest(run)
+        return load_latest(run, say)
     return load(Path(resume))
 
 
@@ -111,6 +117,8 @@ def capture(s: TrainState, step: int, data, order: MixedOrder, cfg) -> dict:
             "optimizers": [o.state_dict() for o in s.optimizers],
             "scaler": s.scaler.state_dict(), "rng": rng_state(), "step": step,
             "fingerprint": data.fingerprint, "seq": data.seq, "config": cfg.to_dict(),
+            # what the ids mean: zoo eval refuses a build of another tokenizer by it
+            "tokenizer": data.manifest["tokenizer"],
             "mixture": order.history(),
             # the model's config as built (preset + --model-arg): what resume, export and
             # generate rebuild it from

@@ -292,17 +292,18 @@ def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = N
     if not shard_format.streamed and is_remote(location):
         raise DataError(f"{location}: {shard_format.name} builds are read from local disk; copy "
                         "it locally or build with --format mds to stream it")
-    if manifest["splits"]["train"]["rows"] == 0:
-        raise DataError(f"{location}: the train split has no rows")
+    if not manifest["splits"].get("train", {}).get("rows"):
+        raise DataError(f"{location}: the build has no train rows (manifest.json splits: "
+                        f"{', '.join(manifest['splits']) or 'none'})")
     vocab_size = manifest["tokenizer"]["vocab_size"]
     made = _first_missing(Path(cache))  # what to remove if this fails
     try:
         splits = {}
         for split in ("train", "val"):
-            path = manifest["splits"][split]["path"]
-            if manifest["splits"][split]["rows"] == 0:
-                splits[split] = None  # no evaluation
+            if not manifest["splits"].get(split, {}).get("rows"):
+                splits[split] = None  # no val split or no val rows: no evaluation
                 continue
+            path = manifest["splits"][split]["path"]
             if shard_format.streamed:
                 remote = location.rstrip("/") + "/" + path if is_remote(location) \
                     else str(Path(location, path).resolve())

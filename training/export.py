@@ -19,6 +19,7 @@ import base64
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,11 +30,21 @@ from training import checkpoint
 from training.transformers_compat import import_transformers
 
 
-def load_run(run: Path, step: int | None = None):
-    """(model in eval mode, the build's tokenizer or None) from RUN's newest sound checkpoint,
-    or from step-N. The tokenizer is the one the build's manifest names, when it loads here."""
+@dataclass
+class TrainedRun:
+    """A run's model and what it was trained on (`load_run`)."""
+    model: torch.nn.Module  # in eval mode
+    tokenizer: object | None  # the build's pipeline Tokenizer, when it loads here
+    trained_on: dict | None  # the build manifest's "tokenizer" (None: not recorded, build gone)
+    seq: int | None  # the sample length it trained on
+    checkpoint: Path
+
+
+def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> TrainedRun:
+    """RUN's newest sound checkpoint (`say` is told of each one skipped), or step-N's. The
+    tokenizer is the one the build's manifest names, when it loads here."""
     if step is None:
-        found = checkpoint.load_latest(run)
+        found = checkpoint.load_latest(run, say)
         if found is None:
             raise TrainingError(f"{run}: no complete checkpoint (step-NNNNNNNN/ with COMPLETE); "
                                 "pass the --out of a train run")
@@ -43,22 +54,42 @@ def load_run(run: Path, step: int | None = None):
     weights = state["model"]
     name = state["config"]["model"]
     overrides = state.get("model_config") or {}
-    model = archs.build(name, **{"vocab_size": weights["embed.weight"].shape[0], **overrides})
+    try:
+        model = archs.build(name, **{**overrides, "vocab_size": weights["embed.weight"].shape[0]})
+    except (KeyError, ValueError, TypeError) as e:
+        raise TrainingError(f"{path}: its model ({name}) cannot be built here ({e})") from None
     model.load_state_dict(weights)
     model.eval()
-    return model, _tokenizer(state["config"].get("shards"))
+    manifest = _manifest(state["config"].get("shards"))
+    # checkpoints record the build's tokenizer; older ones only where the build still is
+    trained_on = state.get("tokenizer") or (manifest or {}).get("tokenizer")
+    return TrainedRun(model, _tokenizer(manifest), trained_on, state.get("seq"), path)
 
 
-def _tokenizer(shards: str | list | None):
-    """The build's tokenizer (pipeline.tokenizer.Tokenizer; a mixture's first source's: they
-    share it), or None when the build's manifest or tokenizer file is not here."""
-    from pipeline import LongpackError, load_tokenizer, parse_mixture
+def _manifest(shards: str | list | None) -> dict | None:
+    """The manifest of the run's build (a mixture's first source's: they share the tokenizer),
+    or None when it is not here."""
+    from pipeline import LongpackError, parse_mixture
 
     try:
         first = parse_mixture([shards] if isinstance(shards, str) else shards, None, (), ())
         manifest = json.loads((Path(first[0][0][1]) / "manifest.json").read_text())
-        return load_tokenizer(manifest["tokenizer"]["source"])
-    except (OSError, ValueError, KeyError, TypeError, LongpackError):
+        return manifest if isinstance(manifest.get("tokenizer"), dict) else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, LongpackError):
+        return None
+
+
+def _tokenizer(manifest: dict | None):
+    """The build's tokenizer (pipeline.tokenizer.Tokenizer), or None when its file is not
+    here (or the build records none: pack import without --tokenizer)."""
+    from pipeline import LongpackError, load_tokenizer
+
+    source = (manifest or {}).get("tokenizer", {}).get("source")
+    if source is None:
+        return None
+    try:
+        return load_tokenizer(source)
+    except (OSError, ValueError, LongpackError):
         return None
 
 

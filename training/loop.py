@@ -62,7 +62,7 @@ def _train(cfg, resume, log, stop_at, procs):
     # refused run leaves nothing behind ------------------------------------------------------
     with removed_on_failure(run):
         resume = fetch_remote_checkpoint(run, remote, resume, procs)
-        found = same_on_every_process(checkpoint.find(run, resume), run, remote, procs, log)
+        found = same_on_every_process(checkpoint.find(run, resume, log), run, remote, procs, log)
         if found:
             checkpoint.check_model(found, cfg)
         data = open_sources(cfg, Path(cfg.cache or run / SHARD_CACHE))
@@ -74,8 +74,11 @@ def _train(cfg, resume, log, stop_at, procs):
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        model = archs.build(cfg.model, vocab_size=data.manifest["tokenizer"]["vocab_size"],
-                            **cfg.model_overrides()).to(device)
+        vocab = data.manifest["tokenizer"]["vocab_size"]
+        from training.plan import check_memory  # here: plan.py imports this module
+
+        check_memory(cfg, vocab, data.seq - 1, device)  # one line, before any allocation
+        model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides()).to(device)
         state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile
         step = checkpoint.restore(found, state, cfg) if found else 0
         last, cut_by = order.last_step(cfg.max_steps)  # --max-epochs may end the run sooner
@@ -92,6 +95,9 @@ def _train(cfg, resume, log, stop_at, procs):
     history = metrics.truncate(step) if metrics else []
     if found:
         log(f"resumed from {found[1]} at step {step}")
+    for name, val in data.vals:
+        if val is None:
+            log(f"{name}: the build has no val rows: the run reports no val loss for it")
     batches_of = StepBatches(order, data.train, procs.rank, procs.world, cfg.batch_size,
                              cfg.grad_accum)
     peak = peak_flops(device)

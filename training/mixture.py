@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import DataError, natural_weights
+from pipeline import DataError, natural_weights, same_tokenizer, tokenizer_label
 from training.data import Build, dataset_fingerprint, open_build, read_manifest
 from training.sampler import GlobalOrder, batch_hash
 
@@ -287,16 +287,11 @@ class MixedRows:
 def same_tokens(names: list[str], manifests: list[dict], seqs: list[int]) -> None:
     """Refuse a mixture of builds whose ids mean other things or whose samples differ in
     length, naming both builds."""
-    keys = ("name", "kind", "sha256", "vocab_size", "eos_id")
-
-    def tokenizer(m):
-        return {k: m["tokenizer"].get(k) for k in keys}
-
     for name, manifest, seq in zip(names[1:], manifests[1:], seqs[1:]):
-        if tokenizer(manifest) != tokenizer(manifests[0]):
-            raise DataError(f"--shards: {names[0]} and {name} were tokenized differently "
-                            f"({manifests[0]['tokenizer']['name']} vs "
-                            f"{manifest['tokenizer']['name']}, or another vocabulary); a "
+        if not same_tokenizer(manifest["tokenizer"], manifests[0]["tokenizer"]):
+            raise DataError(f"--shards: {names[0]} and {name} were tokenized differently: "
+                            f"{tokenizer_label(manifests[0]['tokenizer'])} vs "
+                            f"{tokenizer_label(manifest['tokenizer'])}; a "
                             "mixture needs one tokenizer: rebuild one of them")
         if seq != seqs[0]:
             raise DataError(f"--shards: {names[0]} has rows of {seqs[0]} tokens and {name} of "

@@ -2,12 +2,16 @@
 
 First, at once, the static plan: resolved config, parameters (total and active, at the build's
 vocabulary), tokens per step, steps, epochs over the shards, training FLOPs
-(model.flops_per_token) and a memory estimate (weights + gradients + optimizer state: 16 bytes
-per parameter with AdamW in fp32, plus the fp32 logits the loss keeps and their gradient: all
-of a micro-batch's within archs.layers' budget, else one chunk's; activations are not
-counted). Then a probe, one line per probe step: a warm-up and PROBE_STEPS timed steps, each
-step.train_step on one micro-batch: the step the run takes (grad scaler, clipping, the
-optimizers, DDP under torchrun, torch.compile), its loss said beside its time.
+(model.flops_per_token) and a memory estimate, a floor (`memory_floor`): weights + gradients +
+optimizer state (16 bytes per parameter with AdamW in fp32), the fp32 logits the loss keeps and
+their gradient (all of a micro-batch's within archs.layers' budget, else one chunk's), and each
+block's fp32 input for the micro-batch (what activation checkpointing keeps; the rest of the
+activations is not counted). A run, or a dry run, whose floor passes the device's memory is
+refused in one line before any weight is allocated (`check_memory`, which training/loop.py
+calls too before it builds the model). Then a probe, one line per probe step: a warm-up and
+PROBE_STEPS timed steps, each step.train_step on one micro-batch: the step the run takes (grad
+scaler, clipping, the optimizers, DDP under torchrun, torch.compile), its loss said beside its
+time.
 
 On a GPU a probe step is one full micro-batch (batch_size x seq): the measurement is the run's.
 On a CPU that would take minutes (neox-tiny at seq 32768: 8 x 32767 tokens, ~23 TFLOPs a step,
@@ -29,7 +33,7 @@ import torch
 
 import archs
 from archs.layers import LOGITS_BUDGET_BYTES
-from pipeline import REPEAT_WARNING_EPOCHS
+from pipeline import REPEAT_WARNING_EPOCHS, SettingsError
 from training import distributed
 from training.batch import make_batch
 from training.config import TrainConfig
@@ -80,9 +84,10 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> d
     data = open_sources(cfg, cache)
     cfg = resolve_steps(cfg, data.seq, procs.world)
     vocab = data.manifest["tokenizer"]["vocab_size"]
+    seq = data.seq - 1
+    memory = check_memory(cfg, vocab, seq, procs.device)  # before the model is built
     counted = archs.build(cfg.model, device="meta", vocab_size=vocab,  # sizes, no memory
                           **cfg.model_overrides())
-    seq = data.seq - 1
     rows_per_step = cfg.batch_size * cfg.grad_accum * procs.world
     order = make_order(data, cfg, rows_per_step)
     steps, cut_by = order.last_step(cfg.max_steps)
@@ -98,13 +103,63 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> d
          "stopped_by_max_epochs": None if cut_by is None else data.names[cut_by],
          "tokens": rows_per_step * seq * steps,
          "epochs": steps * rows_per_step / len(data.train), "sources": sources,
+         "no_val": [name for name, val in data.vals if val is None],
          "flops": counted.flops_per_token(seq) * rows_per_step * seq * steps,
-         "memory_bytes_estimate": 16 * params + loss_bytes(cfg.batch_size * seq, vocab)}
+         "memory_bytes_estimate": memory}
     say(render(p))
     rows, length = probe_shape(counted.flops_per_token, seq, cfg.batch_size, procs.device)
     p.update(probe(cfg, data, procs, vocab, rows, length, say, steps))
     say(render_time(p))
     return p
+
+
+def check_memory(cfg: TrainConfig, vocab: int, seq: int, device: torch.device) -> int:
+    """The floor of what training needs on `device` (`memory_floor`), the model sized on the
+    meta device (archs.footprint: nothing allocated, no layer built twice over). SettingsError,
+    one line, when it passes the device's memory (the CPU's shared by this machine's processes
+    under torchrun), or when the weights pass the CPU's, where the model is built before it
+    moves to a GPU."""
+    overrides = cfg.model_overrides()
+    try:
+        size = archs.footprint(cfg.model, vocab_size=vocab, **overrides)
+    except archs.TooLarge as e:
+        raise SettingsError(f"{_model_flags(cfg)}: {e}") from None
+    model_cfg = archs.config(cfg.model, vocab_size=vocab, **overrides)
+    need = memory_floor(size["params"], model_cfg, cfg.batch_size, seq)
+    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    have = archs.device_memory(device)
+    if have is not None and need * sharing > have:
+        shared = f" for {sharing} processes" if sharing > 1 else ""
+        raise SettingsError(
+            f"{_model_flags(cfg)}: {size['params']:,} parameters at the build's vocabulary of "
+            f"{vocab:,}; training needs at least {_gib(need * sharing)}{shared} (16 bytes a "
+            "parameter for the weights, gradients and AdamW state, the loss's logits, each "
+            f"block's input for a micro-batch of {cfg.batch_size} x {seq} tokens) and {device} "
+            f"has {_gib(have)} of memory: choose a smaller model, --batch-size or --seq")
+    host = archs.device_memory("cpu")
+    if device.type != "cpu" and host is not None and size["bytes"] > host:
+        raise SettingsError(
+            f"{_model_flags(cfg)}: {size['params']:,} parameters; their weights "
+            f"({_gib(size['bytes'])}) are built in the CPU's memory before they move to "
+            f"{device}, and it has {_gib(host)}: choose a smaller model")
+    return need
+
+
+def memory_floor(params: int, model_cfg, batch_size: int, seq: int) -> int:
+    """Bytes a training step needs at least: 16 a parameter (fp32 weights, gradients, AdamW's
+    two moments), the loss's logits (loss_bytes), the micro-batch's inputs and targets (int64)
+    and each block's fp32 input, which backward needs even with activation checkpointing."""
+    tokens = batch_size * seq
+    blocks = 4 * tokens * model_cfg.d_model * model_cfg.n_layers
+    return 16 * params + loss_bytes(tokens, model_cfg.vocab_size) + 16 * tokens + blocks
+
+
+def _model_flags(cfg: TrainConfig) -> str:
+    return f"--model {cfg.model}" + "".join(f" --model-arg {a}" for a in cfg.model_args)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
 
 
 def loss_bytes(tokens: int, vocab: int) -> int:
@@ -188,12 +243,15 @@ def render(p: dict) -> str:
               + (f" (the run stops here: {p['stopped_by_max_epochs']} reaches --max-epochs; "
                  f"--max-steps is {c['max_steps']:,})" if p["stopped_by_max_epochs"] else ""),
               f"  compute     {p['flops']:.3g} FLOPs; memory ~{p['memory_bytes_estimate'] / 2**30:.2f}"
-              " GiB (weights, gradients, AdamW state, the loss's logits)"]
+              " GiB at least (weights, gradients, AdamW state, the loss's logits, each block's "
+              "input)"]
     if len(p["sources"]) > 1:
         for src in p["sources"]:
             lines.append(f"  source      {src['name']}: {src['tokens']:,} tokens "
                          f"({src['rows']:,} rows), {src['epochs']:.2f} epochs of its "
                          f"{src['train_rows']:,} train rows")
+    for name in p["no_val"]:
+        lines.append(f"  val         {name}: the build has no val rows: no val loss for it")
     for src in p["sources"]:
         if src["epochs"] > REPEAT_WARNING_EPOCHS:
             lines.append(f"  warning     {src['name']} is repeated {src['epochs']:.1f} times: "

@@ -53,8 +53,9 @@ def export(run, step, to, out):
 
         if out.exists() and any(out.iterdir()):
             raise LongpackError(f"--out {out} is not empty: choose a new or empty directory")
-        model, tokenizer = load_run(run, step)
-        notes = export_hf(model, tokenizer, out) if to == "hf" else []
+        trained = load_run(run, step)
+        model = trained.model
+        notes = export_hf(model, trained.tokenizer, out) if to == "hf" else []
         if to == "safetensors":
             archs.save(model, out)
     except LongpackError as e:
@@ -68,7 +69,7 @@ def export(run, step, to, out):
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--shards", required=True, help="A build (its --out, or URL) with the run's "
               "tokenizer.")
-@click.option("--split", default="val", show_default=True, help="train or val.")
+@click.option("--split", type=click.Choice(["val", "train"]), default="val", show_default=True)
 @click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--limit", type=click.IntRange(min=1), default=None,
@@ -82,22 +83,18 @@ def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
     import tempfile
 
     from pipeline import LongpackError
-    from training.data import open_build
+    from training.data import open_build, read_manifest
     from training.evaluate import bits_per_byte, split_loss
     from training.export import load_run
 
     try:
-        model, _ = load_run(run, step)
+        trained = load_run(run, step)
+        model = trained.model
+        manifest = read_manifest(shards)
+        check_eval_build(trained, manifest, shards, split)
         with tempfile.TemporaryDirectory(prefix="longpack-eval.") as tmp:
-            build = open_build(shards, cache or Path(tmp), "100gb")
+            build = open_build(shards, cache or Path(tmp), "100gb", manifest=manifest)
             rows = build.train if split == "train" else build.val
-            if split not in ("train", "val") or rows is None:
-                raise LongpackError(f"--split {split}: {shards} has no such split with rows")
-            if build.manifest["tokenizer"]["vocab_size"] > model.cfg.vocab_size:
-                raise LongpackError(f"{shards} has a vocabulary of "
-                                    f"{build.manifest['tokenizer']['vocab_size']:,} ids, the "
-                                    f"model {model.cfg.vocab_size:,}: evaluate on a build of the "
-                                    "run's tokenizer")
             n = min(len(rows), limit or len(rows))
             loss_sum, targets = split_loss(model, rows, n, batch_size)
     except LongpackError as e:
@@ -116,6 +113,28 @@ def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
                + ("-" if bpb is None else f"{bpb:.4f}"))
 
 
+def check_eval_build(trained, manifest: dict, shards: str, split: str) -> None:
+    """Refuse, in one line, a build whose ids mean other things than the run's (another
+    tokenizer), or that has no rows in `split`."""
+    from pipeline import LongpackError, same_tokenizer, tokenizer_label
+
+    theirs = manifest.get("tokenizer")
+    if trained.trained_on is not None and not same_tokenizer(trained.trained_on, theirs):
+        raise LongpackError(f"{shards} was tokenized with {tokenizer_label(theirs)}, the run "
+                            f"trained on {tokenizer_label(trained.trained_on)}: evaluate on a "
+                            "build of the run's tokenizer")
+    vocab = (theirs or {}).get("vocab_size") or 0
+    if vocab > trained.model.cfg.vocab_size:
+        raise LongpackError(f"{shards} has a vocabulary of {vocab:,} ids, the model "
+                            f"{trained.model.cfg.vocab_size:,}: evaluate on a build of the run's "
+                            "tokenizer")
+    if not manifest.get("splits", {}).get(split, {}).get("rows"):
+        has = [s for s, c in manifest.get("splits", {}).items() if c.get("rows")]
+        raise LongpackError(f"{shards} has no {split} rows (its splits with rows: "
+                            f"{', '.join(has) or 'none'})" + (
+                                f"; pass --split {has[0]}" if has else ""))
+
+
 @zoo.command()
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--prompt", required=True, help="Text to continue (encoded with the build's "
@@ -128,26 +147,57 @@ def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
 def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step):
-    """Continue a prompt with a trained run's model; prints the prompt and its continuation."""
+    """Continue a prompt with a trained run's model; prints the prompt and its continuation as
+    it is generated (Ctrl+C stops it, keeping what was printed). An empty prompt starts a new
+    document (after the tokenizer's EOS)."""
     import torch
 
     from pipeline import LongpackError
     from training.export import load_run
-    from training.generate import generate as continue_ids
+    from training.generate import TextStream, context, stream
 
     try:
-        model, tokenizer = load_run(run, step)
+        trained = load_run(run, step)
+        tokenizer = trained.tokenizer
         if tokenizer is None:
             raise LongpackError(f"{run}: the build's tokenizer cannot be loaded here (its "
-                                "manifest or tokenizer file is missing): nothing to encode the "
-                                "prompt with")
-        ids, _ = tokenizer.reference.encode_flat([prompt])
+                                "manifest or tokenizer file is missing, or it was imported "
+                                "without --tokenizer): nothing to encode the prompt with")
+        try:
+            ids = tokenizer.reference.encode_flat([prompt])[0].tolist()
+        except UnicodeEncodeError as e:
+            raise LongpackError(f"--prompt: not valid text ({e.reason} at character "
+                                f"{e.start}); pass UTF-8 text") from None
+        if not ids:  # nothing to continue: a new document, as after an EOS in training
+            if tokenizer.eos_id is None:
+                raise LongpackError("--prompt is empty and the build's tokenizer has no EOS to "
+                                    "start a document after: give some text to continue")
+            ids = [tokenizer.eos_id]
+        limit = context(trained.model, trained.seq)
+        if limit is not None and len(ids) >= limit:
+            raise LongpackError(f"--prompt is {len(ids):,} tokens, the model's context is "
+                                f"{limit:,} (its max_seq or the rows it trained on): shorten it")
+        if limit is not None and len(ids) + max_new_tokens > limit:
+            click.echo(f"note: at most {limit - len(ids):,} new tokens: the model's context is "
+                       f"{limit:,} tokens and the prompt takes {len(ids):,}", err=True)
+            max_new_tokens = limit - len(ids)
         allowed = torch.from_numpy(tokenizer.decodable())
-        new = continue_ids(model, ids.tolist(), max_new_tokens, temperature, top_k, top_p, seed,
-                           tokenizer.eos_id, allowed)
+        tokens = stream(trained.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
+                        tokenizer.eos_id, allowed)
+        text = TextStream(tokenizer.decode)
+        click.echo(prompt, nl=False)
+        count = 0
+        try:
+            for token in tokens:
+                count += 1
+                click.echo(text.add(token), nl=False)
+        except KeyboardInterrupt:  # Ctrl+C: a clean stop, what was printed stays
+            click.echo(text.flush())
+            click.echo(f"zoo generate: stopped by Ctrl+C after {count:,} new tokens", err=True)
+            return
+        click.echo(text.flush())
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
-    click.echo(prompt + tokenizer.decode(new))
 
 
 if __name__ == "__main__":  # python -m training.zoo_cli

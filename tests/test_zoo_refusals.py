@@ -1,0 +1,155 @@
+"""zoo eval and zoo generate on what a careless or unlucky user gives them: a build of another
+tokenizer, an empty prompt, a boundless --max-new-tokens, Ctrl+C, a corrupt newest checkpoint.
+Each is a one-line refusal, an exact result or a clean stop."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from test_train import config
+
+from pipeline.cli import pack
+from training import checkpoint
+from training.loop import train
+from training.zoo_cli import zoo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def neox_run(tmp_path, shards):
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=2, save_every=2, workers=0), log=lambda m: None)
+    return run
+
+
+def last_line(result) -> str:
+    assert "Traceback" not in result.output, result.output
+    return result.output.strip().splitlines()[-1]
+
+
+def test_zoo_eval_refuses_a_build_of_another_tokenizer(tmp_path, shards, neox_run):
+    src = tmp_path / "rows.npy"
+    np.save(src, np.random.default_rng(0).integers(0, 256, (8, 65)).astype(np.int64))
+    other = tmp_path / "imported"
+    assert CliRunner().invoke(pack, ["import", str(src), "--out", str(other),
+                                     "--eos-id", "10"]).exit_code == 0
+    sha = json.loads((shards / "manifest.json").read_text())["tokenizer"]["sha256"][:12]
+    result = CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(other),
+                                      "--split", "train"])
+    assert result.exit_code == 1
+    assert last_line(result) == (
+        f"Error: {other} was tokenized with imported ids (no tokenizer, vocabulary 256), the "
+        f"run trained on gpt2 (sha256 {sha}, vocabulary 50,257): evaluate on a build of the "
+        "run's tokenizer")
+    # a checkpoint from before the tokenizer was recorded: the run's build's manifest tells
+    latest = neox_run / "step-00000002"
+    state = torch.load(latest / "state.pt", weights_only=False)
+    assert state.pop("tokenizer")["sha256"].startswith(sha)
+    torch.save(state, latest / "state.pt")
+    (latest / "COMPLETE").write_text(checkpoint.sha256_file(latest / "state.pt") + "\n")
+    result = CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(other),
+                                      "--split", "train"])
+    assert result.exit_code == 1 and f"the run trained on gpt2 (sha256 {sha}" in last_line(result)
+    # the run's own build still evaluates
+    assert CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(shards)]).exit_code == 0
+
+
+def test_an_empty_prompt_starts_a_new_document(neox_run):
+    from training.export import load_run
+    from training.generate import generate
+
+    result = CliRunner().invoke(zoo, ["generate", str(neox_run), "--prompt", "",
+                                      "--max-new-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    trained = load_run(neox_run)
+    tok = trained.tokenizer
+    new = generate(trained.model, [tok.eos_id], 8, eos_id=tok.eos_id,
+                   allowed=torch.from_numpy(tok.decodable()))
+    assert result.output == tok.decode(new) + "\n"
+
+
+def test_max_new_tokens_is_bounded_by_the_models_context(neox_run):
+    from training.export import load_run
+
+    trained = load_run(neox_run)
+    limit = max(trained.model.cfg.max_seq, trained.seq)  # neox-tiny: max_seq 256, rows of 65
+    assert limit == 256
+    result = CliRunner().invoke(zoo, ["generate", str(neox_run), "--prompt", "ab",
+                                      "--max-new-tokens", str(10**12)])
+    assert result.exit_code == 0, result.output
+    assert ("note: at most 254 new tokens: the model's context is 256 tokens and the prompt "
+            "takes 2") in result.output
+    result = CliRunner().invoke(zoo, ["generate", str(neox_run), "--prompt", "x" * 300])
+    assert result.exit_code == 1
+    assert last_line(result) == ("Error: --prompt is 300 tokens, the model's context is 256 "
+                                 "(its max_seq or the rows it trained on): shorten it")
+
+
+def test_text_is_streamed_whole_characters_at_a_time(byte_tokenizer):
+    from pipeline import load_tokenizer
+    from training.generate import TextStream
+
+    tok = load_tokenizer(byte_tokenizer)  # one token a byte: characters split over tokens
+    ids = tok.reference.encode_flat(["δέλτα € long-context 🚀 end"])[0].tolist()
+    text = TextStream(tok.decode)
+    pieces = [text.add(i) for i in ids] + [text.flush()]
+    assert "".join(pieces) == tok.decode(ids)
+    assert all("\ufffd" not in p for p in pieces)
+    assert sum(1 for p in pieces if p) > 10  # it came out as it went, not at the end
+    cut = TextStream(tok.decode)  # a character left unfinished at the end is what decode gives
+    pieces = [cut.add(i) for i in ids[:ids.index(0xF0) + 2]] + [cut.flush()]
+    assert "".join(pieces) == tok.decode(ids[:ids.index(0xF0) + 2])
+
+
+def test_a_corrupt_newest_checkpoint_is_one_warning_line(tmp_path, shards):
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=4, save_every=2, workers=0), log=lambda m: None)
+    (run / "step-00000004" / "state.pt").write_bytes(b"truncated")
+    for args in (["generate", str(run), "--prompt", "a", "--max-new-tokens", "2"],
+                 ["export", str(run), "--to", "safetensors", "--out", str(tmp_path / "o")]):
+        result = CliRunner().invoke(zoo, args)
+        assert result.exit_code == 0, result.output
+        warned = [line for line in result.output.splitlines() if "skipping" in line]
+        assert warned == [f"warning: skipping checkpoint {run / 'step-00000004'}: state.pt does "
+                          "not match its checksum; using the one before it"]
+        assert "UserWarning" not in result.output
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_an_unbounded_generation_cleanly(tmp_path, shards):
+    """Mamba has no context bound (a constant-size state): it runs until Ctrl+C, printing as it
+    goes, and stops with what it printed and one line."""
+    run = tmp_path / "mamba"
+    train(config(shards, run, model="mamba-tiny", max_steps=1, warmup=0, save_every=1, workers=0),
+          log=lambda m: None)
+    # EOS's logit 0 where the greedy pick's is above 0: the text never ends by itself
+    latest = run / "step-00000001"
+    state = torch.load(latest / "state.pt", weights_only=False)
+    state["model"]["head.weight"][state["tokenizer"]["eos_id"]] = 0
+    torch.save(state, latest / "state.pt")
+    (latest / "COMPLETE").write_text(checkpoint.sha256_file(latest / "state.pt") + "\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.zoo_cli", "generate", str(run), "--prompt", "alpha",
+         "--max-new-tokens", str(10**12)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert len(proc.stdout.read(len("alpha") + 20)) == 25  # streamed: text before any end
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err.decode() and out
+    assert err.decode().strip().splitlines()[-1].startswith("zoo generate: stopped by Ctrl+C "
+                                                            "after ")
