@@ -63,7 +63,10 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
             scan.lost_shard()
             continue
         scan.add(shard, d)
-    if not scan.has_segments:
+    if not len(reader.format):
+        not_checked.append(f"{name}: no rows (the build made none: --val-fraction 0, or too few "
+                           "documents for its share)")
+    elif not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
     return scan.report(reader.stored_bytes(), reader.format, tokenizer.result()), scan
 
@@ -233,7 +236,7 @@ def render(r: dict) -> str:
     row("shards", "shards")
     row("rows", "rows")
     lines.append(f"  {'seq / dtype':22}" + "".join(
-        f"{str(cols[n].get('seq', '')) + ' ' + str(cols[n].get('dtype', '')):>16}"
+        f"{str(cols[n].get('seq') or '-') + ' ' + str(cols[n].get('dtype') or '-'):>16}"
         for n in r["splits"]))
     row("bytes on disk", "bytes_on_disk", lambda x: human(x, "B") if x is not None else "-")
     row("compression ratio", "compression_ratio")
@@ -256,6 +259,9 @@ def render(r: dict) -> str:
             spark = "".join(" ▁▂▃▄▅▆▇█"[min(8, -(-8 * c // peak))] for c in bars["counts"])
             lines.append(f"{'':24}histogram, bins 1..{bars['edges'][-1]:,} doubling: {spark}")
         v = s["vocab"]
+        if not v["distinct_ids"]:
+            lines.append(f"  vocab ({name})".ljust(24) + "no tokens")
+            continue
         top = ", ".join(f"{t['text']!r} {100 * t['fraction']:.1f}%" if t["text"] is not None
                         else f"#{t['id']} {100 * t['fraction']:.1f}%" for t in v["top"][:6])
         sampled = (f" (counts from {100 * v['counted_fraction']:.0f}% of tokens; --verify "

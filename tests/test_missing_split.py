@@ -72,3 +72,25 @@ def test_a_build_without_train_rows_is_refused_in_one_line(tmp_path, train_only)
                                             str(tmp_path / "run"), "--max-steps", "1"])
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "the build has no train rows (manifest.json splits: val)" in result.output
+
+
+def test_a_build_whose_val_split_has_no_rows(tmp_path, byte_tokenizer):
+    from conftest import make_texts, write_jsonl
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(40)])
+    out = tmp_path / "no-val"
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
+                      tokenizer=byte_tokenizer, seq=65, val_fraction=0.0), show_progress=False)
+    assert json.loads((out / "manifest.json").read_text())["splits"]["val"]["rows"] == 0
+    result = CliRunner().invoke(pack, ["stats", str(out), "--verify"])
+    assert result.exit_code == 0, result.output
+    assert "vocab (val)           no tokens" in result.output
+    assert "not checked: val: no rows (the build made none: --val-fraction 0" in result.output
+    assert "None" not in result.output
+    lines = []
+    train(config(out, tmp_path / "run", max_steps=2, warmup=0, eval_every=1, workers=0),
+          log=lines.append)
+    assert [m for m in lines if "no val rows" in m] == [
+        "no-val: the build has no val rows: the run reports no val loss for it"]
