@@ -20,11 +20,12 @@ id of MAX_VOCAB or more is refused: no vocabulary is that large, the bytes are o
 Kept ids are in [0, vocab), which the output's dtype holds: nothing is cast with wraparound
 (comparisons are exact for uint64 and int64 alike, `at_least`).
 
-Refused before anything is written, in one line naming the file (and row and id): an empty or
-truncated file; a .npy of Python objects (never unpickled: its header is read first); a .pt
-whose pickle holds more than tensors (torch refuses it unrun), or that holds no dense integer
-tensor; anything but [N, seq] integer ids, in an MDS tokens column too; a .bin whose size is
-not whole --dtype ids (BIN_DTYPES); an --eos-id not below the vocabulary.
+The files are read by import_readers.py. Refused before anything is written, in one line naming
+the file (and row and id): an empty or truncated file; a .npy of Python objects (never
+unpickled: its header is read first); a .pt whose pickle holds more than tensors (torch refuses
+it unrun), or that holds no dense integer tensor; anything but [N, seq] integer ids, in an MDS
+tokens column too; a .bin whose size is not whole --dtype ids (BIN_DTYPES); an --eos-id not
+below the vocabulary.
 
 Documents: with --eos-id (or --tokenizer: its EOS) each row's segments start at 0 and after
 each EOS, and a row that begins inside a document (the row before did not end with EOS)
@@ -37,10 +38,8 @@ manifest.json last); an interrupted import is run again from the start by the sa
 """
 
 import json
-import math
 import os
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -50,15 +49,14 @@ from pipeline.atomic import write_bytes, write_json, writing
 from pipeline.config import WORK_DIR
 from pipeline.errors import InputError, SettingsError
 from pipeline.formats import get_format
+from pipeline.import_readers import BIN_DTYPES, SUFFIXES, at_least, read_blocks
 from pipeline.manifest import FORMAT_VERSION, longpack_version
 from pipeline.output_dir import Journal, prepare_output, remove_work_files
 from pipeline.output_lock import OutputLock
 from pipeline.shard_format import rows_per_shard
 from pipeline.split import doc_hash
 
-SUFFIXES = (".npy", ".pt", ".bin")
 BLOCK_ROWS = 4096  # rows checked and packed at a time
-BIN_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
 # Without --tokenizer the vocabulary is the largest id + 1: above this it is no vocabulary but
 # bytes read as the wrong type (a trainer's int32 ids, an embedding of 2**31 rows).
 MAX_VOCAB = 2**31 - 1
@@ -103,127 +101,6 @@ def find_files(src: Path) -> dict[str, list[Path]]:
     if not found:
         raise SettingsError(f"{src}: no {', '.join(SUFFIXES)} files to import")
     return found
-
-
-def read_blocks(path: Path, cfg: ImportConfig):
-    """The source's rows, [n, width] integer arrays one after another (one for a file, one a
-    shard for an MDS folder); InputError naming the file for anything else."""
-    if path.is_dir():
-        from pipeline.shards import ShardError, SplitReader
-
-        try:
-            reader = SplitReader(path)
-            for i in range(len(reader.format)):
-                yield _integer_rows(reader.format.shard_file(i), reader.read_shard(i).tokens,
-                                    "its tokens column holds")
-        except ShardError as e:
-            raise InputError(f"{e.path}: {e.what}") from None
-        return
-    if path.stat().st_size == 0:
-        raise InputError(f"{path}: an empty file (0 bytes), not token rows: remove it or write "
-                         "it again")
-    read = {".npy": _read_npy, ".pt": _read_pt}.get(path.suffix, _read_bin)
-    yield _integer_rows(path, read(path, cfg), "it holds")
-
-
-def _read_npy(path: Path, cfg: ImportConfig) -> np.ndarray:
-    """Memory-mapped, after its header is checked: never unpickled, never read past its end."""
-    fmt = np.lib.format
-    try:
-        with open(path, "rb") as f:
-            major, _ = fmt.read_magic(f)  # 3.0 differs from 2.0 only in the header's encoding
-            header = fmt.read_array_header_1_0 if major == 1 else fmt.read_array_header_2_0
-            shape, _, dtype = header(f)
-            data_at = f.tell()
-    except (OSError, ValueError, SyntaxError) as e:
-        raise InputError(f"{path}: not a .npy file ({_one_line(e)}): write it with numpy.save")\
-            from None
-    if dtype.hasobject:
-        raise InputError(f"{path}: holds Python objects (dtype {dtype}), which import never "
-                         "unpickles: save the ids as an integer array")
-    need = math.prod(shape) * dtype.itemsize
-    if path.stat().st_size - data_at < need:
-        raise InputError(f"{path}: truncated: its header says {dtype} {list(shape)} "
-                         f"({need:,} bytes), the file holds {path.stat().st_size - data_at:,} "
-                         "after the header: write it again")
-    try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot be read as token rows ({_one_line(e)})") from None
-
-
-def _read_pt(path: Path, cfg: ImportConfig) -> np.ndarray:
-    """torch.load(weights_only=True) (given explicitly: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD cannot
-    turn it off), so a pickle of anything but tensors is refused, never run."""
-    import pickle
-
-    import torch
-
-    try:
-        with warnings.catch_warnings():  # a damaged pickle's protocol warning: not one line
-            warnings.simplefilter("ignore")
-            rows = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        why = ("its pickle holds more than tensors, which torch.load(weights_only=True) refuses "
-               "(none of it was run)" if "weights only" in str(e).lower() else _one_line(e))
-        raise InputError(f"{path}: not a plain tensor file: {why}; save the rows alone "
-                         "(torch.save(rows, PATH)) or as .npy") from None
-    except Exception as e:  # a damaged zip or pickle: whatever torch's reader raised
-        raise InputError(f"{path}: not a readable torch.save file ({_one_line(e)}): write it "
-                         "again") from None
-    if not isinstance(rows, torch.Tensor):
-        raise InputError(f"{path}: holds a {type(rows).__name__}, not a tensor: import takes a "
-                         "file of one [N, seq] integer tensor (torch.save(rows, PATH))")
-    if rows.layout != torch.strided:
-        raise InputError(f"{path}: a {rows.layout} tensor: save rows.to_dense()")
-    if rows.dtype not in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                          torch.uint16, torch.uint32, torch.uint64):
-        raise InputError(f"{path}: a {rows.dtype} tensor of shape {list(rows.shape)}: import "
-                         "takes [N, seq] integer ids")
-    try:
-        return rows.detach().numpy()
-    except (RuntimeError, TypeError) as e:
-        raise InputError(f"{path}: cannot be read as token rows ({_one_line(e)})") from None
-
-
-def _read_bin(path: Path, cfg: ImportConfig) -> np.ndarray:
-    """A flat run of --dtype (little-endian) ids, cut at --seq; the tail is the caller's."""
-    if cfg.seq is None or cfg.dtype is None:
-        raise SettingsError(f"{path}: a .bin file needs --seq and --dtype (nanoGPT's GPT-2 "
-                            "data: --dtype uint16)")
-    dtype = np.dtype(cfg.dtype).newbyteorder("<")
-    size = path.stat().st_size
-    if size % dtype.itemsize:
-        raise InputError(f"{path}: {size:,} bytes are not whole {cfg.dtype} ids: check --dtype")
-    try:
-        flat = np.memmap(path, dtype=dtype, mode="r")
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: cannot be read as token rows ({_one_line(e)})") from None
-    return flat[: len(flat) // cfg.seq * cfg.seq].reshape(-1, cfg.seq)
-
-
-def _integer_rows(path: Path, rows: np.ndarray, what: str) -> np.ndarray:
-    if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.integer):
-        raise InputError(f"{path}: {what} {rows.dtype} values of shape {list(rows.shape)}; "
-                         "import takes [N, seq] integer ids")
-    return rows
-
-
-def _one_line(e: BaseException) -> str:
-    """An exception as one line (torch's and numpy's messages may run to many)."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
-def at_least(ids: np.ndarray, value: int) -> np.ndarray:
-    """ids >= value, exact for every integer dtype: the bound is a scalar of the ids' own type
-    (or settles it), never a float64 that uint64 and int64 might meet on the way."""
-    info = np.iinfo(ids.dtype)
-    if value <= info.min:
-        return np.ones(ids.shape, bool)
-    if value > info.max:
-        return np.zeros(ids.shape, bool)
-    return ids >= ids.dtype.type(value)
 
 
 class _Split:

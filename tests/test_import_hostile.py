@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from pipeline.cli import pack
 from pipeline.errors import SettingsError
-from pipeline.import_tokens import ImportConfig, at_least
+from pipeline.import_readers import at_least
+from pipeline.import_tokens import ImportConfig
 
 EOS = 50256
 
