@@ -5,6 +5,11 @@
     archs.build("neox-tiny")            -> nn.Module; model(input_ids, doc_starts=None) -> logits
     archs.build("gpt-neox", n_layers=4) -> the family's default config with overrides
     archs.save(model, DIR); archs.load(DIR) -> config.json (family + config) + model.safetensors
+    archs.footprint("gpt-neox", n_layers=96) -> {"params", "bytes"}, counted on meta, at once
+
+Each config checks the type and range of every field (limits.py: ValueError naming the field,
+the value and the range); `build` on a real device refuses a model whose weights pass that
+device's memory (TooLarge) before it allocates anything.
 
 Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
 `num_params()`, `flops_per_token(seq)` and `param_roles()` (each parameter's role, which
@@ -32,6 +37,7 @@ from pathlib import Path
 import torch
 
 from archs import gpt_neox, mamba, moe, resonance
+from archs.limits import device_memory, typed
 
 # family -> (config class, model class, presets)
 FAMILIES = {
@@ -58,44 +64,93 @@ def config(name: str, **overrides):
 def parse_args(name: str, pairs: list[str]) -> dict:
     """KEY=VALUE strings (`train --model-arg`) -> overrides of the model's config dataclass,
     each value read as JSON (numbers, true/false, null) else as a string, and checked against
-    the field's default's type. ValueError naming the key (and, unknown, the valid ones)."""
-    defaults = {f.name: getattr(config(name), f.name) for f in fields(config(name))}
+    the field's type (limits.typed; the ranges are the config's own check). ValueError naming
+    the key (and, unknown, the valid ones)."""
+    types = {f.name: f.type for f in fields(config(name))}
     out = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise ValueError(f"{pair!r}: give KEY=VALUE")
-        if key not in defaults:
+        if key not in types:
             raise ValueError(f"{key!r} is not a setting of {name}; its settings: "
-                             f"{', '.join(defaults)}")
+                             f"{', '.join(types)}")
         try:
             value = json.loads(text)
         except ValueError:
             value = text
-        out[key] = _typed(key, value, defaults[key])
+        out[key] = typed(key, value, types[key])
     return out
 
 
-def _typed(key: str, value, default):
-    """`value` as the field's type (a whole number where a float goes is one)."""
-    if isinstance(default, bool) or default is None:
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise ValueError(f"{key}: {value!r} is not true or false")
-        return value
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, type(default)) or isinstance(value, bool):
-        raise ValueError(f"{key}: {value!r} is not a {type(default).__name__}")
-    return value
+class TooLarge(ValueError):
+    """A model that does not fit the memory of the device it is for."""
 
 
 def build(name: str, device: str | torch.device | None = None, **overrides) -> torch.nn.Module:
-    """`device="meta"` builds without allocating (so a 5B preset can be counted anywhere)."""
+    """`device="meta"` builds without allocating (so a 5B preset can be counted anywhere).
+    On any other device the weights are sized first (`footprint`, on meta) and a model whose
+    weights the device's memory cannot hold is refused (TooLarge) before anything is
+    allocated."""
     cfg = config(name, **overrides)
     family = name if name in FAMILIES else PRESETS[name]
+    if torch.device(device or "cpu").type != "meta":
+        size = footprint(name, **overrides)
+        refuse_unfit(name, overrides, size["params"], size["bytes"], "its weights", device)
     with torch.device(device or "cpu"):
         return FAMILIES[family][1](cfg)
+
+
+def footprint(name: str, **overrides) -> dict:
+    """{"params", "bytes"}: the parameters of the model `build` would make and the bytes of its
+    weights and buffers, counted on the meta device without building every layer (a deep
+    model takes seconds to build even there). The size is linear along each of the config's
+    `repeated` fields (n_layers, MoE's n_pred_tokens), so it is measured at a few periods of
+    each and extrapolated. A weight past what a tensor can describe (int64 elements) is
+    TooLarge."""
+    cfg = config(name, **overrides)
+    small, periods = {}, {}
+    for field, period in cfg.repeated.items():
+        n = getattr(cfg, field)
+        small[field] = n if n <= 3 * period else period + n % period
+        periods[field] = (n - small[field]) // period
+    try:
+        base = _measure(name, {**overrides, **small})
+        total = dict(base)
+        for field, k in periods.items():
+            if k:
+                more = _measure(name, {**overrides, **small,
+                                       field: small[field] + cfg.repeated[field]})
+                total = {key: total[key] + k * (more[key] - base[key]) for key in total}
+    except RuntimeError as e:
+        if "overflow" not in str(e):  # "Storage size calculation overflowed with sizes=[...]"
+            raise
+        raise TooLarge(f"{_described(name, overrides)}: a weight has more elements than a "
+                       f"tensor can hold ({e})") from None
+    return total
+
+
+def _measure(name: str, overrides: dict) -> dict:
+    model = build(name, device="meta", **overrides)
+    params = list(model.parameters())  # a tied weight once
+    return {"params": sum(p.numel() for p in params),
+            "bytes": sum(t.numel() * t.element_size() for t in [*params, *model.buffers()])}
+
+
+def refuse_unfit(name: str, overrides: dict, params: int, needed: int, what: str,
+                 device, note: str = "") -> None:
+    """TooLarge, one line, when `needed` bytes (`what`: what they hold) pass the memory of
+    `device` (archs.limits.device_memory; an unknown one is not checked)."""
+    have = device_memory(device)
+    if have is not None and needed > have:
+        raise TooLarge(f"{_described(name, overrides)}: {params:,} parameters; {what} need "
+                       f"{needed / 2**30:,.1f} GiB and {torch.device(device or 'cpu')} has "
+                       f"{have / 2**30:,.1f} GiB of memory{note}")
+
+
+def _described(name: str, overrides: dict) -> str:
+    return name + "".join(f" {k}={v}" for k, v in overrides.items())
 
 
 def list_models(seq: int = LIST_SEQ, vocab_size: int | None = None) -> list[dict]:

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from archs.layers import Rotary, StackedLM, attention, cached_attention
+from archs.limits import EPS, FLAG, FRACTION, SIZE, STD, Range, check_fields
 
 
 @dataclass(frozen=True)
@@ -31,9 +32,19 @@ class GPTNeoXConfig:
     init_std: float = 0.02
     checkpointing: bool = False  # recompute each block in backward (activation checkpointing)
 
-    def __post_init__(self):
+    def __post_init__(self):  # each field's range: archs/limits.py
+        check_fields(self, vocab_size=SIZE, d_model=SIZE, n_layers=SIZE, n_heads=SIZE, d_ff=SIZE,
+                     max_seq=SIZE, rotary_pct=FRACTION,
+                     rotary_base=Range(1, low_open=True, why="10000 is usual"),
+                     norm_eps=EPS, init_std=STD, checkpointing=FLAG)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model {self.d_model} is not a multiple of n_heads {self.n_heads}")
+
+    @property
+    def repeated(self) -> dict[str, int]:
+        """Fields that count identical modules, each with the period of its pattern: the size
+        grows linearly along them (archs.footprint extrapolates it)."""
+        return {"n_layers": 1}
 
 
 class Attention(nn.Module):

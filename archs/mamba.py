@@ -27,6 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from archs.layers import ShortConv, StackedLM, positions, segment_ids
+from archs.limits import CHUNK, EPS, FLAG, SIZE, STD, Range, check_fields
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,14 @@ class MambaConfig:
     init_std: float = 0.02
     checkpointing: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self):  # each field's range: archs/limits.py
+        check_fields(self, vocab_size=SIZE, d_model=SIZE, n_layers=SIZE, d_state=SIZE,
+                     expand=SIZE, head_dim=SIZE, n_groups=SIZE, conv_width=SIZE, chunk=CHUNK,
+                     dt_min=Range(0, low_open=True), dt_max=Range(0, low_open=True),
+                     max_seq=SIZE, norm_eps=EPS, init_std=STD, checkpointing=FLAG)
+        if self.dt_min > self.dt_max:
+            raise ValueError(f"dt_min {self.dt_min} is above dt_max {self.dt_max}: the steps "
+                             "start log-uniform between them")
         inner = self.expand * self.d_model
         if inner % self.head_dim:
             raise ValueError(f"expand x d_model ({inner}) is not a multiple of head_dim "
@@ -55,8 +63,11 @@ class MambaConfig:
         if (inner // self.head_dim) % self.n_groups:
             raise ValueError(f"the {inner // self.head_dim} heads do not split into n_groups "
                              f"{self.n_groups}")
-        if self.chunk < 1:
-            raise ValueError("chunk must be at least 1")
+
+    @property
+    def repeated(self) -> dict[str, int]:
+        """Fields that count identical modules (archs.footprint), as in gpt_neox.py."""
+        return {"n_layers": 1}
 
 
 def ssd_chunked(x, dt, A, B, C, seg=None, chunk: int = 64, state=None):

@@ -36,6 +36,7 @@ from archs.layers import (
     positions,
     segment_ids,
 )
+from archs.limits import CHUNK, COEF, EPS, FLAG, SIZE, STD, Letters, Range, check_fields
 from archs.mamba import MambaMixer
 from archs.moe_experts import Experts, document_ids, document_lengths
 
@@ -78,34 +79,56 @@ class MoEConfig:
     def mixers(self) -> str:
         """Each layer's token mixer, "A" or "M"."""
         if self.attention_every:
-            return (("M" * (self.attention_every - 1) + "A") * self.n_layers)[:self.n_layers]
-        return ((self.layers or "A") * self.n_layers)[:self.n_layers]
+            return "".join("MA"[(i + 1) % self.attention_every == 0] for i in range(self.n_layers))
+        pattern = self.layers or "A"
+        return pattern * (self.n_layers // len(pattern))
 
-    def __post_init__(self):
+    def uses(self, mixer: str) -> bool:
+        """Whether some layer's mixer is `mixer` ("A" or "M"), without listing the layers."""
+        if self.attention_every:  # attention on layers K, 2K, ...; Mamba on the others
+            return self.attention_every <= self.n_layers if mixer == "A" else (
+                self.attention_every > 1)
+        return mixer in (self.layers or "A")
+
+    def __post_init__(self):  # each field's range: archs/limits.py
+        check_fields(
+            self, vocab_size=SIZE, d_model=SIZE, n_layers=SIZE, n_heads=SIZE, n_kv_heads=SIZE,
+            n_experts=SIZE, top_k=SIZE, d_expert=SIZE, capacity_factor=Range(0, low_open=True),
+            aux_loss_coef=COEF, z_loss_coef=COEF, n_pred_tokens=SIZE, mtp_loss_coef=COEF,
+            mod_capacity=Range(0, 1, low_open=True), mod_loss_coef=COEF,
+            rotary_base=Range(1, low_open=True, why="10000 is usual"), max_seq=SIZE,
+            norm_eps=EPS, init_std=STD, checkpointing=FLAG,
+            layers=Letters("AM", "one letter per layer, A (attention) or M (Mamba)"),
+            attention_every=SIZE, ssm_state=SIZE, ssm_expand=SIZE, ssm_head_dim=SIZE,
+            ssm_groups=SIZE, ssm_conv=SIZE, ssm_chunk=CHUNK)
         if self.layers is not None:
-            if not self.layers or set(self.layers) - {"A", "M"}:
-                raise ValueError(f"layers {self.layers!r}: one letter per layer, A (attention) "
-                                 "or M (Mamba)")
             if self.n_layers % len(self.layers):
                 raise ValueError(f"layers {self.layers!r}: its length must divide n_layers "
                                  f"({self.n_layers}; a shorter pattern repeats)")
             if self.attention_every is not None:
                 raise ValueError("give layers or attention_every, not both")
-        if self.attention_every is not None and not 1 <= self.attention_every:
-            raise ValueError("attention_every must be at least 1")
-        if "M" in self.mixers and (self.ssm_expand * self.d_model) % (
+        if self.uses("M") and (self.ssm_expand * self.d_model) % (
                 self.ssm_head_dim * self.ssm_groups):
             raise ValueError(f"the Mamba layers' width ssm_expand x d_model "
                              f"({self.ssm_expand * self.d_model}) must divide into heads of "
                              f"ssm_head_dim ({self.ssm_head_dim}) x ssm_groups")
         if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
             raise ValueError("d_model must divide by n_heads and n_heads by n_kv_heads")
+        if self.uses("A") and self.d_model // self.n_heads % 2:
+            raise ValueError(f"the attention heads' width d_model / n_heads "
+                             f"({self.d_model // self.n_heads}) must be even: rotary turns "
+                             "feature pairs")
         if not 1 <= self.top_k <= self.n_experts:
             raise ValueError(f"top_k must be in 1..n_experts ({self.n_experts})")
-        if self.mod_capacity is not None and not 0 < self.mod_capacity <= 1:
-            raise ValueError("mod_capacity must be in (0, 1]")
-        if self.capacity_factor is not None and not self.capacity_factor > 0:
-            raise ValueError("capacity_factor must be > 0 (or None: dropless)")
+
+    @property
+    def repeated(self) -> dict[str, int]:
+        """Fields that count identical modules, each with the period of its pattern
+        (archs.footprint extrapolates the size along them): the layers repeat with their
+        mixers' pattern and, under Mixture-of-Depths, every second one is depth-routed."""
+        pattern = len(self.layers) if self.layers else self.attention_every or 1
+        return {"n_layers": math.lcm(pattern, 2 if self.mod_capacity is not None else 1),
+                "n_pred_tokens": 1}
 
 
 class RMSNorm(nn.Module):

@@ -29,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from archs.layers import ShortConv, StackedLM
+from archs.limits import EPS, FLAG, SIZE, STD, check_fields
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,19 @@ class ResonanceConfig:
     init_std: float = 0.02
     checkpointing: bool = False
 
+    def __post_init__(self):  # each field's range: archs/limits.py
+        check_fields(self, vocab_size=SIZE, d_model=SIZE, n_layers=SIZE, num_frequencies=SIZE,
+                     d_ff=SIZE, short_conv=SIZE, max_seq=SIZE, norm_eps=EPS, init_std=STD,
+                     checkpointing=FLAG)
+
     @property
     def ff(self) -> int:
         return self.d_ff or 4 * self.d_model
+
+    @property
+    def repeated(self) -> dict[str, int]:
+        """Fields that count identical modules (archs.footprint), as in gpt_neox.py."""
+        return {"n_layers": 1}
 
 
 def kernel_spectrum(log_alpha, omega, amp, phase, L: int) -> torch.Tensor:

@@ -168,8 +168,13 @@ class TrainConfig:
             archs.config(self.model)
         except KeyError as e:  # the registry's message lists the choices
             raise SettingsError(f"--model: {e.args[0]}") from None
-        try:
-            archs.config(self.model, **self.model_overrides())
+        try:  # a config file's [model] table is --model-arg too (training/cli.py)
+            overrides = self.model_overrides()
+            if "vocab_size" in overrides:
+                raise ValueError("vocab_size is not set here: the model takes the vocabulary "
+                                 "of the build's tokenizer (its manifest's tokenizer.vocab_size), "
+                                 "which the shards' token ids are numbered in")
+            archs.config(self.model, **overrides)
         except (ValueError, TypeError) as e:  # an unknown key, a value the config refuses
             raise SettingsError(f"--model-arg: {e}") from None
 

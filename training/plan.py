@@ -115,7 +115,7 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> d
 
 def check_memory(cfg: TrainConfig, vocab: int, seq: int, device: torch.device) -> int:
     """The floor of what training needs on `device` (`memory_floor`), the model sized on the
-    meta device (archs.footprint: nothing allocated, no layer built twice over). SettingsError,
+    meta device (archs.footprint: nothing allocated, not every layer built). SettingsError,
     one line, when it passes the device's memory (the CPU's shared by this machine's processes
     under torchrun), or when the weights pass the CPU's, where the model is built before it
     moves to a GPU."""
@@ -134,8 +134,8 @@ def check_memory(cfg: TrainConfig, vocab: int, seq: int, device: torch.device) -
             f"{_model_flags(cfg)}: {size['params']:,} parameters at the build's vocabulary of "
             f"{vocab:,}; training needs at least {_gib(need * sharing)}{shared} (16 bytes a "
             "parameter for the weights, gradients and AdamW state, the loss's logits, each "
-            f"block's input for a micro-batch of {cfg.batch_size} x {seq} tokens) and {device} "
-            f"has {_gib(have)} of memory: choose a smaller model, --batch-size or --seq")
+            f"block's input for a micro-batch of {cfg.batch_size:,} x {seq:,} tokens) and "
+            f"{device} has {_gib(have)} of memory: choose a smaller model, --batch-size or --seq")
     host = archs.device_memory("cpu")
     if device.type != "cpu" and host is not None and size["bytes"] > host:
         raise SettingsError(
