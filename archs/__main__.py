@@ -13,6 +13,7 @@ import math
 import sys
 
 from archs import LIST_SEQ, list_models
+from archs.limits import VOCAB
 
 
 def gflops(flops: float) -> str:
@@ -37,8 +38,9 @@ def _vocab(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a vocabulary size (at least 1)")
+    if not VOCAB.holds(value):
+        raise argparse.ArgumentTypeError(f"{value} is not a vocabulary size "
+                                         f"({VOCAB.describe(whole=True)})")
     return value
 
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from archs.layers import Rotary, StackedLM, attention, cached_attention
-from archs.limits import EPS, FLAG, FRACTION, SIZE, STD, Range, check_fields
+from archs.limits import EPS, FLAG, FRACTION, SIZE, STD, VOCAB, Range, check_fields
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class GPTNeoXConfig:
     checkpointing: bool = False  # recompute each block in backward (activation checkpointing)
 
     def __post_init__(self):  # each field's range: archs/limits.py
-        check_fields(self, vocab_size=SIZE, d_model=SIZE, n_layers=SIZE, n_heads=SIZE, d_ff=SIZE,
+        check_fields(self, vocab_size=VOCAB, d_model=SIZE, n_layers=SIZE, n_heads=SIZE, d_ff=SIZE,
                      max_seq=SIZE, rotary_pct=FRACTION,
                      rotary_base=Range(1, low_open=True, why="10000 is usual"),
                      norm_eps=EPS, init_std=STD, checkpointing=FLAG)

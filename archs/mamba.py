@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from archs.layers import ShortConv, StackedLM, positions, segment_ids
-from archs.limits import CHUNK, EPS, FLAG, SIZE, STD, Range, check_fields
+from archs.limits import CHUNK, EPS, FLAG, SIZE, STD, VOCAB, Range, check_fields
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class MambaConfig:
     checkpointing: bool = False
 
     def __post_init__(self):  # each field's range: archs/limits.py
-        check_fields(self, vocab_size=SIZE, d_model=SIZE, n_layers=SIZE, d_state=SIZE,
+        check_fields(self, vocab_size=VOCAB, d_model=SIZE, n_layers=SIZE, d_state=SIZE,
                      expand=SIZE, head_dim=SIZE, n_groups=SIZE, conv_width=SIZE, chunk=CHUNK,
                      dt_min=Range(0, low_open=True), dt_max=Range(0, low_open=True),
                      max_seq=SIZE, norm_eps=EPS, init_std=STD, checkpointing=FLAG)

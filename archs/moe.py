@@ -36,7 +36,7 @@ from archs.layers import (
     positions,
     segment_ids,
 )
-from archs.limits import CHUNK, COEF, EPS, FLAG, SIZE, STD, Letters, Range, check_fields
+from archs.limits import CHUNK, COEF, EPS, FLAG, SIZE, STD, VOCAB, Letters, Range, check_fields
 from archs.mamba import MambaMixer
 from archs.moe_experts import Experts, document_ids, document_lengths
 
@@ -92,7 +92,7 @@ class MoEConfig:
 
     def __post_init__(self):  # each field's range: archs/limits.py
         check_fields(
-            self, vocab_size=SIZE, d_model=SIZE, n_layers=SIZE, n_heads=SIZE, n_kv_heads=SIZE,
+            self, vocab_size=VOCAB, d_model=SIZE, n_layers=SIZE, n_heads=SIZE, n_kv_heads=SIZE,
             n_experts=SIZE, top_k=SIZE, d_expert=SIZE, capacity_factor=Range(0, low_open=True),
             aux_loss_coef=COEF, z_loss_coef=COEF, n_pred_tokens=SIZE, mtp_loss_coef=COEF,
             mod_capacity=Range(0, 1, low_open=True), mod_loss_coef=COEF,

@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from archs.layers import ShortConv, StackedLM
-from archs.limits import EPS, FLAG, SIZE, STD, check_fields
+from archs.limits import EPS, FLAG, SIZE, STD, VOCAB, check_fields
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class ResonanceConfig:
     checkpointing: bool = False
 
     def __post_init__(self):  # each field's range: archs/limits.py
-        check_fields(self, vocab_size=SIZE, d_model=SIZE, n_layers=SIZE, num_frequencies=SIZE,
+        check_fields(self, vocab_size=VOCAB, d_model=SIZE, n_layers=SIZE, num_frequencies=SIZE,
                      d_ff=SIZE, short_conv=SIZE, max_seq=SIZE, norm_eps=EPS, init_std=STD,
                      checkpointing=FLAG)
 

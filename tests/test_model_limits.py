@@ -30,6 +30,7 @@ def refused(name: str, **overrides) -> str:
     ("gpt-neox", {"init_std": -1.0}, "init_std must be > 0 (got -1.0)"),
     ("gpt-neox", {"rotary_base": math.nan}, "rotary_base must be > 1 (got nan)"),
     ("gpt-neox", {"n_layers": 0}, "n_layers must be at least 1 (got 0)"),
+    ("gpt-neox", {"vocab_size": 2**31}, "vocab_size must be in 1..2147483647 (got 2147483648)"),
     ("mamba", {"d_state": -1}, "d_state must be at least 1 (got -1)"),
     ("mamba", {"chunk": 4096}, "chunk must be in 1..1024 (got 4096): the scan's"),
     ("mamba", {"dt_min": 0.0}, "dt_min must be > 0 (got 0.0)"),
@@ -138,6 +139,15 @@ def test_build_holds_the_weights_against_the_devices_memory(monkeypatch):
         archs.build("neox-tiny")
     monkeypatch.setattr(archs, "device_memory", lambda device: weights)
     assert archs.build("neox-tiny").num_params() == archs.footprint("neox-tiny")["params"]
+
+
+def test_python_m_archs_refuses_a_vocabulary_no_tensor_holds(capsys):
+    from archs.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--vocab", str(10**17)])
+    assert "--vocab: 100000000000000000 is not a vocabulary size (in 1..2147483647)" in \
+        capsys.readouterr().err
 
 
 def test_device_memory_is_the_machines():
