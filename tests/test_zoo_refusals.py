@@ -153,3 +153,10 @@ def test_ctrl_c_stops_an_unbounded_generation_cleanly(tmp_path, shards):
     assert "Traceback" not in err.decode() and out
     assert err.decode().strip().splitlines()[-1].startswith("zoo generate: stopped by Ctrl+C "
                                                             "after ")
+
+
+def test_zoo_list_refuses_a_vocabulary_no_model_takes():
+    result = CliRunner().invoke(zoo, ["list", "--vocab", str(10**17)])
+    assert result.exit_code == 1
+    assert last_line(result) == (f"Error: --vocab {10**17}: vocab_size must be in 1..2147483647 "
+                                 f"(got {10**17})")

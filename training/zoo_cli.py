@@ -32,7 +32,10 @@ def list_presets(vocab, as_json):
     import archs
     from archs.__main__ import table
 
-    models = archs.list_models(vocab_size=vocab)
+    try:
+        models = archs.list_models(vocab_size=vocab)
+    except ValueError as e:  # a vocabulary no model takes (archs/limits.py VOCAB)
+        raise click.ClickException(f"--vocab {vocab}: {e}") from None
     click.echo(json.dumps(models, indent=2) if as_json else table(models))
 
 
