@@ -57,20 +57,23 @@ class SplitLayout:
 
 
 class SplitStreams:
-    """The tasks' documents of one split, read lazily: task j's tokens are global positions
-    [offsets[j], offsets[j + 1])."""
+    """The tasks' documents of one split, read lazily and checked against their tasks'
+    checksums as they are read (task_stream.TaskFile): task j's tokens are global positions
+    [offsets[j], offsets[j + 1]). `dones`: the done.json records of tasks 0..len-1 of
+    `tasks`."""
 
-    def __init__(self, folders: list[Path], split: str, dtype: np.dtype, counts: list[int],
-                 doc_counts: list[int]):
+    def __init__(self, folders: list[Path], split: str, dtype: np.dtype, dones: list[dict],
+                 tasks: int):
         self.folders, self.split, self.dtype = folders, split, np.dtype(dtype)
-        self.counts, self.doc_counts = counts, doc_counts
-        self.offsets = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
-        self._open: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.dones, self.tasks = dones, tasks
+        self.counts = [d["counts"]["splits"][split]["tokens"] for d in dones]
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).tolist()
+        self._open: dict[int, tuple] = {}
 
     def _task(self, j: int):
         if j not in self._open:
-            tokens, docs = read_stream(self.folders[j], self.split, self.dtype, self.counts[j],
-                                       self.doc_counts[j])
+            tokens, docs = read_stream(self.folders[j], self.split, self.dtype, self.dones[j], j,
+                                       self.tasks)
             self._open[j] = tokens, docs, np.cumsum(docs[:, 0].astype(np.int64))
         return self._open[j]
 
@@ -87,7 +90,7 @@ class SplitStreams:
                 last = int(np.searchsorted(ends, hi, side="left"))  # the document holding hi - 1
                 doc_ends = ends[first:last + 1]
                 doc_starts = doc_ends - docs[first:last + 1, 0].astype(np.int64)
-                tokens.append(task_tokens[lo:hi])
+                tokens.append(task_tokens.tokens(lo, hi, self.dtype))
                 lengths.append(np.minimum(doc_ends, hi) - np.maximum(doc_starts, lo))
                 hashes.append(docs[first:last + 1, 1])
             j += 1

@@ -11,20 +11,26 @@
 The merge reads O(tasks) records, writes one shard per split and renames the placed ones (one
 metadata operation per shard, no byte copied). Killed at any point it is simply run again:
 shards already moved are found in place, the rest is redone.
+
+Check before use: every record it reads (tasks.json, fingerprint.json, done.json, placed.json)
+must be a sealed JSON object of the expected shape, every byte of a task's files it reads must
+match the checksums the task recorded (task_stream.TaskFile), and every placed shard must be
+there with the bytes placed.json records (a stat: its sha256 is in the index, which `pack
+stats --verify` checks) before any is moved. Anything else is refused in one line naming the
+file and the task whose re-run writes it again (TaskDamaged): a finished task run again checks
+its files and its placement and redoes what is damaged (task_build.py, place(check=...)).
 """
 
-import json
+import contextlib
 import os
-import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from pipeline import manifest as manifest_mod
-from pipeline.atomic import temp_name, write_bytes, write_json, writing
+from pipeline.atomic import sha256_file, temp_name, write_bytes, write_json, writing
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.errors import SettingsError
+from pipeline.errors import LongpackError, SettingsError
 from pipeline.formats import get_format
 from pipeline.output_dir import (
     FINGERPRINT,
@@ -35,8 +41,17 @@ from pipeline.output_dir import (
 )
 from pipeline.output_lock import FolderGone, OutputLock
 from pipeline.remote_build import RemoteOut
-from pipeline.task_build import DONE, read_done, task_folder
+from pipeline.task_build import (
+    DONE,
+    SKIP_LOG,
+    read_done,
+    sum_counts,
+    task_folder,
+    tasks_engine,
+    tasks_timings,
+)
 from pipeline.task_layout import SplitLayout, SplitStreams, cut_shard
+from pipeline.task_stream import BLOCK_BYTES, TaskDamaged, TaskFile, read_record, seal, shape_error
 
 PLACED = "placed.json"
 
@@ -56,17 +71,34 @@ class TaskedBuild:
 
     def __init__(self, out: Path):
         self.out, self.work = Path(out), Path(out) / WORK_DIR
-        try:
-            record = json.loads((self.work / TASKS).read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        path = self.work / TASKS
+        record, wrong = read_record(path)
+        if record is None and wrong is None:
             raise SettingsError(f"{self.out} holds no build split into tasks (no "
                                 f"{WORK_DIR}/{TASKS}); `pack merge` finishes a build that "
-                                "`pack build --tasks N` started") from None
+                                "`pack build --tasks N` started")
+        wrong = wrong or shape_error(record, {"tasks": int, "config": {"inputs": list},
+                                             "fingerprint": dict})
+        if not wrong:
+            try:
+                self.cfg = BuildConfig(**{**record["config"], "out": str(self.out),
+                                          "inputs": tuple(record["config"]["inputs"])})
+            except (TypeError, ValueError, LongpackError) as e:
+                wrong = f"its settings are not a build's ({e})"
+        if wrong or record["tasks"] < 1:
+            raise SettingsError(f"{path}: {wrong or 'no tasks'}; re-run one of the build's "
+                                "tasks to write it again (the build's command with --task-index"
+                                " I), then `pack merge`")
         self.tasks = record["tasks"]
         self.upload_to = record.get("upload_to")  # an --out URL: OUT is its staging folder
-        config = {**record["config"], "out": str(self.out), "inputs": tuple(record["config"]["inputs"])}
-        self.cfg = BuildConfig(**config)
-        self.fingerprint = json.loads((self.work / FINGERPRINT).read_text(encoding="utf-8"))
+        self.fingerprint = record["fingerprint"]  # the same as fingerprint.json's
+        fingerprint, wrong = read_record(self.work / FINGERPRINT)
+        if wrong or (fingerprint is not None and fingerprint != self.fingerprint):
+            raise SettingsError(f"{self.work / FINGERPRINT}: {wrong or 'not the fingerprint'} "
+                                f"{TASKS} records; re-run one of the build's tasks to write it "
+                                f"again (the build's command with --tasks {self.tasks} "
+                                "--task-index I), then `pack merge`")
+        self.entry_keys = get_format(self.cfg.format).entry_keys
         self._done: dict[int, dict] = {}
         self._seen_done: set[int] = set()
 
@@ -79,7 +111,7 @@ class TaskedBuild:
     def done(self, i: int) -> dict:
         """Task i's done.json (read once)."""
         if i not in self._done:
-            self._done[i] = read_done(task_folder(self.out, i))
+            self._done[i] = read_done(task_folder(self.out, i), i, self.tasks)
         return self._done[i]
 
     def dones(self, upto: int | None = None) -> list[dict]:
@@ -90,8 +122,24 @@ class TaskedBuild:
         return [i for i in range(self.tasks if upto is None else upto) if not self.is_done(i)]
 
     def placed(self, i: int) -> dict | None:
+        """Task i's placed.json, None if it has none; TaskDamaged if it is not one."""
         path = task_folder(self.out, i) / PLACED
-        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+        record, wrong = read_record(path)
+        if record is not None:  # split -> {shard number: index entry}, "uploaded"
+            entry = dict.fromkeys(self.entry_keys, object)
+            wrong = shape_error(record, dict.fromkeys(SPLITS, dict)) or next(
+                (f"{s}.{k}: {w}" for s in SPLITS for k, e in record[s].items()
+                 if (w := "not a shard number" if not k.isdigit() else shape_error(e, entry))),
+                None) or shape_error(record.get("uploaded", False), bool, "uploaded")
+        if wrong:
+            raise TaskDamaged(path, i, self.tasks, wrong)
+        return record
+
+    def owned(self, i: int, split: str) -> range:
+        """The full shards of `split` task i places (its done.json and those before it)."""
+        tokens = [d["counts"]["splits"][split]["tokens"] for d in self.dones(i + 1)]
+        return SplitLayout.owned_shards(sum(tokens[:i]), tokens[i], self.cfg.seq,
+                                        self.rows_per_shard())
 
     # -- the pieces a shard is cut from ------------------------------------------------------
     def _any_done(self) -> dict:
@@ -107,9 +155,8 @@ class TaskedBuild:
 
     def streams(self, split: str, upto: int) -> SplitStreams:
         """The documents of tasks 0..upto-1 in `split`."""
-        counts = [d["counts"]["splits"][split] for d in self.dones(upto)]
         return SplitStreams([task_folder(self.out, i) for i in range(upto)], split, self.dtype,
-                            [c["tokens"] for c in counts], [c["documents"] for c in counts])
+                            self.dones(upto), self.tasks)
 
     def format(self, split: str):
         cfg = self.cfg
@@ -120,10 +167,13 @@ class TaskedBuild:
         return self.cfg.shard_rows(self.dtype.itemsize)
 
 
-def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = None) -> bool:
+def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = None,
+          check: str | None = None) -> bool:
     """The shards task `index` owns, into its work folder; False if another process is
     placing it right now and `wait` is False. Raises TasksUnfinished if a task up to it is not
-    done. `build`: the TaskedBuild already read, if any."""
+    done. `build`: the TaskedBuild already read, if any. `check` ("size" or "sha256"): a
+    placement already there is checked (placed.json, and each shard's size, or its sha256
+    too) and placed again if damaged; without, a damaged placed.json is TaskDamaged."""
     if _merged(Path(out)):
         return True
     build = build or TaskedBuild(out)
@@ -131,7 +181,7 @@ def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = 
     if missing:
         raise TasksUnfinished(build.out, build.tasks, missing)
     folder = task_folder(out, index)
-    if build.placed(index) is not None:
+    if not check and build.placed(index) is not None:
         return True
     try:
         lock = OutputLock(folder, wait=wait, what=f"task {index} of {out}",
@@ -141,11 +191,54 @@ def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = 
     except SettingsError:  # another process is placing it
         return False
     try:
-        if build.placed(index) is None:
+        if not (_placement_intact(build, index, check == "sha256") if check
+                else build.placed(index) is not None):
             _place(build, index, folder)
     finally:
         lock.__exit__(None, None, None)
     return True
+
+
+def _placement_intact(build: TaskedBuild, index: int, hashes: bool) -> bool:
+    try:
+        placed = build.placed(index)
+        if placed is not None:
+            check_placed(build, index, placed, hashes)
+        return placed is not None
+    except TaskDamaged:
+        return False
+
+
+def check_placed(build: TaskedBuild, index: int, placed: dict, hashes: bool = False) -> None:
+    """TaskDamaged unless placed.json lists the shards task `index` owns and each file is in
+    its folder, or already moved into OUT by a merge cut short, with the bytes (`hashes`: and
+    the sha256) it records. Uploaded shards (an --out URL) are in the store, not looked at."""
+    path = task_folder(build.out, index) / PLACED
+    for split in SPLITS:
+        owned = build.owned(index, split)
+        if sorted(map(int, placed[split])) != list(owned):
+            raise TaskDamaged(path, index, build.tasks, f"it lists other {split} shards than "
+                              f"the {len(owned)} task {index} owns")
+        if placed.get("uploaded"):
+            continue
+        fmt = build.format(split)
+        for k, entry in placed[split].items():
+            try:
+                files = _stored(fmt, entry)
+            except (KeyError, TypeError, ValueError, IndexError):
+                raise TaskDamaged(path, index, build.tasks, f"its {split} shard {k} is not an "
+                                  "index entry") from None
+            for stored in files:
+                source = task_folder(build.out, index) / split / stored.basename
+                found = next((p for p in (source, build.out / split / stored.basename)
+                              if p.is_file()), None)
+                if found is None:
+                    raise TaskDamaged(source, index, build.tasks,
+                                      f"missing (task {index} placed it; {PLACED} lists it)")
+                if found.stat().st_size != stored.bytes or (
+                        hashes and stored.sha256 and sha256_file(found) != stored.sha256):
+                    raise TaskDamaged(found, index, build.tasks, "not the shard task "
+                                      f"{index} placed (its {PLACED} records other bytes)")
 
 
 def _merged(out: Path) -> bool:
@@ -162,7 +255,7 @@ def _place(build: TaskedBuild, index: int, folder: Path) -> None:
         if uploader is not None:
             uploader.close()
     placed["uploaded"] = uploader is not None
-    write_json(folder / PLACED, placed, fsync=True)
+    write_json(folder / PLACED, seal(placed), fsync=True)
 
 
 def _place_splits(build: TaskedBuild, index: int, folder: Path, placed: dict, uploader) -> None:
@@ -188,10 +281,10 @@ def merge(out: Path) -> dict:
     """Finish the build in OUT; returns its manifest (at once if it is finished)."""
     out = Path(out)
     if _merged(out):
-        return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        return _read_manifest(out)
     with OutputLock(out / WORK_DIR, wait=True):
         if _merged(out):
-            return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+            return _read_manifest(out)
         build = TaskedBuild(out)
         missing = build.missing()
         if missing:
@@ -199,6 +292,8 @@ def merge(out: Path) -> dict:
         remove_stale_temps(out)  # a merge killed mid-write left them
         for i in range(build.tasks):
             place(out, i, build=build)
+        for i in range(build.tasks):  # before anything is moved: a refusal changes nothing
+            check_placed(build, i, build.placed(i))
         journal = Journal(out)
         try:
             return _merge(build, journal)
@@ -206,10 +301,17 @@ def merge(out: Path) -> dict:
             journal.close()
 
 
+def _read_manifest(out: Path) -> dict:
+    manifest, wrong = read_record(out / "manifest.json")
+    if wrong:  # merged: the tasks' files are gone
+        raise SettingsError(f"{out / 'manifest.json'}: {wrong}; build it again (--overwrite)")
+    return manifest
+
+
 def _merge(build: TaskedBuild, journal: Journal) -> dict:
     out, cfg, dones = build.out, build.cfg, build.dones()
     first = dones[0]
-    counts = _sum_counts(dones)
+    counts = sum_counts(dones)
     indexes = {}
     for split in SPLITS:
         streams = build.streams(split, build.tasks)
@@ -221,9 +323,9 @@ def _merge(build: TaskedBuild, journal: Journal) -> dict:
             placed = build.placed(i)
             for k, entry in placed[split].items():
                 if not placed.get("uploaded"):  # else in the store already (OUT stages a URL)
-                    for stored in _stored_names(fmt, entry):
-                        _move(task_folder(out, i) / split / stored, out / split / stored,
-                              journal)
+                    for stored in _stored(fmt, entry):
+                        _move(task_folder(out, i) / split / stored.basename,
+                              out / split / stored.basename, journal)
                 entries[int(k)] = entry
         for k in range(layout.shards):
             if k in entries:
@@ -239,9 +341,9 @@ def _merge(build: TaskedBuild, journal: Journal) -> dict:
         counts["splits"][split]["padding_tokens"] = layout.padding
         counts["splits"][split]["dropped_tokens"] = layout.dropped
     _concatenate_skip_logs(build, journal)
-    m = manifest_mod.make_manifest(cfg, build.fingerprint, first["tokenizer"], _engine(dones),
+    m = manifest_mod.make_manifest(cfg, build.fingerprint, first["tokenizer"], tasks_engine(dones),
                                    build.fingerprint["inputs"], counts, indexes, out,
-                                   _timings(dones))
+                                   tasks_timings(dones))
     journal.claim(out / "manifest.json")
     write_json(out / "manifest.json", m, fsync=True)
     if build.upload_to:  # before the work folder goes: until then a re-run merges again
@@ -250,10 +352,10 @@ def _merge(build: TaskedBuild, journal: Journal) -> dict:
     return m
 
 
-def _stored_names(fmt, entry: dict) -> list[str]:
-    """The files of one index entry (the format reads its own entry schema)."""
+def _stored(fmt, entry: dict) -> list:
+    """The files of one index entry, as StoredFile (the format reads its own entry schema)."""
     one = type(fmt)(fmt.folder, fmt.index_json([entry]))
-    return [f.basename for f in one.stored(0)]
+    return one.stored(0)
 
 
 def _move(source: Path, target: Path, journal: Journal) -> None:
@@ -266,74 +368,27 @@ def _move(source: Path, target: Path, journal: Journal) -> None:
 
 
 def _concatenate_skip_logs(build: TaskedBuild, journal: Journal) -> None:
+    """The tasks' logs in task order, each block checked before it is written."""
     target = build.out / "skipped.jsonl"
     journal.claim(target)
     tmp = temp_name(target)
-    with writing(target):
-        with open(tmp, "wb") as f:
+    try:
+        with writing(target):
+            f = open(tmp, "wb")
+        with f:
             for i, done in enumerate(build.dones()):
-                with open(task_folder(build.out, i) / "skipped.jsonl", "rb") as log:
-                    _copy_prefix(log, f, done["skip_log_bytes"])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-
-
-def _copy_prefix(source, target, size: int) -> None:
-    while size > 0:
-        chunk = source.read(min(size, 1 << 22))
-        if not chunk:
-            raise SettingsError(f"{source.name}: shorter than its task recorded; re-run that task")
-        target.write(chunk)
-        size -= len(chunk)
-
-
-def _sum_counts(dones: list[dict]) -> dict:
-    def add(total, part):
-        for k, v in part.items():
-            if isinstance(v, dict):
-                add(total.setdefault(k, {}), v)
-            else:
-                total[k] = total.get(k, 0) + v
-        return total
-
-    counts: dict = {}
-    for d in dones:
-        add(counts, d["counts"])
-    return counts
-
-
-def _engine(dones: list[dict]) -> dict:
-    """The tokenizer engine, as the manifest records it: the tasks' (a note when they differ:
-    the ids are the same under each)."""
-    engines = {json.dumps(d["engine"], sort_keys=True) for d in dones}
-    engine = dict(dones[0]["engine"])
-    others = sorted(engines - {json.dumps(engine, sort_keys=True)})
-    if others:
-        engine["note"] = (engine.get("note", "") + " tasks ran other engines too: "
-                          + "; ".join(others)).strip()
-    return engine
-
-
-def _timings(dones: list[dict]) -> dict:
-    started = min(d["timings"]["started"] for d in dones)
-    finished = time.time()
-    tokens = sum(d["timings"]["tokens_this_run"] for d in dones)
-    seconds = finished - started
-    return {"started": started, "finished": finished, "seconds": seconds,
-            "startup_seconds": None, "steady_seconds": None, "tokens_this_run": tokens,
-            "steady_tokens_per_second": None,
-            "resumed": any(d["timings"]["resumed"] for d in dones),
-            "runs": max(d["timings"]["runs"] for d in dones),
-            "tasks": len(dones), "task_seconds": [d["timings"]["seconds"] for d in dones],
-            "tokens_per_second": tokens / seconds if seconds > 0 else None}
-
-
-def config_record(cfg: BuildConfig) -> dict:
-    """tasks.json's copy of the settings: the merge (which may run elsewhere) rebuilds the
-    BuildConfig from it."""
-    record = asdict(cfg)
-    for k in ("overwrite", "task_index"):
-        record.pop(k, None)
-    return record
-
+                size = done["skip_log_bytes"]
+                log = TaskFile(task_folder(build.out, i), SKIP_LOG, done, i, build.tasks, size)
+                for start in range(0, size, BLOCK_BYTES):
+                    data = log.read(start, min(size, start + BLOCK_BYTES))
+                    with writing(target):
+                        f.write(data)
+            with writing(target):
+                f.flush()
+                os.fsync(f.fileno())
+        with writing(target):
+            os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a read-only disk refuses even this
+            tmp.unlink(missing_ok=True)
+        raise

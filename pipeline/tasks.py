@@ -12,17 +12,19 @@ docs/SCALE.md explains the design and its costs; docs/FORMAT.md the work folder.
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 from pipeline import task_merge
 from pipeline.atomic import write_json
 from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.errors import SettingsError
-from pipeline.output_dir import CHECKPOINT, TASKS, prepare_output
+from pipeline.output_dir import CHECKPOINT, FINGERPRINT, TASKS, prepare_output
 from pipeline.output_lock import OutputLock
 from pipeline.remote_build import FRESH, RemoteOut, staged
 from pipeline.task_build import TaskBuild, TaskProgress
-from pipeline.task_merge import TaskedBuild, TasksUnfinished, config_record, place
+from pipeline.task_merge import TaskedBuild, TasksUnfinished, place
+from pipeline.task_stream import TaskDamaged, read_record, seal, shape_error
 
 __all__ = ["TaskProgress", "TasksUnfinished", "merge", "place_task", "prepare_tasks", "run_task",
            "task_index_from_env", "task_status"]
@@ -56,6 +58,7 @@ def _prepare(task: TaskBuild, url: str | None) -> dict | None:
                 # A task of the build under way joins it, --overwrite or not: the first task to
                 # arrive replaced what was there, the others must not replace its work again.
                 # (No survey of OUT: with 1,000 tasks that would cost every task O(tasks).)
+                _repair_fingerprint(work, task.fingerprint)
                 return None
             if not overwrite:
                 raise SettingsError(f"{out} is being built in {recorded['tasks']} tasks; run its "
@@ -71,25 +74,43 @@ def _prepare(task: TaskBuild, url: str | None) -> dict | None:
         if (work / CHECKPOINT).is_file() and not overwrite:
             raise SettingsError(f"{out} holds an unfinished single-machine build: re-run it "
                                 "without --tasks to resume it, or pass --overwrite to replace it")
+        if recorded is None and (work / TASKS).is_file() and read_record(work / FINGERPRINT)[1]:
+            raise SettingsError(f"{work / TASKS} and {work / FINGERPRINT} are both damaged: "
+                                f"nothing says which build {out} holds; remove {work} and "
+                                "run every task again")
         found = prepare_output(out, task.fingerprint, overwrite)
         if found == "complete":
             return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-        if not (work / TASKS).is_file():
-            write_json(work / TASKS, {"tasks": cfg.tasks, "config": config_record(cfg),
-                                      "fingerprint": task.fingerprint, "upload_to": url},
+        if _read_record(work) is None:  # none, or a damaged one (the survey found this build)
+            write_json(work / TASKS, seal({"tasks": cfg.tasks, "config": config_record(cfg),
+                                           "fingerprint": task.fingerprint, "upload_to": url}),
                        fsync=True)
     return None
 
 
 def _read_record(work: Path) -> dict | None:
-    path = work / TASKS
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    """tasks.json, or None: there is none, or it is damaged (not a sealed record of its
+    shape), and the caller goes on as if there were none: the survey of OUT then decides
+    by fingerprint.json whether this is the build there, and the record is written again."""
+    record, wrong = read_record(work / TASKS)
+    if wrong or record is None or shape_error(record, {"tasks": int, "fingerprint": dict}):
+        return None
+    return record
+
+
+def _repair_fingerprint(work: Path, fingerprint: dict) -> None:
+    """fingerprint.json damaged while tasks.json (sealed) records this very fingerprint: it is
+    written again (the merge refuses a damaged one, naming a task to re-run)."""
+    found, wrong = read_record(work / FINGERPRINT)
+    if wrong or found != fingerprint:
+        write_json(work / FINGERPRINT, fingerprint)
 
 
 def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
              merge: bool = True, show_progress: bool | None = None,
              hub_client=None) -> dict | None:
-    """Task `index` of cfg.tasks (resumes from its checkpoint; returns at once when done).
+    """Task `index` of cfg.tasks (resumes from its checkpoint; when done, returns once it has
+    checked its files and placement, redoing what is damaged).
     `report(TaskProgress)` is called as it goes. Then, with `place`, it places its shards (and
     those of later tasks that waited for it) if the tasks before it are done; with `merge`, it
     merges if every task is done. Returns the manifest if OUT is finished, else None."""
@@ -124,23 +145,35 @@ def _place_ready(out: Path, index: int) -> None:
     for i in range(index, build.tasks):
         if not build.is_done(i):
             break
-        if build.placed(i) is None:
+        if i == index:  # its own placement is checked, and placed again if damaged
+            place(out, i, wait=False, build=build, check="sha256")
+        elif build.placed(i) is None:
             place(out, i, wait=False, build=build)
 
 
 def place_task(out: Path, index: int) -> None:
-    """Phase 2 for task `index`: its interior shards (parallel over tasks, idempotent)."""
-    place(Path(out), index, wait=True)
+    """Phase 2 for task `index`: its interior shards (parallel over tasks, idempotent; a
+    placement already there is checked by its files' sizes, a stat each, and placed again if
+    damaged: its task, run again, checks their sha256 too)."""
+    place(Path(out), index, wait=True, check="size")
 
 
 def task_status(out: Path) -> dict:
     """{"tasks": N, "done": [...], "placed": [...], "missing": [...]} of a build split into
-    tasks (SettingsError if OUT holds none)."""
+    tasks (SettingsError if OUT holds none). A damaged placed.json counts as not placed (the
+    placement or the merge names it)."""
     build = TaskedBuild(Path(out))
     return {"tasks": build.tasks,
             "done": [i for i in range(build.tasks) if build.is_done(i)],
-            "placed": [i for i in range(build.tasks) if build.placed(i) is not None],
+            "placed": [i for i in range(build.tasks) if _is_placed(build, i)],
             "missing": build.missing()}
+
+
+def _is_placed(build: TaskedBuild, i: int) -> bool:
+    try:
+        return build.placed(i) is not None
+    except TaskDamaged:
+        return False
 
 
 def task_index_from_env(tasks: int) -> int | None:
@@ -161,3 +194,12 @@ def _env_int(name: str, default: int | None = None) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise SettingsError(f"{name}={value!r} in the environment is not a task number") from None
+
+
+def config_record(cfg: BuildConfig) -> dict:
+    """tasks.json's copy of the settings: the merge (which may run elsewhere) rebuilds the
+    BuildConfig from it."""
+    record = asdict(cfg)
+    for k in ("overwrite", "task_index"):
+        record.pop(k, None)
+    return record
