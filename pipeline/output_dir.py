@@ -135,7 +135,7 @@ def survey(out: Path) -> Survey:
         s.fingerprint, s.complete = m["fingerprint"], True
         listed |= _listed_by_manifest(out, m)
     elif (out / WORK_DIR / FINGERPRINT).is_file():
-        s.fingerprint = json.loads((out / WORK_DIR / FINGERPRINT).read_text(encoding="utf-8"))
+        s.fingerprint = _read_fingerprint(out / WORK_DIR / FINGERPRINT)
     if not out.is_dir():
         return s
     for entry in sorted(out.iterdir()):
@@ -150,6 +150,18 @@ def survey(out: Path) -> Survey:
         else:
             s.sort(entry, lambda name: name in listed)
     return s
+
+
+# What survey says of a fingerprint.json that cannot be read: a build, but none that matches
+DAMAGED = {"damaged": "fingerprint.json"}
+
+
+def _read_fingerprint(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return DAMAGED
+    return found if isinstance(found, dict) else DAMAGED
 
 
 def _files_under(folder: Path):
@@ -180,7 +192,12 @@ def refuse_tasked_build(out: Path, overwrite: bool) -> None:
     """A single-machine `pack build` never resumes into a build split into tasks."""
     tasks = out / WORK_DIR / TASKS
     if tasks.is_file() and not overwrite:
-        n = json.loads(tasks.read_text(encoding="utf-8"))["tasks"]
+        try:
+            n = json.loads(tasks.read_text(encoding="utf-8"))["tasks"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise SettingsError(f"{out} holds a build split into tasks whose {tasks} is damaged: "
+                                "re-run one of its tasks (the command with --tasks N) to write "
+                                "it again, or pass --overwrite to replace the build") from None
         raise SettingsError(f"{out} holds a build split into {n} tasks: run its tasks (the same "
                             f"command with --tasks {n}), or `pack merge {out}` once they are "
                             "done; --overwrite replaces it")
@@ -246,6 +263,10 @@ def prepare_output(out: Path, fingerprint: dict, overwrite: bool):
         raise SettingsError(f"{out} is not empty and holds no longpack build ({s.foreign[0]} "
                             "is not one of its files); refusing to write into it: choose a "
                             "new or empty --out")
+    if s.fingerprint is DAMAGED and not overwrite:
+        raise SettingsError(f"{out / WORK_DIR / FINGERPRINT} is damaged (not a JSON object): the "
+                            "unfinished build there cannot be told apart from another; pass "
+                            "--overwrite to replace it")
     if s.fingerprint is not None and s.fingerprint != fingerprint and not overwrite:
         raise SettingsError(f"{out} holds a build with different settings "
                             f"({differences(s.fingerprint, fingerprint)}); re-run with the "

@@ -16,6 +16,7 @@ from pipeline import tasks
 from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import WORK_DIR, BuildConfig
+from pipeline.errors import SettingsError
 from pipeline.settings import to_flags
 from pipeline.task_stream import SEAL, seal
 
@@ -275,3 +276,34 @@ def test_a_placed_shard_with_a_byte_changed_is_placed_again_by_its_task(made, tm
     rerun_and_merge(made, out, 1)
     r = CliRunner().invoke(pack, ["stats", str(out), "--verify"])
     assert r.exit_code == 0, r.output
+
+
+# -- 4. the single-machine build meets a damaged record of a tasked build -------------------------
+
+def test_a_single_build_over_a_damaged_tasked_build_is_one_line(made, tmp_path):
+    out = copy_of(made, "placed", tmp_path)
+    work(out, "tasks.json").write_text("{cut")
+    with pytest.raises(SettingsError) as e:  # the single-machine Build itself: never resumes it
+        build(settings(out, made), show_progress=False)
+    assert f"whose {work(out, 'tasks.json')} is damaged" in str(e.value)
+    # the command goes on as tasks (tasks.json written again): the single build's bytes
+    r = CliRunner().invoke(pack, ["build", *to_flags(settings(out, made))])
+    assert r.exit_code == 0, r.output
+    assert build_tree(out) == made["want"]
+    work(out, "fingerprint.json").parent.mkdir()
+    work(out, "fingerprint.json").write_text("[not a build")
+    r = CliRunner().invoke(pack, ["build", *to_flags(settings(out, made)), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert build_tree(out) == made["want"]
+
+
+def test_a_damaged_fingerprint_of_an_unfinished_build_is_one_line(made, tmp_path):
+    out = tmp_path / "out"
+    cfg = settings(out, made)
+    (out / WORK_DIR).mkdir(parents=True)
+    work(out, "fingerprint.json").write_text("{cut")
+    message = one_line_error(["build", *to_flags(cfg)])
+    assert f"{work(out, 'fingerprint.json')} is damaged (not a JSON object)" in message, message
+    r = CliRunner().invoke(pack, ["build", *to_flags(cfg), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert build_tree(out) == made["want"]
