@@ -27,9 +27,10 @@ engine_ray.py and engine_slurm.py (slurm_wait.py) run the tasks on a cluster.
 An --out URL (s3://, gs://, ...): remote_build.py stages the build in a local folder and
 uploader.py sends each finished shard up in the background, the manifest last; every URL of
 longpack (inputs, outputs, the trainer's checkpoints) goes through storage.py (fsspec).
-`pack import` (import_tokens.py; its readers import_readers.py) writes others' token rows as a
-build through the same format classes. `pack stats` reads builds back through them: shards.py,
-stats.py, stats_report.py, stats_files.py, recommend.py (several builds: stats_mix.py).
+`pack import` (import_tokens.py; its readers import_readers.py, its splits import_splits.py)
+writes others' token rows as a build through the same format classes. `pack stats` reads builds
+back through them: shards.py, stats.py, stats_report.py, stats_files.py, recommend.py (several
+builds: stats_mix.py).
 docs/FORMAT.md is the single source of truth for the on-disk format.
 
 What the rest of longpack (the trainer) uses of the data stage is the names below, and only

@@ -135,16 +135,24 @@ def merge(out, task_index, quiet):
 @click.option("--format", "fmt", type=click.Choice(["mds", "memmap"]), default="mds",
               show_default=True)
 @click.option("--shard-bytes", type=click.IntRange(min=1), default=64 << 20, show_default=True)
+@click.option("--val-fraction", type=float, default=0.0, show_default=True,
+              help="A source without a val split (no val.bin, val/): this fraction of its "
+              "documents (rows, without --eos-id) to val, by stable hash, as pack build does.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of --val-fraction's split.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing build in --out.")
 @click.option("--quiet", is_flag=True, help="No summary.")
-def import_(src, out, seq, dtype, eos_id, tokenizer, fmt, shard_bytes, overwrite, quiet):
-    """Adopt pretokenized rows (.npy, .pt, nanoGPT .bin) as a longpack build."""
+def import_(src, out, seq, dtype, eos_id, tokenizer, fmt, shard_bytes, val_fraction, seed,
+            overwrite, quiet):
+    """Adopt pretokenized rows (.npy, .pt, nanoGPT .bin) as a longpack build. Splits come from
+    the names below SRC: val.bin, *_val_*.bin, val/ are val; train ones, or all of it when
+    nothing is named, train; a test split or an unnamed file beside named ones is refused."""
     from pipeline.import_tokens import ImportConfig, import_tokens
     from pipeline.manifest import summary
 
     try:
         m = import_tokens(ImportConfig(str(src), str(out), seq, dtype, eos_id, tokenizer, fmt,
-                                       shard_bytes, overwrite),
+                                       shard_bytes, overwrite, val_fraction, seed),
                           warn=lambda line: None if quiet else click.echo(line, err=True))
     except LongpackError as e:
         raise click.ClickException(str(e)) from None

@@ -2,8 +2,12 @@
 
     import_tokens(ImportConfig(src="seed/", out="./imported", eos_id=50256))
 
-SRC is a file or a folder; a folder with `train/` and/or `val/` gives those splits, otherwise
-all of it is train. Files, sorted by path, by their suffix:
+SRC is a file or a folder. Its splits come from the names below it (import_splits.py): a file or
+folder named val (val.bin, *_val_*.bin, valid.bin, val/, val_small/) is val, one named train is
+train, and with no such names all of it is train; a test split, a file without a split's name
+beside files with one, or one named for two, is refused rather than guessed. --val-fraction F
+gives a source without val a hash split of whole documents (of rows without an EOS id), as
+pack build draws its own. Files (and dataset folders), sorted by path, by their suffix:
   .npy   [N, seq] integer arrays (memory-mapped: rows are read as they are written out)
   .pt    [N, seq] integer tensors (torch.load(..., weights_only=True): no code is run)
   .bin   a flat run of --dtype tokens (nanoGPT's train.bin), cut into rows of --seq; the tokens
@@ -31,10 +35,12 @@ Documents: with --eos-id (or --tokenizer: its EOS) each row's segments start at 
 each EOS, and a row that begins inside a document (the row before did not end with EOS)
 continues that document's hash; without either each row is one document. A document's hash
 numbers it (doc_hash of its ordinal in the split): the data carries no text to hash. The rows
-are copied into shards of --format (an MDS shard or a memmap .npy holds its own header and the
-documents' segments, so no source layout is one of them as it stands). The output is written
-as `pack build` writes one (a lock, a journal of the files, index.json after the shards,
-manifest.json last); an interrupted import is run again from the start by the same command.
+(under --val-fraction with an EOS id, each split's documents packed again: import_splits.py,
+the final row padded with EOS) are copied into shards of --format (an MDS shard or a memmap
+.npy holds its own header and the documents' segments, so no source layout is one of them as
+it stands). The output is written as `pack build` writes one (a lock, a journal of the files,
+index.json after the shards, manifest.json last); an interrupted import is run again from the
+start by the same command.
 """
 
 import json
@@ -50,11 +56,12 @@ from pipeline.config import WORK_DIR
 from pipeline.errors import InputError, SettingsError
 from pipeline.formats import get_format
 from pipeline.import_readers import BIN_DTYPES, SUFFIXES, at_least, read_blocks
+from pipeline.import_splits import HashSplit, split_files
 from pipeline.manifest import FORMAT_VERSION, longpack_version
 from pipeline.output_dir import Journal, prepare_output, remove_work_files
 from pipeline.output_lock import OutputLock
 from pipeline.shard_format import rows_per_shard
-from pipeline.split import doc_hash
+from pipeline.split import PAD_HASH, doc_hash
 
 BLOCK_ROWS = 4096  # rows checked and packed at a time
 # Without --tokenizer the vocabulary is the largest id + 1: above this it is no vocabulary but
@@ -73,6 +80,8 @@ class ImportConfig:
     format: str = "mds"
     shard_bytes: int = 64 << 20
     overwrite: bool = False
+    val_fraction: float = 0.0  # a source without val: this share of documents (rows) to val
+    seed: int = 0  # of that split
 
     def __post_init__(self):
         if self.seq is not None and self.seq < 2:
@@ -84,23 +93,9 @@ class ImportConfig:
             raise SettingsError(f"--eos-id {self.eos_id}: ids are not negative")
         if self.shard_bytes < 1:
             raise SettingsError(f"--shard-bytes must be positive (got {self.shard_bytes})")
+        if not 0.0 <= self.val_fraction < 1.0:  # NaN fails too
+            raise SettingsError(f"--val-fraction must be in [0, 1) (got {self.val_fraction})")
         get_format(self.format)  # unknown: one line listing the formats
-
-
-def find_files(src: Path) -> dict[str, list[Path]]:
-    """{split: files}, in path order."""
-    if src.is_file():
-        return {"train": [src]}
-    if not src.is_dir():
-        raise SettingsError(f"{src}: no such file or directory")
-    folders = {s: src / s for s in ("train", "val") if (src / s).is_dir()} or {"train": src}
-    found = {s: [d] if (d / "index.json").is_file() else  # an MDS dataset
-             sorted(p for p in d.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
-             for s, d in folders.items()}
-    found = {s: files for s, files in found.items() if files}
-    if not found:
-        raise SettingsError(f"{src}: no {', '.join(SUFFIXES)} files to import")
-    return found
 
 
 class _Split:
@@ -116,8 +111,9 @@ class _Split:
         self.rows: list[np.ndarray] = []
         self.buffered = 0
         self.entries: list[dict] = []
-        self.counts = {"rows": 0, "documents": 0, "tokens": 0}
+        self.counts = {"rows": 0, "documents": 0, "tokens": 0, "padding_tokens": 0}
         self.doc, self.open_doc = 0, False  # the current document's ordinal; it continues
+        self.real_last = None  # the final row's tokens before its padding (add_last)
         with writing(self.folder):
             self.folder.mkdir(parents=True, exist_ok=True)
 
@@ -128,10 +124,25 @@ class _Split:
         while self.buffered >= self.per_shard:
             self._write(self.per_shard)
 
-    def _segments(self, rows: np.ndarray) -> np.ndarray:
-        """(row, start, hash) of each document piece, as the packer records them."""
+    def add_last(self, tokens: np.ndarray) -> None:
+        """The split's final tokens, fewer than a row (--val-fraction repacks documents): padded
+        with EOS as pack build pads, the padding a segment of hash 0."""
+        row = np.full((1, self.seq), self.eos, self.dtype)
+        row[0, :len(tokens)] = tokens
+        self.real_last = len(tokens)
+        self.add(row)
+
+    def cut(self) -> None:
+        """A skipped row ends the document before it."""
+        self.open_doc = False
+
+    def _segments(self, rows: np.ndarray, real_last: int | None) -> np.ndarray:
+        """(row, start, hash) of each document piece, as the packer records them; the last
+        row's tokens from `real_last` on are padding."""
         out = []
         for r, row in enumerate(rows):
+            if real_last is not None and r == len(rows) - 1:
+                row = row[:real_last]
             starts = [0]
             if self.eos is not None:
                 starts += [int(p) + 1 for p in np.flatnonzero(row[:-1] == self.eos)]
@@ -142,19 +153,25 @@ class _Split:
             # documents as pack stats counts them: those an EOS ends (each row, without one)
             self.counts["documents"] += int((row == self.eos).sum()) if self.eos is not None else 1
             self.open_doc = self.eos is not None and row[-1] != self.eos
+        if real_last is not None:
+            out.append((len(rows) - 1, real_last, PAD_HASH))
         return np.array(out, dtype=np.uint64).reshape(-1, 3)
 
     def _write(self, n: int) -> None:
         rows = np.concatenate(self.rows)
         take, rest = rows[:n], rows[n:]
         self.rows, self.buffered = [rest] if len(rest) else [], len(rest)
-        files, entry = self.fmt.encode_shard(len(self.entries), take, self._segments(take))
+        real_last = self.real_last if not len(rest) else None  # add_last's row is the last
+        files, entry = self.fmt.encode_shard(len(self.entries), take,
+                                             self._segments(take, real_last))
         for name, data in files.items():
             self.journal.claim(self.folder / name)
             write_bytes(self.folder / name, data, fsync=True)
         self.entries.append(entry)
+        padding = self.seq - real_last if real_last is not None else 0
         self.counts["rows"] += n
-        self.counts["tokens"] += n * self.seq
+        self.counts["tokens"] += n * self.seq - padding
+        self.counts["padding_tokens"] += padding
 
     def close(self) -> dict:
         if self.buffered:
@@ -165,27 +182,39 @@ class _Split:
         write_json(self.folder / "index.json", index, fsync=True)
         written = type(self.fmt)(self.folder, index)
         stored = sum(f.bytes for i in range(len(self.entries)) for f in written.stored(i))
-        return {**self.counts, "text_bytes": None, "padding_tokens": 0, "dropped_tokens": 0,
-                "shards": len(self.entries), "bytes": stored, "row_tokens": self.counts["tokens"],
-                "path": self.name}
+        return {**self.counts, "text_bytes": None, "dropped_tokens": 0,
+                "shards": len(self.entries), "bytes": stored,
+                "row_tokens": self.counts["rows"] * self.seq, "path": self.name}
 
 
 def import_tokens(cfg: ImportConfig, warn=print) -> dict:
     """Write OUT; returns its manifest."""
     t0 = time.time()
     src, out = Path(cfg.src), Path(cfg.out)
-    files = find_files(src)
+    files = split_files(src, SUFFIXES, warn)
+    if cfg.val_fraction and "val" in files:
+        raise SettingsError(f"--val-fraction {cfg.val_fraction}: {src} already has a val split "
+                            f"({files['val'][0]}): drop --val-fraction to import it as it is")
     tok = None
     if cfg.tokenizer:
         from pipeline.tokenizer import load_tokenizer
 
         tok = load_tokenizer(cfg.tokenizer)
-    inputs = [{"path": str(f), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns}
-              for split in files.values() for p in split
+    eos = cfg.eos_id if cfg.eos_id is not None else (tok.eos_id if tok else None)
+    if cfg.val_fraction and eos is None:
+        warn("pack import: --val-fraction without --eos-id each row is a document and moves "
+             "whole: a document that spans rows may have pieces in both splits; pass --eos-id "
+             "to move whole documents")
+    inputs = [{"path": str(f), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns,
+               "split": name}
+              for name, split in files.items() for p in split
               for f in (sorted(p.iterdir()) if p.is_dir() else [p]) if f.is_file()]
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "overwrite")}
-    fingerprint = {"import": settings, "inputs": inputs,
-                   "tokenizer": tok.identity() if tok else None, "format_version": FORMAT_VERSION}
+    # Without a val fraction the seed changes no byte: the fingerprint leaves both out.
+    fingerprint = {"import": {k: v for k, v in settings.items() if cfg.val_fraction
+                              or k not in ("val_fraction", "seed")},
+                   "inputs": inputs, "tokenizer": tok.identity() if tok else None,
+                   "format_version": FORMAT_VERSION}
     seq, largest = _scan(files, cfg, tok is None)
     if seq is None or seq < 2:
         raise SettingsError(f"{src}: rows of {seq} tokens; a row needs at least 2")
@@ -200,8 +229,8 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
             return json.loads((out / "manifest.json").read_text())
         journal = Journal(out)
         try:
-            return _write(cfg, files, out, seq, vocab, dtype, tok, inputs, fingerprint, journal,
-                          t0)
+            return _write(cfg, files, out, seq, vocab, dtype, tok, eos, inputs, fingerprint,
+                          journal, t0)
         finally:
             journal.close()
 
@@ -212,8 +241,8 @@ def _scan(files: dict[str, list[Path]], cfg: ImportConfig, check_ids: bool):
     the largest id + 1) an id of MAX_VOCAB or more is refused, naming its file, row and value,
     rather than recorded as a vocabulary or cast into the output's dtype."""
     seq, largest = cfg.seq, 0
-    for split_files in files.values():
-        for path in split_files:
+    for units in files.values():
+        for path in units:
             first = 0  # the source's row number of the block's first row, as _write counts
             for rows in read_blocks(path, cfg):
                 if seq is None:
@@ -269,9 +298,9 @@ def _vocabulary(cfg: ImportConfig, tok, largest: int, warn) -> int:
     return vocab
 
 
-def _add_rows(rows, path: Path, first: int, seq: int, vocab: int, split: "_Split", skip) -> None:
-    """A block of a source's rows into the split, those of another width or with an id out of
-    the vocabulary skipped (numbered from `first`)."""
+def _add_rows(rows, path: Path, first: int, seq: int, vocab: int, split, skip) -> None:
+    """A block of a source's rows into the split (a _Split, or a HashSplit of two), those of
+    another width or with an id out of the vocabulary skipped (numbered from `first`)."""
     if rows.shape[1] != seq:
         skip(path, first, "wrong_length", f"rows of {rows.shape[1]} tokens, not {seq}",
              records=len(rows))
@@ -285,25 +314,29 @@ def _add_rows(rows, path: Path, first: int, seq: int, vocab: int, split: "_Split
         if (~bad).any():
             split.add(block[~bad])
             if bad.any():
-                split.open_doc = False  # a skipped row ends the document before it
+                split.cut()
 
 
-def _write(cfg, files, out, seq, vocab, dtype, tok, inputs, fingerprint, journal, t0) -> dict:
+def _write(cfg, files, out, seq, vocab, dtype, tok, eos, inputs, fingerprint, journal,
+           t0) -> dict:
     skipped: dict[str, int] = {}
     skip_path = out / "skipped.jsonl"
     journal.claim(skip_path)
     splits = {}
     read = 0
-    eos = cfg.eos_id if cfg.eos_id is not None else (tok.eos_id if tok else None)
     with writing(skip_path), open(skip_path, "wb") as log:
         def skip(path, row, reason, detail, records=1):
             skipped[reason] = skipped.get(reason, 0) + records
             log.write((json.dumps({"file": str(path), "row": row, "reason": reason,
                                    "detail": detail, "records": records}) + "\n").encode())
 
-        for name, split_files in files.items():
-            split = _Split(name, out, cfg, seq, dtype, journal, eos)
-            for path in split_files:
+        for name, units in files.items():
+            writers = {name: _Split(name, out, cfg, seq, dtype, journal, eos)}
+            split = writers[name]
+            if cfg.val_fraction:  # the source has no val (import_tokens refused it): make one
+                writers["val"] = _Split("val", out, cfg, seq, dtype, journal, eos)
+                split = HashSplit(writers, cfg.val_fraction, cfg.seed, eos, seq)
+            for path in units:
                 first = 0  # the source's row number of the block's first row
                 for rows in read_blocks(path, cfg):
                     _add_rows(rows, path, first, seq, vocab, split, skip)
@@ -314,7 +347,9 @@ def _write(cfg, files, out, seq, vocab, dtype, tok, inputs, fingerprint, journal
                     if tail:
                         skip(path, first, "partial_row", f"the last {tail} tokens do not "
                              f"fill a row of {seq}")
-            splits[name] = split.close()
+            if isinstance(split, HashSplit):
+                split.flush()
+            splits.update((n, w.close()) for n, w in writers.items())
     tokenizer = {**(tok.identity() if tok else {"name": "imported", "kind": "imported",
                                                   "source": None, "sha256": None}),
                  "vocab_size": vocab, "eos_id": eos, "dtype": np.dtype(dtype).name}

@@ -64,7 +64,7 @@ def test_a_nanogpt_bin_and_pt_tensors_with_bad_rows_counted(tmp_path, byte_token
     src = tmp_path / "mixed"
     src.mkdir()
     flat = documents(rng, 10, 64).reshape(-1)
-    np.concatenate([flat, flat[:7]]).tofile(src / "a_train.bin")  # 10 rows + 7 tokens over
+    np.concatenate([flat, flat[:7]]).tofile(src / "a.bin")  # 10 rows + 7 tokens over
     bad = documents(rng, 5, 64).astype(np.int64)
     bad[2, 3] = 70000  # beyond the vocabulary
     torch.save(torch.from_numpy(bad), src / "b.pt")
@@ -79,7 +79,7 @@ def test_a_nanogpt_bin_and_pt_tensors_with_bad_rows_counted(tmp_path, byte_token
     assert m["counts"]["skipped"] == {"partial_row": 1, "id_out_of_range": 1, "wrong_length": 3}
     skips = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
     assert {(s["file"].rsplit("/", 1)[-1], s["row"], s["reason"]) for s in skips} == {
-        ("a_train.bin", 10, "partial_row"), ("b.pt", 2, "id_out_of_range"),
+        ("a.bin", 10, "partial_row"), ("b.pt", 2, "id_out_of_range"),
         ("c.npy", 0, "wrong_length")}
     code, text = run("stats", out, "--verify")
     assert code == 0, text
