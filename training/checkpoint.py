@@ -1,16 +1,25 @@
 """Checkpoints: RUN/step-NNNNNNNN/ directories, written whole or not at all, newest kept; what
 they hold (`capture`) and how a run takes it back (`check_model`, `check_data`, `restore`).
 
-A checkpoint is written into `.step-N.tmp/`, with a `COMPLETE` file holding the sha256 of
-`state.pt`, then renamed; `RUN/latest` names the newest. Loading takes the newest checkpoint
-whose COMPLETE matches its state.pt, warning about (and skipping) any that do not.
+A checkpoint is written into `.step-N.tmp/`, with a `COMPLETE` file written last, then renamed;
+`RUN/latest` names the newest. Loading takes the newest checkpoint whose files match COMPLETE,
+saying (in one line) which it skips.
 
 state.pt holds model, optimizers, grad scaler, RNG states, the step, the shards' fingerprint
 and seq, the config, and the batch hashes of the last RECENT_HASHES steps: a resumed run
 recomputes those from its own order and refuses to go on if they differ. Its size does not
 grow with the run: the metrics of the steps done are in RUN/metrics.jsonl, not here.
 Checkpoints of longpack before FORMAT 2 also held the whole metrics history; they load, and
-that copy is ignored.
+that copy is ignored. A run with --fsdp writes a sharded checkpoint instead
+(checkpoint_dcp.py): state.pt without the model and optimizers, which each process writes its
+part of; COMPLETE then lists the sha256 of every file ("HASH  NAME" lines; one bare hash: that
+of state.pt, as whole checkpoints have it). Either kind resumes with or without --fsdp, under
+any number of processes.
+
+Loading never runs code from a checkpoint (a run's folder may come from a shared bucket):
+state.pt is read with torch.load(weights_only=True), which builds tensors and plain Python
+values only (and numpy's arrays, for the RNG state), and a sharded checkpoint's DCP metadata
+through an allow-list (checkpoint_dcp.SafeReader).
 """
 
 import random
@@ -23,27 +32,46 @@ import numpy as np
 import torch
 
 from pipeline import TrainingError, sha256_file, write_bytes
+from training import checkpoint_dcp, distributed, fsdp
 from training.mixture import MixedOrder, history_until, same_until
 from training.step import TrainState
 
 FORMAT = 2  # 1 (no "format" key): the same plus "history", every step's metrics record
 RECENT_HASHES = 16
+# numpy's array and dtype, which np.random.get_state() holds: data, rebuilt without running code
+NUMPY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
-def save(run: Path, step: int, state: dict, keep_last: int) -> Path:
-    run.mkdir(parents=True, exist_ok=True)
+def save(run: Path, step: int, s: TrainState, state: dict, keep_last: int,
+         procs: distributed.Processes) -> Path | None:
+    """Checkpoint step `step`: every process calls it (a sharded model's each write their
+    part); rank 0 writes state.pt and COMPLETE. Returns the folder on rank 0."""
     final = run / f"step-{step:08d}"
     tmp = run / f".step-{step:08d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(state, tmp / "state.pt")
-    (tmp / "COMPLETE").write_text(sha256_file(tmp / "state.pt") + "\n")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    write_bytes(run / "latest", (final.name + "\n").encode())
-    for old in to_remove(sorted(p.name for p in run.glob("step-*")), final.name, keep_last):
-        shutil.rmtree(run / old, ignore_errors=True)
-    return final
+    sharded = fsdp.is_sharded(s.model)
+    if procs.main:
+        run.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    if sharded:
+        distributed.barrier(procs)
+        checkpoint_dcp.save_parts(tmp, s.model, s.optimizers)  # returns once all have written
+    else:
+        state = {**state, "model": s.model.state_dict(),
+                 "optimizers": [o.state_dict() for o in s.optimizers]}
+    if procs.main:
+        torch.save(state, tmp / "state.pt")
+        files = sorted(p.name for p in tmp.iterdir())
+        (tmp / "COMPLETE").write_text(
+            "".join(f"{sha256_file(tmp / name)}  {name}\n" for name in files) if sharded
+            else sha256_file(tmp / "state.pt") + "\n")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        write_bytes(run / "latest", (final.name + "\n").encode())
+        for old in to_remove(sorted(p.name for p in run.glob("step-*")), final.name, keep_last):
+            shutil.rmtree(run / old, ignore_errors=True)
+    distributed.barrier(procs)
+    return final if procs.main else None
 
 
 def to_remove(names: list[str], saved: str, keep_last: int) -> list[str]:
@@ -84,12 +112,35 @@ def load_latest(run: Path, say=warn) -> tuple[dict, Path] | None:
 
 
 def _read(path: Path) -> dict:
+    problem = damage(path)
+    if problem:
+        raise ValueError(problem)
+    try:
+        with torch.serialization.safe_globals(NUMPY_GLOBALS):
+            return torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # a pickle asking for more than data: refused, not run
+        first = str(e).strip().splitlines()
+        why = next((line.strip() for line in first if "GLOBAL" in line or "global" in line),
+                   first[0] if first else type(e).__name__)
+        raise ValueError(f"state.pt holds more than a checkpoint's data, which is never loaded "
+                         f"(nothing in it was run): {why}") from None
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with the checkpoint folder's files against its COMPLETE, or None."""
     complete = path / "COMPLETE"
     if not complete.is_file():
-        raise ValueError("not a complete checkpoint (no COMPLETE file)")
-    if complete.read_text().strip() != sha256_file(path / "state.pt"):
-        raise ValueError("state.pt does not match its checksum")
-    return torch.load(path / "state.pt", map_location="cpu", weights_only=False)
+        return "not a complete checkpoint (no COMPLETE file)"
+    lines = complete.read_text().split("\n")
+    listed = dict(reversed(line.split("  ", 1)) for line in lines if "  " in line)
+    if not listed:  # a whole checkpoint: state.pt's sha256 alone
+        listed = {"state.pt": lines[0].strip()}
+    for name, digest in sorted(listed.items()):
+        if not (path / name).is_file():
+            return f"{name} is missing"
+        if sha256_file(path / name) != digest:
+            return f"{name} does not match its checksum"
+    return None
 
 
 def _readable(state: dict, path: Path) -> dict:
@@ -113,9 +164,9 @@ def find(run: Path, resume: str, say=warn) -> tuple[dict, Path] | None:
 def capture(s: TrainState, step: int, data, order: MixedOrder, cfg) -> dict:
     """What a checkpoint after `step` steps holds (the state of this process)."""
     recent = range(max(0, step - RECENT_HASHES), step)
-    return {"format": FORMAT, "model": s.model.state_dict(),
-            "optimizers": [o.state_dict() for o in s.optimizers],
-            "scaler": s.scaler.state_dict(), "rng": rng_state(), "step": step,
+    # the model and optimizers: save() adds them to a whole checkpoint (a sharded one's parts
+    # are written by every process)
+    return {"format": FORMAT, "scaler": s.scaler.state_dict(), "rng": rng_state(), "step": step,
             "fingerprint": data.fingerprint, "seq": data.seq, "config": cfg.to_dict(),
             # what the ids mean: zoo eval refuses a build of another tokenizer by it
             "tokenizer": data.manifest["tokenizer"],
@@ -182,14 +233,20 @@ def describe(history: list, step: int) -> str:
 def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
     """Load the checkpoint into the train state and the RNGs; returns its step."""
     state, path = found
+    sharded = fsdp.is_sharded(s.model)
     try:
-        s.model.load_state_dict(state["model"])
-    except RuntimeError as e:  # same name, other shapes: archs/ changed since
+        if checkpoint_dcp.is_sharded_checkpoint(path):
+            checkpoint_dcp.load_into(path, s.model, s.optimizers, distributed=sharded)
+        elif sharded:
+            checkpoint_dcp.load_whole_into(state, s.model, s.optimizers)
+        else:
+            s.model.load_state_dict(state["model"])
+            for opt, saved in zip(s.optimizers, state["optimizers"]):
+                opt.load_state_dict(saved)
+    except (RuntimeError, KeyError, ValueError) as e:  # other shapes: archs/ changed since
         raise TrainingError(f"{path}: its weights do not fit --model {cfg.model} as archs/ "
-                            f"builds it now ({str(e).splitlines()[0]}); pass --resume never or "
-                            "another --out to start afresh") from None
-    for opt, saved in zip(s.optimizers, state["optimizers"]):
-        opt.load_state_dict(saved)
+                            f"builds it now ({str(e).strip().splitlines()[0]}); pass --resume "
+                            "never or another --out to start afresh") from None
     s.scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"])
     return state["step"]

@@ -82,6 +82,16 @@ class TrainConfig:
     seed: int = setting(0, "Seed of the row order and of the model's initialization.")
     doc_mask: bool = setting(True, "Keep attention (or convolution) inside documents.")
     compile: bool = setting(False, "torch.compile the model (and its loss).")
+    fsdp: bool = setting(
+        False, "Shard parameters, gradients and optimizer state over the processes (FSDP2, "
+        "each block and the root), instead of DDP's whole copy on each: for models that do "
+        "not fit one GPU (docs/TRAIN.md).", switch=True, show_default=False)
+    fsdp_replicas: int = setting(
+        1, "--fsdp: hybrid sharding, shard within each of R groups of processes and replicate "
+        "across them (R divides the processes; e.g. the nodes).", metavar="R")
+    activation_checkpointing: bool = setting(
+        False, "Recompute each block's activations in backward instead of keeping them: less "
+        "memory, about a third more compute.", switch=True, show_default=False)
     workers: int = setting(
         2, "Background processes that read and assemble batches (0 = in the training "
         "process).")
@@ -133,6 +143,14 @@ class TrainConfig:
                                 "it does)")
         if self.restart_every is not None and self.restart_every < 1:
             raise SettingsError("--restart-every must be at least 1")
+        if self.fsdp_replicas < 1:
+            raise SettingsError("--fsdp-replicas must be at least 1")
+        if self.fsdp_replicas > 1 and not self.fsdp:
+            raise SettingsError("--fsdp-replicas is hybrid sharding: it needs --fsdp")
+        if self.fsdp and self.precision == "fp16":
+            raise SettingsError("--fsdp trains in fp32 or bf16 (bf16 parameters for compute, "
+                                "fp32 master weights and reductions); fp16's loss scaling over "
+                                "sharded gradients is not supported: use --precision bf16")
         if self.optimizer not in OPTIMIZERS:
             raise SettingsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.min_lr <= self.lr:
@@ -186,10 +204,16 @@ class TrainConfig:
         return parse_mixture(self.shards, self.mix, self.mix_stages, self.max_epochs)
 
     def model_overrides(self) -> dict:
-        """--model-arg as the model config's fields (validated in __post_init__)."""
+        """--model-arg as the model config's fields (validated in __post_init__), and
+        --activation-checkpointing as every family's `checkpointing` field."""
         import archs
 
-        return archs.parse_args(self.model, list(self.model_args))
+        overrides = archs.parse_args(self.model, list(self.model_args))
+        if "checkpointing" in overrides:
+            raise ValueError("checkpointing is the flag --activation-checkpointing "
+                             "(activation_checkpointing = true in a config file)")
+        return {**overrides, "checkpointing": True} if self.activation_checkpointing \
+            else overrides
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -16,6 +16,7 @@ class Processes:
     rank: int
     world: int
     device: torch.device
+    owns_group: bool = False  # start() made the process group: stop() ends it
 
     @property
     def main(self) -> bool:
@@ -30,17 +31,23 @@ def launched() -> Processes:
     return Processes(rank, world, device)
 
 
-def start() -> Processes:
+def start(group: bool = False) -> Processes:
+    """This process's place, its process group started under torchrun (or, with `group`, a
+    group of this one process: FSDP shards over a process group even when it is one)."""
     rank, world, device = (procs := launched()).rank, procs.world, procs.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Processes(rank, world, device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    owns = (world > 1 or group) and not dist.is_initialized()  # else a caller's group is used
+    if owns and world > 1:
+        dist.init_process_group(backend)
+    elif owns:  # no torchrun: no rendezvous to read
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return Processes(rank, world, device, owns)
 
 
 def stop(procs: Processes) -> None:
-    if procs.world > 1 and dist.is_initialized():
+    if procs.owns_group and dist.is_initialized():
         dist.destroy_process_group()
 
 

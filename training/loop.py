@@ -46,7 +46,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
     SIGTERM handler does; tests use it to interrupt a run). Returns the metrics history: on
     the main process every step's record, those before a resume read back from
     metrics.jsonl; on the others, the records of the steps this call ran."""
-    procs = distributed.start()
+    procs = distributed.start(group=cfg.fsdp)
     try:
         return _train(cfg, resume, log if procs.main else (lambda _: None), stop_at, procs)
     finally:
@@ -143,15 +143,12 @@ def _train(cfg, resume, log, stop_at, procs):
             stopping = distributed.anyone(stop.requested, procs) or (
                 stop_at is not None and step >= stop_at)
             if step % cfg.save_every == 0 or step == last or stopping:
-                if procs.main:
-                    if remote:
-                        remote.wait()  # the previous checkpoint's upload, if still running
-                    saved = checkpoint.save(run, step, checkpoint.capture(state, step, data,
-                                                                          order, cfg),
-                                            cfg.keep_last)
-                    if remote:
-                        remote.submit(saved, run, cfg.keep_last)  # in the background
-                distributed.barrier(procs)
+                if procs.main and remote:
+                    remote.wait()  # the previous checkpoint's upload, if still running
+                saved = checkpoint.save(run, step, state, checkpoint.capture(
+                    state, step, data, order, cfg), cfg.keep_last, procs)
+                if procs.main and remote:
+                    remote.submit(saved, run, cfg.keep_last)  # in the background
             if stopping:
                 log(f"stopped at step {step}: re-run the same command to resume")
                 break

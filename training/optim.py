@@ -17,6 +17,7 @@ as its own matrix, shaped like an nn.Linear weight [out, in] for Muon's learning
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 MUON = ("matrix", "experts")
 DECAYED = (*MUON, "head")  # tuples: the parameters' order (optimizer state) is fixed
@@ -42,16 +43,55 @@ class Muon(torch.optim.Muon):
         params, grad_list, bufs = [], [], []
         has_complex = super()._init_group(group, params, grad_list, bufs)
         for p, g, buf in zip(params, grad_list, bufs):
-            if p.ndim == 2:
-                params_with_grad.append(p)
-                grads.append(g)
-                momentum_bufs.append(buf)
-                continue
-            for i in range(p.shape[0]):  # views: Muon's in-place updates land in the stack
-                params_with_grad.append(p[i].mT)
-                grads.append(g[i].mT)
-                momentum_bufs.append(buf[i].mT)
+            for lists, value in zip((params_with_grad, grads, momentum_bufs), matrices(p, g, buf)):
+                lists.extend(value)
         return has_complex
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Sharded parameters (train --fsdp: DTensors split along dim 0) are updated one at a
+        time from their whole matrices: each process gathers the parameter, its gradient and
+        momentum, runs torch's Muon update on them (Newton-Schulz needs the whole matrix), and
+        keeps its own shard of the results, so the update equals unsharded Muon's (to float
+        rounding: tests/test_train_fsdp.py). The whole of one matrix is held at a time; every
+        process computes every matrix's update (the simple way, not the cheapest)."""
+        if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
+            return super().step(closure)
+        from torch.optim._muon import _single_tensor_muon
+
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            settings = {k: group[k] for k in ("lr", "weight_decay", "momentum", "nesterov",
+                                              "ns_coefficients", "ns_steps", "eps",
+                                              "adjust_lr_fn")}
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                whole = [t.full_tensor() if isinstance(t, DTensor) else t
+                         for t in (p.detach(), p.grad, buf)]
+                _single_tensor_muon(*matrices(*whole), **settings, has_complex=False)
+                for target, value in ((p, whole[0]), (buf, whole[2])):
+                    if isinstance(target, DTensor):  # this process's shard of the result
+                        target.to_local().copy_(distribute_tensor(
+                            value, target.device_mesh, target.placements,
+                            src_data_rank=None).to_local())
+        return loss
+
+
+def matrices(p, g, buf) -> tuple[list, list, list]:
+    """A parameter, its gradient and momentum as Muon's matrices: a 2-D one as it is, a stack
+    [n, in, out] as n views [out, in] (Muon's in-place updates land in the stack)."""
+    if p.ndim == 2:
+        return [p], [g], [buf]
+    return ([p[i].mT for i in range(p.shape[0])], [g[i].mT for i in range(p.shape[0])],
+            [buf[i].mT for i in range(p.shape[0])])
 
 
 def param_groups(model: nn.Module) -> dict[str, list[nn.Parameter]]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training import distributed
+from training import distributed, fsdp
 from training.optim import make_optimizers, set_lr
 from training.schedule import lr_at
 
@@ -54,11 +54,13 @@ class StepResult:
 
 
 def prepare(model: torch.nn.Module, cfg, procs: distributed.Processes) -> TrainState:
+    if cfg.fsdp:  # before the optimizers: they hold the sharded parameters
+        fsdp.shard(model, cfg, procs)
     optimizers = make_optimizers(model, cfg)
     # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
     scaler = torch.amp.GradScaler(procs.device.type, enabled=cfg.precision == "fp16")
     loss, ddp = LossOf(model), None
-    if procs.world > 1:
+    if procs.world > 1 and not cfg.fsdp:
         # DDP broadcasts rank 0's weights now; a checkpoint loaded later into `model` is the
         # same on every rank, so the order of the two does not matter.
         ddp = loss = torch.nn.parallel.DistributedDataParallel(
@@ -80,8 +82,8 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
     targets = round(distributed.total(sum(counts), procs))
     loss_sum = 0.0
     for micro, (batch, count) in enumerate(zip(micro_batches, counts)):
-        # DDP averages gradients on the last micro-step only, over the ranks: x world undoes
-        # that average, so the gradient is of the global mean.
+        # DDP averages gradients on the last micro-step only, over the ranks (FSDP at every
+        # micro-step): x world undoes that average, so the gradient is of the global mean.
         sync = state.ddp is None or micro == len(micro_batches) - 1
         with contextlib.nullcontext() if sync else state.ddp.no_sync():
             with autocast(cfg, procs.device):
@@ -99,7 +101,7 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
         state.scaler.step(opt)  # fp16: skipped when the gradients overflowed
         opt.zero_grad(set_to_none=True)
     state.scaler.update()
-    grad_norm = float(norm)
+    grad_norm = float(fsdp.whole(norm))
     return StepResult(loss, targets, lr, grad_norm, t1 - t0, clock() - t1)
 
 

@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from pipeline import StorageError, Store, redact, sha256_file
+from pipeline import StorageError, Store, redact
 from training import checkpoint
 
 STEP = re.compile(r"step-(\d{8})")
@@ -121,8 +121,8 @@ class RemoteRun:
     def fetch_newest(self, run: Path, metrics: bool = True) -> Path | None:
         """The bucket's newest complete checkpoint, into RUN, when it is newer than RUN's own
         newest complete one (a fresh machine has none); with it (`metrics`: the process that
-        writes it) the run's metrics.jsonl, when RUN has none. A checkpoint whose state.pt does
-        not match its COMPLETE is skipped for the one before (it is not removed: the bucket is
+        writes it) the run's metrics.jsonl, when RUN has none. A checkpoint whose files do not
+        match its COMPLETE is skipped for the one before (it is not removed: the bucket is
         not this machine's to clean)."""
         local = [p.name for p in run.glob("step-*") if (p / "COMPLETE").is_file()]
         newest_local = max(local, default="")
@@ -130,7 +130,7 @@ class RemoteRun:
             if name <= newest_local:
                 return None
             path = self.fetch(name, run)
-            if (path / "COMPLETE").read_text().strip() == sha256_file(path / "state.pt"):
+            if checkpoint.damage(path) is None:
                 if metrics and not (run / "metrics.jsonl").is_file() and \
                         self.store.size("metrics.jsonl"):
                     self.store.get_file("metrics.jsonl", run / "metrics.jsonl")

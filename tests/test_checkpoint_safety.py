@@ -1,0 +1,62 @@
+"""Loading a checkpoint never runs code from it: a state.pt or a sharded checkpoint's DCP
+.metadata whose pickle would create a file is refused in one line, and the file never appears.
+A single process with --fsdp writes a sharded checkpoint (a process group of one)."""
+
+import pickle
+
+import pytest
+from click.testing import CliRunner
+from test_train import config
+
+from pipeline import sha256_file
+from training.cli import train as train_cli
+from training.loop import train
+from training.zoo_cli import zoo
+
+
+class Planted:
+    """Unpickled, it would create the file at `path` (what a malicious checkpoint does)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def seal(step_dir):
+    """COMPLETE as a checkpoint writes it: the attacker can always do this much."""
+    complete = step_dir / "COMPLETE"
+    lines = complete.read_text().splitlines()
+    if len(lines) == 1 and "  " not in lines[0]:
+        complete.write_text(sha256_file(step_dir / "state.pt") + "\n")
+    else:
+        complete.write_text("".join(f"{sha256_file(step_dir / line.split('  ', 1)[1])}  "
+                                    f"{line.split('  ', 1)[1]}\n" for line in lines))
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_checkpoint_whose_pickle_would_run_code_is_refused_unrun(tmp_path, shards, sharded):
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=2, save_every=2, warmup=0, workers=0, fsdp=sharded),
+          log=lambda m: None)
+    step = run / "step-00000002"
+    planted = tmp_path / "planted"
+    victim = step / (".metadata" if sharded else "state.pt")
+    victim.write_bytes(pickle.dumps({"weights": Planted(planted)}))
+    seal(step)
+    args = ["--shards", str(shards), "--out", str(run), "--max-steps", "4", "--warmup", "0",
+            "--batch-size", "4", "--workers", "0", "--resume", str(step)]
+    result = CliRunner().invoke(train_cli, args + (["--fsdp"] if sharded else []))
+    assert result.exit_code == 1, result.output
+    assert not planted.exists()
+    line = result.output.strip().splitlines()[-1]
+    assert "Traceback" not in result.output and line.startswith("Error: ")
+    assert ("is not a DCP metadata file" if sharded else "holds more than a checkpoint's data") \
+        in line and "nothing in it was run" in line, line
+    # zoo refuses it too (a whole checkpoint's state.pt: skipped, as damaged, for none left)
+    result = CliRunner().invoke(zoo, ["export", str(run), "--to", "safetensors", "--out",
+                                      str(tmp_path / "o")])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert not planted.exists()
+    assert result.output.strip().splitlines()[-1].startswith("Error: ")
