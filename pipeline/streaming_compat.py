@@ -4,7 +4,9 @@
 on PyPI is built for CUDA and fails to load next to a CPU-only torch ("operator torchvision::nms
 does not exist"), and data preparation runs on CPU-only nodes. Nothing longpack uses needs
 `streaming.vision`, so when torchvision cannot load we register an empty module under that name
-before importing streaming.
+before importing streaming. The README's install pins a torch/torchvision pair that loads
+(tests/test_user_environment.py imports streaming with nothing of this); this keeps longpack
+working in an environment that has a mismatched pair.
 
 Each StreamingDataset takes the first number N whose shared memory and lock files are free and
 makes `N_barrier_filelock` and `N_cache_filelock` in the temp folder, which it never removes; a
