@@ -14,8 +14,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import Rotary, StackedLM, attention, cached_attention
-from archs.limits import EPS, FLAG, FRACTION, SIZE, STD, VOCAB, Range, check_fields
+from .layers import Rotary, StackedLM, attention, cached_attention
+from .limits import EPS, FLAG, FRACTION, SIZE, STD, VOCAB, Range, check_fields
 
 
 @dataclass(frozen=True)

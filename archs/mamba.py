@@ -26,8 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import ShortConv, StackedLM, positions, segment_ids
-from archs.limits import CHUNK, EPS, FLAG, SIZE, STD, VOCAB, Range, check_fields
+from .layers import ShortConv, StackedLM, positions, segment_ids
+from .limits import CHUNK, EPS, FLAG, SIZE, STD, VOCAB, Range, check_fields
 
 
 @dataclass(frozen=True)

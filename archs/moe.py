@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import (
+from .layers import (
     Rotary,
     attention,
     cached_attention,
@@ -36,9 +36,9 @@ from archs.layers import (
     positions,
     segment_ids,
 )
-from archs.limits import CHUNK, COEF, EPS, FLAG, SIZE, STD, VOCAB, Letters, Range, check_fields
-from archs.mamba import MambaMixer
-from archs.moe_experts import Experts, document_ids, document_lengths
+from .limits import CHUNK, COEF, EPS, FLAG, SIZE, STD, VOCAB, Letters, Range, check_fields
+from .mamba import MambaMixer
+from .moe_experts import Experts, document_ids, document_lengths
 
 
 @dataclass(frozen=True)

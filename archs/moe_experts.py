@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import segment_ids
+from .layers import segment_ids
 
 
 class Experts(nn.Module):

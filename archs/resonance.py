@@ -28,8 +28,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from archs.layers import ShortConv, StackedLM
-from archs.limits import EPS, FLAG, SIZE, STD, VOCAB, check_fields
+from .layers import ShortConv, StackedLM
+from .limits import EPS, FLAG, SIZE, STD, VOCAB, check_fields
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""zoo export: a trained GPT-NeoX loads in transformers with no missing or unexpected keys and
-the same logits; every family round-trips through archs.save / archs.load; zoo list."""
+"""zoo export: a trained GPT-NeoX loads in transformers' GPTNeoXForCausalLM with no missing or
+unexpected keys and the same logits; every family round-trips through archs.save / archs.load;
+zoo list, eval, generate. Every family's --to hf folder: tests/test_export_families.py."""
 
 import json
 
@@ -50,7 +51,7 @@ def test_a_trained_gpt_neox_loads_in_transformers_with_the_same_logits(tmp_path,
     assert tok.convert_tokens_to_ids("<|endoftext|>") == ref.eos_id
 
 
-@pytest.mark.parametrize("name", ["neox-tiny", "moe-tiny", "resonance-tiny"])
+@pytest.mark.parametrize("name", ["neox-tiny", "moe-tiny", "resonance-tiny", "mamba-tiny"])
 def test_every_family_round_trips_through_safetensors(tmp_path, name):
     torch.manual_seed(0)
     model = archs.build(name, vocab_size=300).eval()
@@ -90,10 +91,10 @@ def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
     pytest.importorskip("transformers")
     transformers = import_transformers()
     from pipeline.tokenizer import load_tokenizer
-    from training.export import _write_tokenizer
+    from training.hf_folder import write_tokenizer
 
     ref = load_tokenizer(str(shared / "tokenizers" / name))
-    _write_tokenizer(ref, tmp_path)
+    write_tokenizer(ref, tmp_path, 2048)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     text = "Long-context pretraining: ünïcode, 数字 12345, emoji 🙂,\n\n\tcode() {}"
     ids, _ = ref.reference.encode_flat([text])

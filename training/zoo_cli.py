@@ -1,7 +1,8 @@
 """`zoo`: the model zoo's command line, next to `pack` and `train`.
 
     zoo list [--vocab V] [--json]           the presets: total and active parameters, FLOPs/token
-    zoo export RUN [--step N] --to hf --out DIR          GPT-NeoX -> a transformers directory
+    zoo export RUN [--step N] --to hf --out DIR [--license ID --max-shard-size 5GB]
+                                             every family -> a transformers / hub folder
     zoo export RUN --to safetensors --out DIR            any family -> what archs.load(DIR) reads
     zoo eval RUN --shards BUILD [--split val] [--json]   loss, perplexity, bits per byte
     zoo generate RUN --prompt TEXT [--max-new-tokens N] [--temperature T --top-k K --top-p P]
@@ -10,6 +11,7 @@
 """
 
 import json
+import re
 from pathlib import Path
 
 import click
@@ -39,28 +41,62 @@ def list_presets(vocab, as_json):
     click.echo(json.dumps(models, indent=2) if as_json else table(models))
 
 
+SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*(kb|mb|gb|tb)?", re.IGNORECASE)
+UNITS = {None: 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # the hub's (decimal)
+
+
+def shard_size(ctx, param, value: str | None) -> int | None:
+    """--max-shard-size: bytes, or a number with KB, MB, GB or TB, as the hub writes them."""
+    if value is None:
+        return None
+    found = SIZE.fullmatch(value.strip())
+    size = int(float(found[1]) * UNITS[found[2] and found[2].lower()]) if found else 0
+    if size < 1:
+        raise click.BadParameter(f"{value!r}: give a size such as 5GB, 500MB or a number of "
+                                 "bytes")
+    return size
+
+
 @zoo.command()
 @click.argument("run", type=click.Path(path_type=Path))
 @click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
 @click.option("--to", "to", type=click.Choice(EXPORTS), required=True,
-              help="hf: a transformers GPTNeoXForCausalLM directory (GPT-NeoX); safetensors: "
-              "config.json + model.safetensors that archs.load reads (any family).")
-@click.option("--out", type=click.Path(path_type=Path), required=True, help="Directory to write.")
-def export(run, step, to, out):
+              help="hf: a folder transformers loads and the hub takes (every family; GPT-NeoX "
+              "as GPTNeoXForCausalLM, the others with their own code: trust_remote_code=True); "
+              "safetensors: config.json + model.safetensors that archs.load reads.")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Directory to write (new or empty).")
+@click.option("--license", "license_", default=None, metavar="ID",
+              help="--to hf: the model card's license, as the hub names them (apache-2.0, mit, "
+              "cc-by-4.0, ...) [other: the weights' terms follow the data's, yours to state].")
+@click.option("--max-shard-size", callback=shard_size, default=None, metavar="SIZE",
+              help="--to hf: largest safetensors file; past it the weights are sharded with an "
+              "index (e.g. 500MB) [5GB].")
+def export(run, step, to, out, license_, max_shard_size):
     """Write a trained run's model for use outside longpack."""
     from pipeline import LongpackError
 
     try:
         import archs
-        from training.export import export_hf, load_run
+        from training.export import load_run
+        from training.hf_export import DEFAULT_LICENSE, export_hf
+        from training.hf_folder import staged
 
-        if out.exists() and any(out.iterdir()):
+        if to == "safetensors" and (license_ or max_shard_size):
+            raise LongpackError("--license and --max-shard-size are --to hf's (a model card, "
+                                "sharded weights); --to safetensors writes one file for "
+                                "archs.load")
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise LongpackError(f"--out {out} is not empty: choose a new or empty directory")
         trained = load_run(run, step)
         model = trained.model
-        notes = export_hf(model, trained.tokenizer, out) if to == "hf" else []
-        if to == "safetensors":
-            archs.save(model, out)
+        notes = []
+        if to == "hf":
+            notes = export_hf(trained, out, license_ or DEFAULT_LICENSE,
+                              max_shard_size or "5GB")
+        else:
+            with staged(out) as folder:
+                archs.save(model, folder)
     except LongpackError as e:
         raise click.ClickException(str(e)) from None
     for note in notes:

@@ -1,0 +1,124 @@
+"""`zoo export RUN --to hf`: a folder transformers loads and the Hugging Face hub takes as it
+is, for every family.
+
+    notes = export_hf(load_run(run), Path("hf-x"), license="apache-2.0", max_shard_size="5GB")
+
+- GPT-NeoX: transformers' own `GPTNeoXForCausalLM` (`from_pretrained(DIR)`): config.json
+  (model_type gpt_neox, parallel residual, the rotary share and base, untied embeddings) and
+  the weights under transformers' names. The one layout that differs is attention's fused qkv:
+  longpack's rows are [q | k | v], each heads x head_dim; Hugging Face's are heads x [q, k, v].
+  GPT-NeoX's rotary (pairs i, i + rot/2 of the first rot features of each head), GELU (erf),
+  LayerNorms and biases are the same computation in both, so the logits agree to float32
+  rounding.
+- MoE (hybrids included), Mamba and resonance: archs' own model files under a thin
+  PreTrainedModel, `from_pretrained(DIR, trust_remote_code=True)` (training/hf_remote.py says
+  why Mamba is not transformers' Mamba2).
+
+Every folder also holds the build's tokenizer, generation_config.json,
+special_tokens_map.json and a model card (README.md); the weights are safetensors, sharded past
+`max_shard_size` with an index; files 0644, folders 0755, nothing hidden (training/
+hf_folder.py). `max_position_embeddings` is the model's context: the longer of its `max_seq`
+and the rows it trained on (a tiny preset's max_seq is 256; a run may train on 1,024-token
+rows). The folder appears whole or not at all.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+import archs
+from pipeline import TrainingError
+from training.hf_folder import (
+    layout_problems,
+    set_modes,
+    staged,
+    token_ids,
+    write_generation_config,
+    write_tokenizer,
+    write_weights,
+)
+from training.hf_remote import ARCHS, remote_config, remote_weights, ship_code, shipped_files
+from training.model_card import model_card
+
+DEFAULT_LICENSE = "other"  # the weights' terms follow the data's: the user says (--license)
+LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]*")  # the hub's license ids: apache-2.0, cc-by-4.0, ...
+
+
+def export_hf(trained, out: Path, license: str = DEFAULT_LICENSE,
+              max_shard_size: int | str = "5GB") -> list[str]:
+    """Write the folder; returns notes for the user (what could not be written)."""
+    if not LICENSE.fullmatch(license):
+        raise TrainingError(f"--license {license!r}: give a license id as the hub lists them "
+                            "(apache-2.0, mit, cc-by-4.0, other, ...), lowercase")
+    model = trained.model
+    context = max(model.cfg.max_seq, trained.seq or 0)
+    ids = token_ids(trained.tokenizer, trained.trained_on)
+    native = isinstance(model, archs.gpt_neox.GPTNeoX)
+    with staged(out) as folder:
+        if native:
+            config, weights, code = hf_config(model, ids, context), hf_state_dict(model), []
+        else:
+            config, weights = remote_config(model, context, ids), remote_weights(model)
+            code = sorted(n for n, source in shipped_files().items() if source.parent == ARCHS)
+            ship_code(folder)
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        write_weights(weights, folder, max_shard_size)
+        write_generation_config(folder, ids)
+        if trained.tokenizer is not None:
+            write_tokenizer(trained.tokenizer, folder, context)
+        (folder / "README.md").write_text(model_card(trained, Path(out).name, license, context, code))
+        set_modes(folder)
+        problems = layout_problems(folder)
+        if problems:  # a bug here, not the user's: say what
+            raise TrainingError(f"zoo export wrote a folder the hub would not take whole: "
+                                f"{'; '.join(problems)}")
+    if trained.tokenizer is None:
+        return ["no tokenizer written: the build's manifest or tokenizer file is not here; copy "
+                "the build's tokenizer.json (or convert its .tiktoken file with "
+                "transformers.integrations.tiktoken.convert_tiktoken_to_fast) into the folder"]
+    return []
+
+
+def hf_state_dict(model) -> dict[str, torch.Tensor]:
+    """GPT-NeoX weights under transformers' GPTNeoXForCausalLM names."""
+    cfg = model.cfg
+    nh, hs = cfg.n_heads, cfg.d_model // cfg.n_heads
+    ours = model.state_dict()
+    out = {"gpt_neox.embed_in.weight": ours["embed.weight"],
+           "gpt_neox.final_layer_norm.weight": ours["ln_f.weight"],
+           "gpt_neox.final_layer_norm.bias": ours["ln_f.bias"],
+           "embed_out.weight": ours["head.weight"]}
+    names = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+             "attn.out": "attention.dense", "fc_in": "mlp.dense_h_to_4h",
+             "fc_out": "mlp.dense_4h_to_h"}
+    for i in range(cfg.n_layers):
+        for ours_name, theirs in names.items():
+            for kind in ("weight", "bias"):
+                out[f"gpt_neox.layers.{i}.{theirs}.{kind}"] = ours[f"blocks.{i}.{ours_name}.{kind}"]
+        w, b = ours[f"blocks.{i}.attn.qkv.weight"], ours[f"blocks.{i}.attn.qkv.bias"]
+        # [q | k | v] x heads x head_dim  ->  heads x [q, k, v] x head_dim
+        out[f"gpt_neox.layers.{i}.attention.query_key_value.weight"] = (
+            w.view(3, nh, hs, -1).transpose(0, 1).reshape(3 * cfg.d_model, -1))
+        out[f"gpt_neox.layers.{i}.attention.query_key_value.bias"] = (
+            b.view(3, nh, hs).transpose(0, 1).reshape(-1))
+    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def hf_config(model, ids: dict, context: int) -> dict:
+    from training.transformers_compat import import_transformers
+
+    cfg = model.cfg
+    head_dim = cfg.d_model // cfg.n_heads
+    rotary = int(head_dim * cfg.rotary_pct) // 2 * 2  # what archs/gpt_neox.py rotates
+    return {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+            "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+            "intermediate_size": cfg.d_ff, "hidden_act": "gelu",
+            "rotary_pct": rotary / head_dim, "rotary_emb_base": cfg.rotary_base,
+            "max_position_embeddings": context, "layer_norm_eps": cfg.norm_eps,
+            "use_parallel_residual": True, "tie_word_embeddings": False,
+            "attention_bias": True, "initializer_range": cfg.init_std, "use_cache": True,
+            **ids, "torch_dtype": "float32",
+            "transformers_version": import_transformers().__version__}
