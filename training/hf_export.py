@@ -68,7 +68,8 @@ def export_hf(trained, out: Path, license: str = DEFAULT_LICENSE,
         write_generation_config(folder, ids)
         if trained.tokenizer is not None:
             write_tokenizer(trained.tokenizer, folder, context)
-        (folder / "README.md").write_text(model_card(trained, Path(out).name, license, context, code))
+        name = Path(out).absolute().name
+        (folder / "README.md").write_text(model_card(trained, name, license, context, code))
         set_modes(folder)
         problems = layout_problems(folder)
         if problems:  # a bug here, not the user's: say what

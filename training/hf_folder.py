@@ -48,7 +48,7 @@ FILE_MODE, DIR_MODE = 0o644, 0o755
 def staged(out: Path):
     """A new folder to write the export into, placed at `out` when the block ends without an
     error (an empty `out` is replaced); removed, and `out` untouched, otherwise."""
-    out = Path(out)
+    out = Path(out).absolute()  # `--out .`: beside the folder, not in it
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TrainingError(f"--out {out} is not empty: choose a new or empty directory")
     try:
