@@ -15,7 +15,7 @@ import torch
 
 import archs
 from pipeline import TrainingError
-from training import checkpoint
+from training import checkpoint, checkpoint_dcp
 
 
 @dataclass
@@ -42,14 +42,18 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> Trained
     else:
         found = checkpoint.load(run / f"step-{step:08d}")
     state, path = found
-    weights = state["model"]
     name = state["config"]["model"]
     overrides = state.get("model_config") or {}
-    try:
-        model = archs.build(name, **{**overrides, "vocab_size": weights["embed.weight"].shape[0]})
+    sharded = checkpoint_dcp.is_sharded_checkpoint(path)  # train --fsdp: weights in parts
+    try:  # a whole checkpoint's vocabulary is its weights' (model_config is newer than it)
+        vocab = overrides["vocab_size"] if sharded else state["model"]["embed.weight"].shape[0]
+        model = archs.build(name, **{**overrides, "vocab_size": vocab})
     except (KeyError, ValueError, TypeError) as e:
         raise TrainingError(f"{path}: its model ({name}) cannot be built here ({e})") from None
-    model.load_state_dict(weights)
+    if sharded:
+        checkpoint_dcp.model_weights(path, model)
+    else:
+        model.load_state_dict(state["model"])
     model.eval()
     manifest = _manifest(state["config"].get("shards"))
     # checkpoints record the build's tokenizer; older ones only where the build still is
