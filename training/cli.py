@@ -52,6 +52,14 @@ def _renamed_log(ctx, _param, value):
                    "the command line override it.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (steps, epochs, FLOPs, memory, "
               "ETA from probe steps on this device) and exit.")
+@click.option("--world-size", type=int, metavar="N",
+              help="--dry-run: plan for N processes from this one (memory per process, sharded "
+                   "under --fsdp; the global batch), launching nothing and probing nothing.")
+@click.option("--gpu-memory", type=float, default=80.0, show_default=True, metavar="GIB",
+              help="--dry-run: the memory of each process's GPU that the plan must fit, GiB.")
+@click.option("--json", "as_json", is_flag=True,
+              help="--dry-run: print the plan as one JSON object (memory_per_process in bytes, "
+                   "fits) on stdout; the usual lines go to stderr.")
 @click.option("--resume", default="auto", show_default=True,
               help="auto (newest complete checkpoint in --out, or in the bucket of an --out "
                    "URL or --upload when newer: a fresh machine fetches it), never, or a "
@@ -59,22 +67,27 @@ def _renamed_log(ctx, _param, value):
 @click.option("--log", hidden=True, expose_value=False, callback=_renamed_log)
 @click_options(TrainConfig, shards=_Shards)
 @click.version_option(package_name="longpack")
-def train(list_models, dry_run, resume, **settings):
+def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
     from pipeline import LongpackError
     from training import distributed
     from training.loop import train as run_training
 
+    ctx = click.get_current_context()
+    given = [f"--{name.replace('_', '-')}" for name in ("world_size", "gpu_memory", "json")
+             if ctx.get_parameter_source("as_json" if name == "json" else name)
+             is not click.core.ParameterSource.DEFAULT]
+    if given and not dry_run:
+        raise click.UsageError(f"{', '.join(given)}: only with --dry-run (they shape its plan)")
+    if not gpu_memory > 0:
+        raise click.UsageError(f"--gpu-memory must be positive (GiB; got {gpu_memory})")
     try:
         if list_models:
             click.echo(preset_table(settings["shards"], settings["seq"]))
             return
         cfg = TrainConfig(**settings)
         if dry_run:
-            from training.plan import plan
-
-            # torchrun: the first process speaks
-            plan(cfg, say=click.echo if distributed.launched().main else lambda _: None)
+            dry_run_plan(cfg, world_size, gpu_memory, as_json)
             return
         history = run_training(cfg, resume=resume, log=click.echo)
     except LongpackError as e:
@@ -83,6 +96,27 @@ def train(list_models, dry_run, resume, **settings):
         losses = [h["loss"] for h in history if h["loss"] is not None]  # None: padding only
         loss = f", loss {losses[-1]:.4f}" if losses else ""
         click.echo(f"done: step {history[-1]['step'] + 1}{loss}; checkpoints in {cfg.out}")
+
+
+def dry_run_plan(cfg: TrainConfig, world_size: int | None, gpu_memory: float,
+                 as_json: bool) -> None:
+    """`--dry-run`: the plan's lines on stdout (the first process's under torchrun), or with
+    --json on stderr and then one JSON object alone on stdout: anything else that would print to
+    stdout meanwhile is sent to stderr too."""
+    import contextlib
+    import json
+    import sys
+
+    from training import distributed
+    from training.plan import plan
+
+    main = distributed.launched().main
+    say = (lambda line: click.echo(line, err=True)) if as_json else click.echo
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        p = plan(cfg, say=say if main else lambda _: None, world_size=world_size,
+                 gpu_memory=int(gpu_memory * 2**30))
+    if as_json and main:
+        click.echo(json.dumps(p, default=str))
 
 
 def preset_table(shards: tuple[str, ...] | None, seq: int | None) -> str:

@@ -2,16 +2,23 @@
 
 First, at once, the static plan: resolved config, parameters (total and active, at the build's
 vocabulary), tokens per step, steps, epochs over the shards, training FLOPs
-(model.flops_per_token) and a memory estimate, a floor (`memory_floor`): weights + gradients +
-optimizer state (16 bytes per parameter with AdamW in fp32), the fp32 logits the loss keeps and
-their gradient (all of a micro-batch's within archs.layers' budget, else one chunk's), and each
-block's fp32 input for the micro-batch (what activation checkpointing keeps; the rest of the
-activations is not counted). A run, or a dry run, whose floor passes the device's memory is
-refused in one line before any weight is allocated (`check_memory`, which training/loop.py
-calls too before it builds the model). Then a probe, one line per probe step: a warm-up and
-PROBE_STEPS timed steps, each step.train_step on one micro-batch: the step the run takes (grad
-scaler, clipping, the optimizers, DDP under torchrun, torch.compile), its loss said beside its
-time.
+(model.flops_per_token) and the memory one process needs (training/memory.py, the model sized
+on the meta device): weights, gradients and optimizer state (exact, sharded as --fsdp lays them
+out), DDP's or FSDP's buffers, activations at the run's batch x seq with and without activation
+checkpointing, their total and whether it fits --gpu-memory. A run, or a dry run, whose floor
+(`memory.memory_plan`'s: what it needs whatever the activation formula's error) passes this
+device's memory is refused in one line before any weight is allocated (`check_memory`, which
+training/loop.py calls too before it builds the model). Then a probe, one line per probe step: a
+warm-up and PROBE_STEPS timed steps, each step.train_step on one micro-batch: the step the run
+takes (grad scaler, clipping, the optimizers, DDP under torchrun, torch.compile), its loss said
+beside its time.
+
+`--world-size N` plans for N processes from this one, launching nothing: the memory is each of
+the N's (sharded over them under --fsdp), the steps and epochs use the N's global batch, this
+device's memory refuses nothing (the plan says whether --gpu-memory holds it), and no probe runs
+(it would time one process, and the model is often one this machine cannot hold: moe-5b plans
+in seconds on a laptop). Under torchrun --world-size is refused: the launch's own processes are
+the world.
 
 On a GPU a probe step is one full micro-batch (batch_size x seq): the measurement is the run's.
 On a CPU that would take minutes (neox-tiny at seq 32768: 8 x 32767 tokens, ~23 TFLOPs a step,
@@ -32,9 +39,8 @@ from pathlib import Path
 import torch
 
 import archs
-from archs.layers import LOGITS_BUDGET_BYTES
 from pipeline import REPEAT_WARNING_EPOCHS, SettingsError
-from training import distributed
+from training import activations, distributed, memory
 from training.batch import make_batch
 from training.config import TrainConfig
 from training.loop import resolve_steps
@@ -45,15 +51,30 @@ from training.step import prepare, train_step
 PROBE_STEPS = 2  # timed, after one warm-up
 CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
 MIN_PROBE_TOKENS = 16
-CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy (its default)
+GPU_MEMORY = 80 * memory.GIB  # --gpu-memory's default
+CE_CHUNK, loss_bytes = activations.CE_CHUNK, activations.loss_bytes  # the loss's, as before
 
 
-def plan(cfg: TrainConfig, say=print) -> dict:
-    # Under torchrun the processes probe together, as they train.
-    procs = distributed.start()
+def plan(cfg: TrainConfig, say=print, world_size: int | None = None,
+         gpu_memory: int = GPU_MEMORY) -> dict:
+    """The plan (said as it is known) and its dict. `world_size`: plan for that many
+    processes from this one, without a probe (module docstring)."""
+    if world_size is not None:
+        if distributed.launched().world > 1:
+            raise SettingsError("--world-size plans for N processes from one: run the dry run "
+                                "without torchrun (under it, the launch's processes are the "
+                                "world)")
+        if world_size < 1:
+            raise SettingsError("--world-size must be at least 1")
+        procs = distributed.launched()  # one process: nothing is started
+        with probe_cache(cfg, procs) as cache:
+            return _plan(cfg, cache, say, procs, world_size, gpu_memory)
+    # Under torchrun the processes probe together, as they train (--fsdp: in a group even
+    # when this one process is all of it, as training/loop.py starts it).
+    procs = distributed.start(group=cfg.fsdp)
     try:
         with probe_cache(cfg, procs) as cache:
-            return _plan(cfg, cache, say, procs)
+            return _plan(cfg, cache, say, procs, None, gpu_memory)
     finally:
         distributed.stop(procs)
 
@@ -80,15 +101,20 @@ def probe_cache(cfg: TrainConfig, procs: distributed.Processes):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> dict:
+def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes,
+          world_size: int | None, gpu_memory: int) -> dict:
+    world = procs.world if world_size is None else world_size
     data = open_sources(cfg, cache)
-    cfg = resolve_steps(cfg, data.seq, procs.world)
+    cfg = resolve_steps(cfg, data.seq, world)
     vocab = data.manifest["tokenizer"]["vocab_size"]
     seq = data.seq - 1
-    memory = check_memory(cfg, vocab, seq, procs.device)  # before the model is built
+    if world_size is None:  # this launch: refused here if it cannot fit this device
+        mem = check_memory(cfg, vocab, seq, procs.device, world)
+    else:  # N processes elsewhere: the plan says whether --gpu-memory holds it
+        mem = plan_memory(cfg, vocab, seq, world)
     counted = archs.build(cfg.model, device="meta", vocab_size=vocab,  # sizes, no memory
                           **cfg.model_overrides())
-    rows_per_step = cfg.batch_size * cfg.grad_accum * procs.world
+    rows_per_step = cfg.batch_size * cfg.grad_accum * world
     order = make_order(data, cfg, rows_per_step)
     steps, cut_by = order.last_step(cfg.max_steps)
     drawn = order.rows_before(steps)
@@ -99,59 +125,87 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes) -> d
     p = {"config": cfg.to_dict(), "device": str(procs.device), "vocab_size": vocab,
          "params": params,
          "active_params": counted.active_params() if hasattr(counted, "active_params") else params,
-         "seq": seq, "tokens_per_step": rows_per_step * seq, "steps": steps,
+         "seq": seq, "world_size": world, "tokens_per_step": rows_per_step * seq, "steps": steps,
          "stopped_by_max_epochs": None if cut_by is None else data.names[cut_by],
          "tokens": rows_per_step * seq * steps,
          "epochs": steps * rows_per_step / len(data.train), "sources": sources,
          "no_val": [name for name, val in data.vals if val is None],
          "flops": counted.flops_per_token(seq) * rows_per_step * seq * steps,
-         "memory_bytes_estimate": memory}
+         "sharding": mem.pop("sharding"),
+         "memory_per_process": {k: mem[k] for k in MEMORY_KEYS},
+         "memory_floor": mem["floor"], "gpu_memory": gpu_memory,
+         "fits": mem["total"] <= gpu_memory}
     say(render(p))
+    if world_size is not None:
+        p.update({"probe_skipped": f"--world-size {world_size}: planned from one process",
+                  "probe_step_seconds": None, "eta_seconds": None})
+        say(render_time(p))
+        return p
     rows, length = probe_shape(counted.flops_per_token, seq, cfg.batch_size, procs.device)
     p.update(probe(cfg, data, procs, vocab, rows, length, say, steps))
     say(render_time(p))
     return p
 
 
-def check_memory(cfg: TrainConfig, vocab: int, seq: int, device: torch.device) -> int:
-    """The floor of what training needs on `device` (`memory_floor`), the model sized on the
-    meta device (archs.footprint: nothing allocated, not every layer built). SettingsError,
-    one line, when it passes the device's memory (the CPU's shared by this machine's processes
-    under torchrun), or when the weights pass the CPU's, where the model is built before it
-    moves to a GPU."""
+MEMORY_KEYS = ("params", "grads", "optimizer", "buffers", "activations", "total",
+               "activations_checkpointed", "activations_full")
+
+
+def plan_memory(cfg: TrainConfig, vocab: int, seq: int, world: int) -> dict:
+    """training/memory.py's memory_plan for this run on `world` processes, and its sharding
+    (words). SettingsError, one line, for a model no tensor can hold or --fsdp-replicas that
+    do not divide the processes."""
     overrides = cfg.model_overrides()
+    if cfg.fsdp and world % cfg.fsdp_replicas:
+        raise SettingsError(f"--fsdp-replicas {cfg.fsdp_replicas} must divide the {world} "
+                            "processes (each replica is a group of world / R processes)")
     try:
-        size = archs.footprint(cfg.model, vocab_size=vocab, **overrides)
+        lay = memory.layout(cfg.model, vocab_size=vocab, **overrides)
     except archs.TooLarge as e:
         raise SettingsError(f"{_model_flags(cfg)}: {e}") from None
+    sharding = memory.Sharding(world, cfg.fsdp, cfg.fsdp_replicas)
     model_cfg = archs.config(cfg.model, vocab_size=vocab, **overrides)
-    need = memory_floor(size["params"], model_cfg, cfg.batch_size, seq)
+    out = memory.memory_plan(lay, model_cfg, cfg.batch_size, seq, cfg.precision, cfg.optimizer,
+                             sharding, cfg.activation_checkpointing, cfg.doc_mask)
+    return {**out, "count": lay.count, "bytes": 4 * lay.count + lay.buffer_bytes,
+            "sharding": sharding.name}
+
+
+def check_memory(cfg: TrainConfig, vocab: int, seq: int, device: torch.device,
+                 world: int | None = None) -> dict:
+    """The run's memory per process on `world` processes (this launch's by default), the model
+    sized on the meta device (nothing allocated, not every layer built). SettingsError, one
+    line, when its floor (memory.memory_plan: what it needs whatever the activations formula's
+    error, so a run that fits is never refused) passes the device's memory (the CPU's shared by
+    this machine's processes under torchrun), or when the weights pass the CPU's, where the
+    model is built before it moves to a GPU."""
+    world = distributed.launched().world if world is None else world
+    mem = plan_memory(cfg, vocab, seq, world)
+    need = mem["floor"]
     sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
     have = archs.device_memory(device)
     if have is not None and need * sharing > have:
         shared = f" for {sharing} processes" if sharing > 1 else ""
+        per = (mem["params"] + mem["grads"] + mem["optimizer"]) / mem["count"]
+        sharded = f", {mem['sharding']}" if cfg.fsdp else ""
         raise SettingsError(
-            f"{_model_flags(cfg)}: {size['params']:,} parameters at the build's vocabulary of "
-            f"{vocab:,}; training needs at least {_gib(need * sharing)}{shared} (16 bytes a "
-            "parameter for the weights, gradients and AdamW state, the loss's logits, each "
-            f"block's input for a micro-batch of {cfg.batch_size:,} x {seq:,} tokens) and "
-            f"{device} has {_gib(have)} of memory: choose a smaller model, --batch-size or --seq")
+            f"{_model_flags(cfg)}: {mem['count']:,} parameters at the build's vocabulary of "
+            f"{vocab:,}; training needs at least {_gib(need * sharing)}{shared} ({per:.3g} "
+            f"bytes a parameter for the weights, gradients and {_optimizer(cfg)} state"
+            f"{sharded}, the loss's logits, each block's input for a micro-batch of "
+            f"{cfg.batch_size:,} x {seq:,} tokens) and {device} has {_gib(have)} of memory: "
+            "choose a smaller model, --batch-size or --seq")
     host = archs.device_memory("cpu")
-    if device.type != "cpu" and host is not None and size["bytes"] > host:
+    if device.type != "cpu" and host is not None and mem["bytes"] > host:
         raise SettingsError(
-            f"{_model_flags(cfg)}: {size['params']:,} parameters; their weights "
-            f"({_gib(size['bytes'])}) are built in the CPU's memory before they move to "
+            f"{_model_flags(cfg)}: {mem['count']:,} parameters; their weights "
+            f"({_gib(mem['bytes'])}) are built in the CPU's memory before they move to "
             f"{device}, and it has {_gib(host)}: choose a smaller model")
-    return need
+    return mem
 
 
-def memory_floor(params: int, model_cfg, batch_size: int, seq: int) -> int:
-    """Bytes a training step needs at least: 16 a parameter (fp32 weights, gradients, AdamW's
-    two moments), the loss's logits (loss_bytes), the micro-batch's inputs and targets (int64)
-    and each block's fp32 input, which backward needs even with activation checkpointing."""
-    tokens = batch_size * seq
-    blocks = 4 * tokens * model_cfg.d_model * model_cfg.n_layers
-    return 16 * params + loss_bytes(tokens, model_cfg.vocab_size) + 16 * tokens + blocks
+def _optimizer(cfg: TrainConfig) -> str:
+    return "AdamW" if cfg.optimizer == "adamw" else "Muon (momentum) and AdamW"
 
 
 def _model_flags(cfg: TrainConfig) -> str:
@@ -160,13 +214,6 @@ def _model_flags(cfg: TrainConfig) -> str:
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB"
-
-
-def loss_bytes(tokens: int, vocab: int) -> int:
-    """fp32 logits and their gradient as archs.layers.chunked_cross_entropy holds them for a
-    micro-batch of `tokens` predictions: all of them within its budget, else one chunk."""
-    kept = tokens if tokens * vocab * 4 <= LOGITS_BUDGET_BYTES else min(tokens, CE_CHUNK)
-    return 8 * kept * vocab
 
 
 def probe_shape(flops_per_token, seq: int, batch_size: int, device) -> tuple[int, int]:
@@ -242,9 +289,8 @@ def render(p: dict) -> str:
               f"{p['tokens']:,} tokens, {p['epochs']:.2f} epochs over train"
               + (f" (the run stops here: {p['stopped_by_max_epochs']} reaches --max-epochs; "
                  f"--max-steps is {c['max_steps']:,})" if p["stopped_by_max_epochs"] else ""),
-              f"  compute     {p['flops']:.3g} FLOPs; memory ~{p['memory_bytes_estimate'] / 2**30:.2f}"
-              " GiB at least (weights, gradients, AdamW state, the loss's logits, each block's "
-              "input)"]
+              f"  compute     {p['flops']:.3g} FLOPs"]
+    lines += render_memory(p)
     if len(p["sources"]) > 1:
         for src in p["sources"]:
             lines.append(f"  source      {src['name']}: {src['tokens']:,} tokens "
@@ -261,7 +307,38 @@ def render(p: dict) -> str:
     return "\n".join(lines)
 
 
+def render_memory(p: dict) -> list[str]:
+    """The memory lines: per process, each part, the total and whether --gpu-memory holds it."""
+    c, m, size = p["config"], p["memory_per_process"], memory.size
+    world = p["world_size"]
+    procs = f"1 of {world:,} processes, {p['sharding']}" if world > 1 else "1 process"
+    adamw = "AdamW: exp_avg, exp_avg_sq, step"
+    optimizer = adamw if c["optimizer"] == "adamw" else (
+        "Muon: a momentum on the matrices and experts; " + adamw + " on the rest")
+    buffers = ("FSDP: blocks' unsharded weights and gradients in flight, an estimate"
+               if c["fsdp"] else "DDP's gradient buckets" if world > 1 else "none")
+    on, off = m["activations_checkpointed"], m["activations_full"]
+    other = (f"without it {size(off)}" if c["activation_checkpointing"]
+             else f"{size(on)} with --activation-checkpointing")
+    fits = "fits" if p["fits"] else "does NOT fit"
+    rows = [("weights", m["params"], "fp32, with the module buffers"),
+            ("gradients", m["grads"], "fp32"),
+            ("optimizer", m["optimizer"], optimizer),
+            ("buffers", m["buffers"], buffers),
+            ("activations", m["activations"], f"{c['precision']}, "
+             f"{'with' if c['activation_checkpointing'] else 'without'} activation "
+             f"checkpointing ({other})")]
+    return ([f"  memory      per process ({procs}), a micro-batch of {c['batch_size']:,} x "
+             f"{p['seq']:,} tokens (training/memory.py):"]
+            + [f"    {name:<12}{size(n):>12}  {what}" for name, n, what in rows]
+            + [f"    {'total':<12}{size(m['total']):>12}  {fits} --gpu-memory "
+               f"{size(p['gpu_memory'])}"])
+
+
 def render_time(p: dict) -> str:
+    if p.get("probe_skipped"):
+        return (f"  time        not probed ({p['probe_skipped']}): time it with --dry-run "
+                "under torchrun on the machines themselves")
     how = (f"probed at {p['probe_rows']} x {p['probe_tokens']} tokens and scaled by FLOPs"
            if p["probe_scaled"] else "measured here")
     return (f"  time        {p['probe_step_seconds']:.3f} s/step ({how}) -> ETA "
