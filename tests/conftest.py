@@ -39,6 +39,20 @@ def no_streaming_shared_memory_left():
         block.cleanup()
 
 
+@pytest.fixture(scope="session")
+def slurm():
+    """A real one-node Slurm on localhost for the session (about 8 s to install and start on a
+    fresh machine, 0.3 s after): ../shared/tools/slurm_local.sh."""
+    import subprocess
+
+    script = SHARED / "tools" / "slurm_local.sh"
+    if not script.is_file():
+        pytest.skip(f"the one-node Slurm script is not at {script} (CI has it)")
+    subprocess.run(["bash", str(script), "start"], check=True, capture_output=True)
+    yield
+    subprocess.run(["bash", str(script), "stop"], check=True, capture_output=True)
+
+
 @pytest.fixture
 def shared() -> Path:
     if not (SHARED / "data").is_dir():

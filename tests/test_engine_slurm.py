@@ -15,26 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SHARED, make_texts, write_jsonl
+from conftest import make_texts, write_jsonl
 from pipeline.build import build
 from pipeline.config import BuildConfig
 from pipeline.engine_slurm import build_with_slurm, slurm_folder
 from pipeline.errors import SettingsError
 from pipeline.slurm_wait import queue, queued_jobs
 
-SLURM_LOCAL = SHARED / "tools" / "slurm_local.sh"
 POLL_S = 0.3
-
-
-@pytest.fixture(scope="session")
-def slurm():
-    """A real one-node Slurm on localhost for the session (about 8 s to install and start on a
-    fresh machine, 0.3 s after)."""
-    if not SLURM_LOCAL.is_file():
-        pytest.skip(f"the one-node Slurm script is not at {SLURM_LOCAL} (CI has it)")
-    subprocess.run(["bash", str(SLURM_LOCAL), "start"], check=True, capture_output=True)
-    yield
-    subprocess.run(["bash", str(SLURM_LOCAL), "stop"], check=True, capture_output=True)
 
 
 def settings(tmp_path: Path, tokenizer: str, files: int = 6, docs: int = 400, repeat: int = 1,

@@ -20,6 +20,8 @@ from training.loop import train
 pytestmark = pytest.mark.slow
 
 FAMILIES = ["neox-tiny", "moe-tiny", "hybrid-tiny", "mamba-tiny", "resonance-tiny"]
+# MoE with multi-token prediction and Mixture-of-Depths (depth-routed blocks are FSDP units too)
+MTP_MOD = ("n_pred_tokens=2", "mod_capacity=0.5", "n_layers=4")
 STEPS = 6
 # 1 process x batch 2 x accumulation 2 = 2 processes x batch 2: the same global batch, and
 # each process's micro-batch is one of the single process's (MoE's balance terms see the same
@@ -53,6 +55,8 @@ def runs(tmp_path_factory, module_shards):
     train(one(shards, tmp / "1to2", model="neox-tiny"), stop_at=3, **quiet)
     jobs = [{"config": two(shards, tmp / f"fsdp-{m}", model=m, fsdp=True)} for m in FAMILIES]
     jobs += [
+        {"config": two(shards, tmp / "fsdp-mtp-mod", model="moe-tiny", model_args=MTP_MOD,
+                       fsdp=True)},
         {"config": two(shards, tmp / "stopped", model="neox-tiny", fsdp=True), "stop_at": 3},
         {"config": two(shards, tmp / "stopped", model="neox-tiny", fsdp=True)},
         {"config": two(shards, tmp / "2to1", model="neox-tiny", fsdp=True), "stop_at": 3},
@@ -71,6 +75,8 @@ def runs(tmp_path_factory, module_shards):
                        cwd=Path(__file__).parents[1])
     assert r.returncode == 0, r.stdout + r.stderr[-5000:]
     singles = {m: train(one(shards, tmp / f"one-{m}", model=m), **quiet) for m in FAMILIES}
+    singles["mtp-mod"] = train(one(shards, tmp / "one-mtp-mod", model="moe-tiny",
+                                   model_args=MTP_MOD), **quiet)
     return tmp, shards, singles
 
 
@@ -107,6 +113,12 @@ def test_every_family_under_fsdp_trains_as_one_process(runs, model):
     a, b = ours.state_dict(), theirs.state_dict()
     assert a.keys() == b.keys()
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-4) for k in a)
+
+
+def test_moe_with_mtp_and_mod_under_fsdp_trains_as_one_process(runs):
+    tmp, _, singles = runs
+    sharded, single = records(tmp / "fsdp-mtp-mod"), singles["mtp-mod"]
+    assert [r["loss"] for r in sharded] == pytest.approx([r["loss"] for r in single], rel=1e-5)
 
 
 def test_a_sharded_checkpoint_resumes_bitwise_on_the_same_processes(runs):
@@ -164,3 +176,37 @@ def test_muon_on_sharded_parameters_is_muon_on_whole_ones():
                            text=True, timeout=300, cwd=Path(__file__).parents[1])
         assert r.returncode == 0, r.stdout + r.stderr[-3000:]
         assert f"{preset} max diff 0.0" in r.stdout, r.stdout
+
+
+def test_a_two_process_fsdp_job_on_slurm_trains_and_resumes(slurm, tmp_path, module_shards):
+    """docs/TRAIN.md's sbatch script (srun + torchrun), on the real one-node Slurm: a 2-process
+    --fsdp run of 4 steps, then the same job with 6 resumes from its sharded checkpoint."""
+    import socket
+
+    with socket.socket() as s:  # a free port for torchrun's rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    train_exe = Path(sys.executable).parent / "train"
+    run = tmp_path / "run"
+
+    def job(steps: int) -> str:
+        script = tmp_path / f"train-{steps}.sbatch"
+        script.write_text(
+            "#!/bin/bash\n#SBATCH --nodes=1 --ntasks-per-node=1\n"
+            f"#SBATCH --output={tmp_path}/slurm-{steps}.out\n"
+            f"srun {sys.executable} -m torch.distributed.run --nnodes 1 --nproc-per-node 2 "
+            f"--rdzv-id $SLURM_JOB_ID --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
+            f"{train_exe} --shards {module_shards} --out {run} --fsdp --batch-size 2 "
+            f"--max-steps {steps} --warmup 1 --save-every 2 --workers 0 --log-every 1\n")
+        r = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True,
+                           timeout=300)
+        out = (tmp_path / f"slurm-{steps}.out").read_text()
+        assert r.returncode == 0, r.stdout + r.stderr + out
+        return out
+
+    assert "done: step 4" in job(4)
+    assert sorted(p.name for p in (run / "step-00000004").iterdir()) == [
+        ".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+    out = job(6)
+    assert f"resumed from {run / 'step-00000004'} at step 4" in out and "done: step 6" in out
+    assert [r["step"] for r in records(run)] == list(range(6))
