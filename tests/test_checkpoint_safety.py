@@ -60,3 +60,38 @@ def test_a_checkpoint_whose_pickle_would_run_code_is_refused_unrun(tmp_path, sha
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert not planted.exists()
     assert result.output.strip().splitlines()[-1].startswith("Error: ")
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_through_a_bucket_and_damaged_parts(tmp_path, shards, s3,
+                                                                  monkeypatch):
+    """A --fsdp run (one process) uploads every file of its sharded checkpoints, COMPLETE last;
+    a fresh machine resumes from the bucket bitwise; a flipped byte in a part is caught by
+    COMPLETE and the checkpoint before it is used."""
+    from training import checkpoint
+
+    straight = train(config(shards, tmp_path / "straight", max_steps=6, save_every=2,
+                            warmup=0, workers=0, fsdp=True), log=lambda m: None)
+    cfg = config(shards, s3.url("run"), max_steps=6, save_every=2, warmup=0, workers=0,
+                 fsdp=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-a"))
+    train(cfg, stop_at=4, log=lambda m: None)
+    names = {key.split("/", 2)[2] for key in s3.keys("run/step-00000004/")}
+    assert names == {".metadata", "__0_0.distcp", "state.pt", "COMPLETE"}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "machine-b"))
+    said = []
+    resumed = train(cfg, log=said.append)
+    assert any("resumed from" in m and "at step 4" in m for m in said)
+    assert [h["loss"] for h in resumed] == [h["loss"] for h in straight]
+    # a part damaged on disk: COMPLETE tells, the one before is taken, said in one line
+    run = tmp_path / "straight"
+    part = run / "step-00000006" / "__0_0.distcp"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 1
+    part.write_bytes(bytes(data))
+    said = []
+    state, path = checkpoint.load_latest(run, said.append)
+    assert path.name == "step-00000004" and said == [
+        f"skipping checkpoint {run / 'step-00000006'}: __0_0.distcp does not match its "
+        "checksum; using the one before it"]
+    assert isinstance(state["step"], int) and "model" not in state
