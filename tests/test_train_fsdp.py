@@ -210,3 +210,12 @@ def test_a_two_process_fsdp_job_on_slurm_trains_and_resumes(slurm, tmp_path, mod
     out = job(6)
     assert f"resumed from {run / 'step-00000004'} at step 4" in out and "done: step 6" in out
     assert [r["step"] for r in records(run)] == list(range(6))
+
+
+def test_fsdp_with_compile_trains_as_without(tmp_path, module_shards):
+    """--compile over the sharded model (one process: a process group of one)."""
+    plain = train(one(module_shards, tmp_path / "plain", model="neox-tiny", max_steps=2,
+                      fsdp=True), log=lambda m: None)
+    compiled = train(one(module_shards, tmp_path / "compiled", model="neox-tiny", max_steps=2,
+                         fsdp=True, compile=True), log=lambda m: None)
+    assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in plain], rel=1e-4)
