@@ -29,7 +29,7 @@ def test_every_field_is_a_flag_with_its_help_and_default(config_classes, command
             assert option.required or f.default_factory is not dataclasses.MISSING, f.name
     # what is left are the command's own flags, not settings
     assert set(options) <= {"quiet", "list_models", "config_file", "dry_run", "resume", "log",
-                            "version"}
+                            "version", "world_size", "gpu_memory", "as_json"}
 
 
 def test_to_flags_gives_back_the_same_settings_through_the_command_line(tmp_path):
@@ -92,4 +92,5 @@ def test_a_config_file_with_an_unknown_or_renamed_setting_is_one_line(tmp_path):
     config.write_text('shards = "x"\nlog = "console"\nsteps = 3\n')
     r = CliRunner().invoke(train, ["--config", str(config)])
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert "unknown settings log, steps (log is now report_to)" in r.output
+    assert ("unknown settings log (did you mean report_to?), steps (did you mean max_steps?)"
+            in " ".join(r.output.split()))

@@ -185,11 +185,13 @@ def test_console_and_records_say_progress_and_eta(tmp_path, shards):
     train(TrainConfig(shards=str(shards), out=str(tmp_path / "r"), batch_size=2, max_steps=4,
                       warmup=1, log_every=1, workers=0), log=said.append)
     lines = [line for line in said if line.startswith("step")]
+    # the step as metrics.jsonl numbers it, then the steps done of the run's and their share
     assert [line.split(" loss")[0] for line in lines] == [
-        "step 1/4 ( 25.0%)", "step 2/4 ( 50.0%)", "step 3/4 ( 75.0%)", "step 4/4 (100.0%)"]
+        "step 0 (1/4, 25.0%)", "step 1 (2/4, 50.0%)", "step 2 (3/4, 75.0%)", "step 3 (4/4, 100.0%)"]
     assert lines[0].endswith("ETA -") and lines[-1].endswith("ETA 0s")  # pace known from step 2
     assert all(" ETA " in line and "s" in line.split(" ETA ")[1] for line in lines[1:])
     records = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [int(line.split()[1]) for line in lines] == [x["step"] for x in records]
     assert [x["progress"] for x in records] == [0.25, 0.5, 0.75, 1.0]
     assert records[0]["eta_seconds"] is None and records[-1]["eta_seconds"] == 0.0
     assert records[1]["eta_seconds"] > records[2]["eta_seconds"] > 0  # 2 steps left, then 1

@@ -48,7 +48,7 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, shards):
     one = train(TrainConfig(shards=str(shards), out=str(tmp_path / "one"), batch_size=2,
                             grad_accum=2, **COMMON), log=lambda m: None)
     out = torchrun(shards, tmp_path / "two")
-    assert out.count("step 1/6 ") == 1 and out.count("done: step 6") == 1  # rank 0 only
+    assert out.count("step 0 (1/6, ") == 1 and out.count("done: step 6") == 1  # rank 0 only
     two = records(tmp_path / "two")
     assert [h["batch"] for h in two] == [h["batch"] for h in one]  # the same rows each step
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)

@@ -29,7 +29,7 @@ def _read_config_file(ctx, _param, path):
         raise click.UsageError(str(e)) from None
     if isinstance(settings.get("report_to"), list):  # TOML/YAML list -> the flag's form
         settings["report_to"] = ",".join(settings["report_to"])
-    for name in ("shards", "mix_stages", "max_epochs"):  # repeatable flags: one value or a list
+    for name in ("shards", "mix_stages", "max_epochs", "wandb_tags"):  # repeatable: one or a list
         if isinstance(settings.get(name), (str, int, float)):
             settings[name] = [settings[name]]
     ctx.default_map = {**(ctx.default_map or {}), **settings}
@@ -171,7 +171,7 @@ def flatten_settings(data: dict, path: str) -> dict:
     import dataclasses
     import json
 
-    from training.config import TrainConfig
+    from training.config import TrainConfig, suggest
 
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     out, where = {}, {}
@@ -192,8 +192,11 @@ def flatten_settings(data: dict, path: str) -> dict:
             for inner, v in value.items():
                 inner = inner.replace("-", "_")
                 if inner not in known:
-                    raise click.UsageError(f"{path}: {key}.{inner} is not a setting of train "
-                                           f"(the settings: {', '.join(sorted(known))})")
+                    near = suggest(inner, known)
+                    raise click.UsageError(
+                        f"{path}: {key}.{inner} is not a setting of train "
+                        + (f"(did you mean {key}.{near}?)" if near else
+                           f"(the settings: {', '.join(sorted(known))})"))
                 if inner in out:
                     raise click.UsageError(f"{path}: {key}.{inner} is set twice (also as "
                                            f"{where[inner]})")

@@ -1,6 +1,7 @@
 """The trainer's settings: one frozen dataclass whose fields are also `train`'s flags
 (pipeline/settings.py), validated once, here."""
 
+import difflib
 import re
 from dataclasses import asdict, dataclass, fields
 
@@ -10,6 +11,7 @@ SCHEDULES = ("cosine", "wsd", "constant", "onecycle", "cosine-restarts")
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "muon")
 REPORT_TO = ("console", "jsonl", "tensorboard", "wandb")
+MUON_DEFAULTS = {"muon_lr": None, "muon_momentum": 0.95, "muon_ns_steps": 5}
 # --cache-limit as mosaicml-streaming reads it (bytes_to_int in streaming/base/util.py): a
 # number with a unit kb..yb (powers of 1024), or whole bytes with or without "b"
 SIZE = re.compile(r"(?P<number>\d+(\.\d*)?|\.\d+)\s*(?P<unit>[kmgtpezy]b)|(?P<bytes>\d+)b?")
@@ -75,6 +77,13 @@ class TrainConfig:
         choices=OPTIMIZERS)
     weight_decay: float = setting(
         0.1, "AdamW decoupled weight decay (not on norms, biases, embeddings).")
+    muon_lr: float | None = setting(
+        None, "--optimizer muon: Muon's peak learning rate (its matrices'; AdamW's parameters "
+        "keep --lr), on the same schedule (scaled by --muon-lr / --lr) [--lr].")
+    muon_momentum: float = setting(0.95, "--optimizer muon: Muon's momentum (Nesterov).")
+    muon_ns_steps: int = setting(
+        5, "--optimizer muon: Newton-Schulz iterations that orthogonalize each update.",
+        metavar="N")
     precision: str = setting(
         "fp32", "fp32; bf16 (autocast); fp16 (autocast + gradient scaler). TF32 is on for fp32 "
         "on GPUs.", choices=PRECISIONS)
@@ -95,6 +104,9 @@ class TrainConfig:
     workers: int = setting(
         2, "Background processes that read and assemble batches (0 = in the training "
         "process).")
+    prefetch: int = setting(
+        4, "Batches each --workers process builds ahead (its slots of shared memory).",
+        metavar="N")
     cache: str | None = setting(
         None, "Local directory for MDS shards, decompressed (and downloaded when --shards is "
         "a URL); default: shard-cache/ inside --out.")
@@ -113,6 +125,16 @@ class TrainConfig:
         "written), tensorboard, wandb. (Not --log: torchrun reads that as an abbreviation of its "
         "own --log-dir.)")
     log_every: int = setting(10, "Steps between console lines (metrics.jsonl gets every step).")
+    wandb_project: str = setting("longpack", "--report-to wandb: the W&B project.")
+    wandb_run_name: str | None = setting(
+        None, "--report-to wandb: the W&B run's name [the --out folder's name].", metavar="NAME")
+    wandb_entity: str | None = setting(
+        None, "--report-to wandb: the W&B team or user [your default entity].", metavar="ENTITY")
+    wandb_group: str | None = setting(None, "--report-to wandb: the W&B group of runs.",
+                                      metavar="GROUP")
+    wandb_tags: tuple[str, ...] = setting(
+        (), "--report-to wandb: the W&B run's tags, comma-separated (or the flag repeated).",
+        multiple=True, metavar="TAGS")
 
     def __post_init__(self):
         if isinstance(self.shards, str):  # one build, from Python or a config file
@@ -121,14 +143,17 @@ class TrainConfig:
             object.__setattr__(self, name, tuple(getattr(self, name)))
         self.mixture()  # names, shares, stages and epochs checked now, one line each
         # "console,jsonl" from the command line or a config file; a list from a config file
-        names = self.report_to.split(",") if isinstance(self.report_to, str) else self.report_to
-        object.__setattr__(self, "report_to", tuple(n.strip() for n in names if n.strip()))
+        for name in ("report_to", "wandb_tags"):
+            value = getattr(self, name)
+            items = [value] if isinstance(value, str) else value
+            object.__setattr__(self, name, tuple(n.strip() for item in items
+                                                 for n in str(item).split(",") if n.strip()))
         unknown = [n for n in self.report_to if n not in REPORT_TO]
         if unknown:
             raise SettingsError(f"--report-to: unknown {', '.join(unknown)}; choose from "
                                 f"{', '.join(REPORT_TO)} (comma-separated)")
         positive = ("batch_size", "grad_accum", "max_steps", "save_every", "keep_last", "log_every",
-                    "eval_every", "eval_batches")
+                    "eval_every", "eval_batches", "prefetch", "muon_ns_steps")
         for name in positive:
             if getattr(self, name) < 1:
                 raise SettingsError(f"--{name.replace('_', '-')} must be at least 1")
@@ -155,6 +180,15 @@ class TrainConfig:
             raise SettingsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.min_lr <= self.lr:
             raise SettingsError("--min-lr must be between 0 and --lr")
+        if self.muon_lr is not None and not self.muon_lr > 0:
+            raise SettingsError(f"--muon-lr must be positive (got {self.muon_lr})")
+        if not 0 <= self.muon_momentum < 1:
+            raise SettingsError(f"--muon-momentum must be in [0, 1) (got {self.muon_momentum})")
+        muon = [f"--{f.replace('_', '-')}" for f, default in MUON_DEFAULTS.items()
+                if getattr(self, f) != default]
+        if muon and self.optimizer != "muon":
+            raise SettingsError(f"{', '.join(muon)}: Muon's settings, for --optimizer muon "
+                                f"(this run's optimizer is {self.optimizer})")
         if self.workers < 0:
             raise SettingsError("--workers must not be negative")
         if self.seq is not None and self.seq < 2:
@@ -208,6 +242,13 @@ class TrainConfig:
         --activation-checkpointing as every family's `checkpointing` field."""
         import archs
 
+        known = [f.name for f in fields(archs.config(self.model))]
+        for pair in self.model_args:
+            key = pair.partition("=")[0].strip().replace("-", "_")
+            near = suggest(key, known, _MODEL_SYNONYM_OF) if key not in known else None
+            if near:
+                raise ValueError(f"{key!r} is not a setting of {self.model}; did you mean "
+                                 f"{near}? (its settings: {', '.join(known)})")
         overrides = archs.parse_args(self.model, list(self.model_args))
         if "checkpointing" in overrides:
             raise ValueError("checkpointing is the flag --activation-checkpointing "
@@ -220,8 +261,91 @@ class TrainConfig:
 
     @classmethod
     def check_names(cls, names, where: str) -> None:
-        """Refuse settings that are no field of this class (a config file's keys)."""
-        unknown = set(names) - {f.name for f in fields(cls)}
+        """Refuse settings that are no field of this class (a config file's keys), each with the
+        nearest field when there is one (`suggest`)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(names) - known)
         if unknown:
-            renamed = " (log is now report_to)" if "log" in unknown else ""
-            raise SettingsError(f"{where}: unknown settings {', '.join(sorted(unknown))}{renamed}")
+            named = [name + (f" (did you mean {near}?)" if (near := suggest(name, known)) else "")
+                     for name in unknown]
+            raise SettingsError(f"{where}: unknown settings {', '.join(named)}")
+
+
+# Other trainers' names for train's settings (HF Trainer's TrainingArguments, nanoGPT's
+# train.py, llm-foundry's YAML, torchtitan, Lightning), where spelling alone does not lead to
+# ours; `suggest` tries this table, then difflib.
+SYNONYMS = {
+    "grad_accum": ("gradient_accumulation_steps", "gradient_accumulation", "accumulate_grad_batches",
+                   "grad_accum_steps", "accumulation_steps"),
+    "lr": ("learning_rate", "max_lr", "peak_lr", "lr_max", "base_lr"),
+    "min_lr": ("min_learning_rate", "lr_min", "final_lr", "end_lr", "alpha_f"),
+    "warmup": ("warmup_steps", "warmup_iters", "num_warmup_steps", "t_warmup", "warmup_ratio"),
+    "max_steps": ("max_iters", "num_train_steps", "total_steps", "train_steps", "steps",
+                  "max_duration", "training_steps", "num_steps", "iterations"),
+    "total_tokens": ("max_tokens", "train_tokens", "num_tokens", "token_budget"),
+    "batch_size": ("per_device_train_batch_size", "micro_batch_size", "train_micro_batch_size",
+                   "device_train_microbatch_size", "micro_batch", "local_batch_size"),
+    "schedule": ("lr_scheduler_type", "lr_scheduler", "scheduler", "lr_schedule"),
+    "clip": ("max_grad_norm", "grad_clip", "gradient_clipping", "clip_grad_norm", "clip_grad"),
+    "out": ("output_dir", "out_dir", "save_folder", "save_dir", "run_dir", "dump_folder",
+            "checkpoint_dir", "default_root_dir"),
+    "save_every": ("save_steps", "save_interval", "checkpoint_interval", "save_interval_steps",
+                   "checkpoint_every"),
+    "keep_last": ("save_total_limit", "save_num_checkpoints_to_keep", "keep_latest_k",
+                  "keep_checkpoints"),
+    "eval_every": ("eval_steps", "eval_interval", "eval_freq", "val_check_interval"),
+    "eval_batches": ("eval_iters", "eval_subset_num_batches", "eval_max_steps", "limit_val_batches"),
+    "log_every": ("logging_steps", "log_interval", "log_freq", "console_log_interval"),
+    "workers": ("dataloader_num_workers", "num_workers"),
+    "prefetch": ("prefetch_factor", "dataloader_prefetch_factor"),
+    "seq": ("block_size", "max_seq_len", "seq_len", "sequence_length", "max_seq_length",
+            "context_length", "seq_length", "max_length"),
+    "precision": ("mixed_precision", "dtype", "bf16", "fp16", "amp"),
+    "optimizer": ("optim", "optimizer_name"),
+    "compile": ("torch_compile",),
+    "activation_checkpointing": ("gradient_checkpointing", "activation_checkpoint"),
+    "shards": ("data_dir", "data_path", "dataset", "train_data", "data_local", "dataset_path"),
+    "model": ("model_name", "model_name_or_path", "model_type", "arch"),
+    "report_to": ("log", "loggers", "logger", "report"),
+    "weight_decay": ("wd",),
+    "wandb_project": ("project",),
+    "wandb_run_name": ("run_name", "wandb_name"),
+    "wandb_entity": ("entity",),
+    "wandb_tags": ("tags",),
+    "wandb_group": ("group",),
+}
+_SYNONYM_OF = {other: name for name, others in SYNONYMS.items() for other in others}
+
+# The models' fields by other libraries' names (transformers' configs, nanoGPT), where the
+# family has the field.
+MODEL_SYNONYMS = {
+    "d_model": ("hidden_size", "n_embd", "d_embed", "dim", "model_dim"),
+    "n_layers": ("num_hidden_layers", "n_layer", "num_layers", "depth"),
+    "n_heads": ("num_attention_heads", "n_head", "num_heads"),
+    "n_kv_heads": ("num_key_value_heads", "n_kv_head", "num_kv_heads"),
+    "n_experts": ("num_experts", "num_local_experts", "moe_num_experts"),
+    "top_k": ("num_experts_per_tok", "moe_top_k", "experts_per_token"),
+    "max_seq": ("max_position_embeddings", "block_size", "max_seq_len", "n_positions"),
+    "rotary_base": ("rope_theta", "rotary_emb_base", "rope_base"),
+    "d_ff": ("intermediate_size", "ffn_hidden_size", "d_mlp"),
+    "d_expert": ("moe_intermediate_size", "expert_hidden_size"),
+    "n_pred_tokens": ("num_nextn_predict_layers", "mtp", "num_predict_tokens"),
+    "init_std": ("initializer_range",),
+    "norm_eps": ("layer_norm_eps", "rms_norm_eps", "layer_norm_epsilon"),
+    "ssm_state": ("state_size", "d_state"),
+}
+_MODEL_SYNONYM_OF = {other: name for name, others in MODEL_SYNONYMS.items() for other in others}
+
+
+def suggest(name: str, known, synonyms: dict | None = None) -> str | None:
+    """The known name nearest to an unknown one: its synonym in another trainer's vocabulary
+    (SYNONYMS: gradient_accumulation_steps -> grad_accum), else the one whose name or synonym
+    is closest in spelling (difflib: warmup_step -> warmup), else None."""
+    synonyms = _SYNONYM_OF if synonyms is None else synonyms
+    # each spelling that leads to a known name: the names themselves, then their synonyms
+    leads = {**{other: k for other, k in synonyms.items() if k in known}, **{k: k for k in known}}
+    key = name.strip().lower().replace("-", "_")
+    if key in leads:
+        return leads[key]
+    close = difflib.get_close_matches(key, sorted(leads), n=1, cutoff=0.75)
+    return leads[close[0]] if close else None

@@ -5,25 +5,27 @@ rows come from the global order (sampler.py), so the loader begins at any step w
 or skipping what came before: resume is O(1).
 
 With `workers` > 0, worker w builds items w, w + W, w + 2W, ... (W = workers) into its own
-PREFETCH slots of shared memory, made once; the trainer takes them in turn, so the order is kept
-without sorting. A slot holds the tokens and the small arrays (padding, document starts):
-everything is written once, by the worker, and read in place. Two semaphores per worker count
-the filled and the free slots; taking or giving one is an atomic operation in shared memory, and
-a system call only when a side has to sleep (with a pipe, two system calls a batch, the loader
-delivered 0.66-0.70 of raw memmap slicing on 2 cores; 1.04-1.11 now, best of 5 rounds:
-docs/BENCHMARKS.md). A slot is handed back when the trainer asks for the next batch, so a batch
-must be used (moved to the device or copied) before then. On the same shards torch's DataLoader,
-which makes a new shared-memory segment per tensor, delivered 4-33x slower, and a thread pool,
-whose threads share one interpreter lock, 1.7x slower (tools/bench_loader.py).
+`prefetch` slots of shared memory (train --prefetch, default PREFETCH), made once; the trainer
+takes them in turn, so the order is kept without sorting. A slot holds the tokens and the small
+arrays (padding, document starts): everything is written once, by the worker, and read in place.
+Two semaphores per worker count the filled and the free slots; taking or giving one is an atomic
+operation in shared memory, and a system call only when a side has to sleep (with a pipe, two
+system calls a batch, the loader delivered 0.66-0.70 of raw memmap slicing on 2 cores; 1.04-1.11
+now, best of 5 rounds: docs/BENCHMARKS.md). A slot is handed back when the trainer asks for the
+next batch, so a batch must be used (moved to the device or copied) before then. On the same
+shards torch's DataLoader, which makes a new shared-memory segment per tensor, delivered 4-33x
+slower, and a thread pool, whose threads share one interpreter lock, 1.7x slower
+(tools/bench_loader.py).
 
 Errors: a typed error in a worker (a DataError naming a damaged shard, training/verify.py)
 reaches the trainer as the same error, its one line intact; anything else as a LoaderError with
 the worker's traceback. A worker that dies (killed) is reported whichever worker the trainer is
 waiting for, since its siblings may be waiting for it.
 
-Checking ahead: each worker runs a thread that checks the shards of its next CHECK_AHEAD items
-(the rows' `check`, training/data.py) while the worker itself waits for a free slot, so the
-first read of a shard rarely waits for its hash; it ends once every shard is checked.
+Checking ahead: each worker runs a thread that checks the shards of its next 2 x prefetch
+items (CHECK_AHEAD by default; the rows' `check`, training/data.py) while the worker itself
+waits for a free slot, so the first read of a shard rarely waits for its hash; it ends once
+every shard is checked.
 """
 
 import mmap
@@ -41,7 +43,7 @@ from pipeline import LoaderError, LongpackError
 from training.batch import collate
 from training.sampler import GlobalOrder
 
-PREFETCH = 4  # slots (batches in flight) per worker
+PREFETCH = 4  # slots (batches in flight) per worker: --prefetch's default
 STOP_BYTES = 8  # each worker's memory starts with an int64: nonzero = stop
 CHECK_AHEAD = 2 * PREFETCH  # items of its own a worker's checking thread runs ahead
 TYPED, TRACEBACK = b"E", b"T"  # what a slot's error text holds: a pickled error, a traceback
@@ -67,8 +69,10 @@ class StepBatches:
         return collate([self.rows.get(int(r)) for r in self.rows_of(k)], out)
 
 
-def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
-    """The micro-batches of steps [start_step, end_step), in order (batch.collate's arrays)."""
+def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int,
+            prefetch: int = PREFETCH):
+    """The micro-batches of steps [start_step, end_step), in order (batch.collate's arrays),
+    each worker at most `prefetch` batches ahead of the trainer."""
     items = range(start_step * dataset.grad_accum, end_step * dataset.grad_accum)
     if workers == 0 or len(items) == 0:
         yield from map(dataset.__getitem__, items)
@@ -82,14 +86,14 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
             # Anonymous shared memory: a forked worker writes the very pages the trainer reads.
             # No file in /dev/shm (no size limit of a container's /dev/shm, nothing left behind
             # by a killed trainer), and the pages live as long as an array still uses them.
-            memory = mmap.mmap(-1, STOP_BYTES + layout.nbytes * PREFETCH)
+            memory = mmap.mmap(-1, STOP_BYTES + layout.nbytes * prefetch)
             ready.append(context.Semaphore(0))
-            free.append(context.Semaphore(PREFETCH))
-            slots.append([layout.views(memory, p) for p in range(PREFETCH)])
+            free.append(context.Semaphore(prefetch))
+            slots.append([layout.views(memory, p) for p in range(prefetch)])
             stops.append(_stop_flag(memory))
             proc = context.Process(target=_work, daemon=True, name=f"longpack-loader-{w}",
                                    args=(dataset, items[w::workers], memory, layout, ready[w],
-                                         free[w], os.getpid()))
+                                         free[w], os.getpid(), prefetch))
             proc.start()
             procs.append(proc)
         previous = None
@@ -107,7 +111,7 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
                 if killed:  # w may be waiting for it (a shard it was checking)
                     raise LoaderError(f"loader worker {killed[0]} died (exit code "
                                       f"{procs[killed[0]].exitcode}); see its output above")
-            tokens, meta = slots[w][(i // workers) % PREFETCH]
+            tokens, meta = slots[w][(i // workers) % prefetch]
             width = int(meta[0])
             if width < 0:
                 kind, text = layout.error(meta)
@@ -122,7 +126,7 @@ def batches(dataset: StepBatches, start_step: int, end_step: int, workers: int):
     finally:  # also when the trainer stops early
         for w in range(len(procs)):
             stops[w][0] = 1
-            for _ in range(PREFETCH):
+            for _ in range(prefetch):
                 free[w].release()  # wakes a worker waiting for a slot; it sees the stop
         for proc in procs:
             proc.join(timeout=5)
@@ -183,13 +187,13 @@ def _stop_flag(memory) -> np.ndarray:
 
 
 def _work(dataset: StepBatches, items: range, memory, layout: SlotLayout, ready, free,
-          trainer: int) -> None:
-    slots = [layout.views(memory, p) for p in range(PREFETCH)]
+          trainer: int, prefetch: int = PREFETCH) -> None:
+    slots = [layout.views(memory, p) for p in range(prefetch)]
     stop = _stop_flag(memory)
     j = 0
     position = [0]  # the item this worker is at, read by its checking thread
     if hasattr(dataset.rows, "check"):
-        threading.Thread(target=_check_ahead, args=(dataset, items, position),
+        threading.Thread(target=_check_ahead, args=(dataset, items, position, 2 * prefetch),
                          daemon=True).start()
     try:
         # Ctrl+C and a scheduler's SIGTERM reach the whole process group: the trainer finishes
@@ -204,22 +208,23 @@ def _work(dataset: StepBatches, items: range, memory, layout: SlotLayout, ready,
             if stop[0]:
                 return
             position[0] = j
-            tokens, meta = slots[j % PREFETCH]
+            tokens, meta = slots[j % prefetch]
             layout.write(meta, dataset.build(k, out=tokens))  # tokens go straight into the slot
             ready.release()
     except Exception as e:  # into the slot the trainer reads next from this worker
-        layout.write_error(slots[j % PREFETCH][1], e)
+        layout.write_error(slots[j % prefetch][1], e)
         ready.release()
     finally:
         os._exit(0)  # skip the atexit hooks inherited from the trainer
 
 
-def _check_ahead(dataset: StepBatches, items: range, position: list) -> None:
-    """Check the shards of the worker's items up to CHECK_AHEAD beyond the one it is at. A shard
+def _check_ahead(dataset: StepBatches, items: range, position: list,
+                 ahead: int = CHECK_AHEAD) -> None:
+    """Check the shards of the worker's items up to `ahead` beyond the one it is at. A shard
     that fails is left for the worker to meet, when its row is read, with the error."""
     rows = dataset.rows
     for j, k in enumerate(items):
-        while j > position[0] + CHECK_AHEAD:
+        while j > position[0] + ahead:
             time.sleep(0.005)
         if rows.unchecked() == 0:
             return

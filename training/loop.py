@@ -89,7 +89,9 @@ def _train(cfg, resume, log, stop_at, procs):
                                ", before any step") + f"; raise {name}'s --max-epochs")
     # -- the run starts: its directory and metrics ------------------------------------------
     run.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(run, cfg.report_to, cfg.to_dict()) if procs.main else None
+    step_tokens = order.global_batch * (data.seq - 1)
+    metrics = MetricsLog(run, cfg, resolved_config(cfg, model, data, procs.world, order,
+                                                   step_tokens)) if procs.main else None
     # the records of the steps before `step`; lines of later ones (a crash, --resume never)
     # go, to be written again
     history = metrics.truncate(step) if metrics else []
@@ -101,7 +103,6 @@ def _train(cfg, resume, log, stop_at, procs):
     batches_of = StepBatches(order, data.train, procs.rank, procs.world, cfg.batch_size,
                              cfg.grad_accum)
     peak = peak_flops(device)
-    step_tokens = order.global_batch * (data.seq - 1)
     if cut_by is not None:
         name = data.names[cut_by]
         log(f"{name} reaches --max-epochs at step {last}: the run stops there (of "
@@ -110,7 +111,9 @@ def _train(cfg, resume, log, stop_at, procs):
     eta = Eta(last)
     # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0) ----
     with stop_requested() as stop, uploads_finished(remote, log), \
-            contextlib.closing(batches(batches_of, step, last, cfg.workers)) as stream:
+            contextlib.closing(metrics) if metrics else contextlib.nullcontext(), \
+            contextlib.closing(batches(batches_of, step, last, cfg.workers,
+                                       cfg.prefetch)) as stream:
         while step < last:
             t0 = time.perf_counter()
             micro_batches = [model_inputs(next(stream), device) for _ in range(cfg.grad_accum)]
@@ -120,10 +123,11 @@ def _train(cfg, resume, log, stop_at, procs):
                 raise TrainingError(f"loss is {out.loss} at step {step}; the last good "
                                     f"checkpoint is in {run} (resume from it with a lower --lr)")
             seconds = time.perf_counter() - t0
-            record = {"step": step, "loss": out.loss, "targets": out.targets, "lr": out.lr,
-                      "grad_norm": out.grad_norm, "tokens": (step + 1) * step_tokens,
-                      "batch": order.step_hash(step), "seconds": seconds,
-                      "data_seconds": waited, "tokens_per_second": step_tokens / seconds}
+            record = {"step": step, "loss": out.loss, **loss_terms(out.terms),
+                      "targets": out.targets, "lr": out.lr, "grad_norm": out.grad_norm,
+                      "tokens": (step + 1) * step_tokens, "batch": order.step_hash(step),
+                      "seconds": seconds, "data_seconds": waited,
+                      "tokens_per_second": step_tokens / seconds}
             if peak:
                 flops = model.flops_per_token(data.seq - 1) * step_tokens
                 record["mfu"] = flops / seconds / (peak * procs.world)
@@ -273,11 +277,12 @@ def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1) -> TrainConfig:
 
 def evaluate(model, data: Sources, cfg: TrainConfig, procs) -> dict | None:
     """Loss and perplexity over the first eval_batches * batch_size samples of each source's
-    val: the sum of the loss of every real target over their number (all processes together;
-    padding counts for nothing), so it does not depend on how the samples are batched. The
-    batches are shared out over the processes. A mixture also reports each source's
-    (`val_loss/NAME`); `val_loss` is over all of them. None without val rows, or if those
-    samples are padding only."""
+    val: the sum of the next-token loss (model.loss's `ce`, as the record's lm_loss; hence
+    `val_lm_loss`, equal to `val_loss`) of every real target over their number (all processes
+    together; padding counts for nothing), so it does not depend on how the samples are
+    batched. The batches are shared out over the processes. A mixture also reports each
+    source's (`val_loss/NAME`); `val_loss` is over all of them. None without val rows, or if
+    those samples are padding only."""
     out, loss_sum, targets = {}, 0.0, 0
     for name, val in data.vals:
         if val is None:
@@ -292,8 +297,28 @@ def evaluate(model, data: Sources, cfg: TrainConfig, procs) -> dict | None:
     if not targets:
         return None
     loss = loss_sum / targets
-    return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_targets": targets,
-            **out}
+    return {"val_loss": loss, "val_lm_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
+            "val_targets": targets, **out}
+
+
+def loss_terms(terms: dict) -> dict:
+    """A step's loss terms (StepResult.terms, model.loss's names) as the record's: `lm_loss`
+    (the next-token cross-entropy, `ce`: what the val loss measures), `aux_loss` (the weighted
+    sum of the auxiliary terms: loss = lm_loss + aux_loss) and each of those terms, unweighted,
+    as aux/NAME (MoE: aux/balance, aux/z_loss, aux/mtp, aux/mod_predictor, aux/dropped)."""
+    out = {"lm_loss": terms.get("ce"), "aux_loss": terms.get("aux")}
+    out.update({f"aux/{k}": v for k, v in terms.items() if k not in ("ce", "aux")})
+    return out
+
+
+def resolved_config(cfg: TrainConfig, model, data: Sources, world: int, order,
+                    step_tokens: int) -> dict:
+    """What W&B records as the run's config: the settings as the run resolved them
+    (--total-tokens as max_steps), and what they came to: the processes, the sample length,
+    the global batch, tokens per step, the model's full config and its parameters."""
+    return {**cfg.to_dict(), "world_size": world, "seq": data.seq,
+            "global_batch": order.global_batch, "tokens_per_step": step_tokens,
+            "model_config": dataclasses.asdict(model.cfg), "params": model.num_params()}
 
 
 def source_counts(data: Sources, order: MixedOrder, steps: int) -> dict:
@@ -327,12 +352,21 @@ class Eta:
 
 
 def console_line(r: dict, total: int) -> str:
-    extra = f" val {r['val_loss']:.4f}" if "val_loss" in r else ""
+    """`step 40 (41/1000, 4.1%) loss ... lm ... lr ...`: the step as metrics.jsonl numbers it
+    (from 0), then the steps done of the run's and their share."""
+    extra = f" val {r['val_lm_loss']:.4f}" if "val_lm_loss" in r else ""
     extra += f" mfu {100 * r['mfu']:.1f}%" if "mfu" in r else ""
     extra += f" mem {r['memory_gib']:.1f} GiB" if "memory_gib" in r else ""
     eta = r.get("eta_seconds")
     extra += f" ETA {'-' if eta is None else duration(eta)}"  # "-": known after one more step
-    loss = "-" if r["loss"] is None else f"{r['loss']:.4f}"  # "-": padding only
-    return (f"step {r['step'] + 1:>{len(str(total))}}/{total} ({100 * r['progress']:5.1f}%) "
-            f"loss {loss} lr {r['lr']:.2e} grad {r['grad_norm']:.2f} "
-            f"{r['tokens_per_second']:,.0f} tok/s{extra}")
+
+    def number(key):
+        return "-" if r.get(key) is None else f"{r[key]:.4f}"  # "-": padding only
+
+    losses = f"loss {number('loss')} lm {number('lm_loss')}"
+    if any(k.startswith("aux/") for k in r):  # a model with auxiliary terms (MoE)
+        losses += f" aux {number('aux_loss')}"
+    width = len(str(total))
+    return (f"step {r['step']:>{width}} ({r['step'] + 1:>{width}}/{total}, "
+            f"{100 * r['progress']:.1f}%) {losses} lr {r['lr']:.2e} "
+            f"grad {r['grad_norm']:.2f} {r['tokens_per_second']:,.0f} tok/s{extra}")

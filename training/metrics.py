@@ -30,14 +30,24 @@ def _import(kind: str):
 
 
 class MetricsLog:
-    def __init__(self, run: Path, kinds: tuple[str, ...], config: dict):
+    """metrics.jsonl in the run directory, and TensorBoard and W&B as cfg.report_to asks.
+    `config`: the run's resolved config (training/loop.resolved_config), W&B's run config."""
+
+    def __init__(self, run: Path, cfg, config: dict):
         self.path = run / "metrics.jsonl"
         self.tb = self.wandb = None
-        if "tensorboard" in kinds:
+        if "tensorboard" in cfg.report_to:
             self.tb = _import("tensorboard")(str(run / "tensorboard"))
-        if "wandb" in kinds:
-            self.wandb = _import("wandb").init(project="longpack", dir=str(run), config=config,
-                                               resume="allow")
+        if "wandb" in cfg.report_to:
+            self.wandb = _import("wandb").init(**wandb_settings(cfg), dir=str(run),
+                                               config=config, resume="allow")
+
+    def close(self) -> None:
+        """The end of the run: TensorBoard's events flushed, the W&B run marked finished."""
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
     def truncate(self, step: int) -> list[dict]:
         """Keep the lines of steps before `step` (a resumed run writes the later ones again) and
@@ -58,6 +68,14 @@ class MetricsLog:
                 self.tb.add_scalar(k, v, record["step"])
         if self.wandb is not None:
             self.wandb.log(numbers, step=record["step"])
+
+
+def wandb_settings(cfg) -> dict:
+    """wandb.init's project, name, entity, group and tags from --wandb-*: the name is the run
+    folder's (--out's last part) unless --wandb-run-name gives one; None leaves W&B's own."""
+    name = cfg.wandb_run_name or cfg.out.rstrip("/").rsplit("/", 1)[-1] or None
+    return {"project": cfg.wandb_project, "name": name, "entity": cfg.wandb_entity,
+            "group": cfg.wandb_group, "tags": list(cfg.wandb_tags) or None}
 
 
 def duration(seconds: float) -> str:

@@ -114,12 +114,25 @@ def make_optimizers(model: nn.Module, cfg) -> list[torch.optim.Optimizer]:
                                    {"params": plain, "weight_decay": 0.0}], **adamw)]
     muon = [p for role in MUON for p in groups.get(role, [])]
     head = groups.get("head", [])
-    return [Muon(muon, lr=cfg.lr, weight_decay=cfg.weight_decay),
+    return [Muon(muon, lr=muon_lr(cfg.lr, cfg), weight_decay=cfg.weight_decay,
+                 momentum=cfg.muon_momentum, ns_steps=cfg.muon_ns_steps),
             torch.optim.AdamW([{"params": head, "weight_decay": cfg.weight_decay},
                                {"params": plain, "weight_decay": 0.0}], **adamw)]
 
 
-def set_lr(optimizers: list, lr: float) -> None:
+def muon_lr(lr: float, cfg) -> float:
+    """Muon's learning rate when the schedule is at `lr`: --muon-lr on the same schedule
+    (scaled by --muon-lr / --lr), or `lr` itself without --muon-lr."""
+    return lr if cfg.muon_lr is None else lr * cfg.muon_lr / cfg.lr
+
+
+def set_lr(optimizers: list, lr: float, cfg=None) -> None:
+    """Every group at the schedule's `lr`; Muon's at muon_lr, with the run's --muon-momentum
+    and --muon-ns-steps, so a resumed run takes this run's flags (as it takes --lr) over the
+    ones its checkpoint's optimizer state recorded."""
     for opt in optimizers:
+        muon = isinstance(opt, torch.optim.Muon) and cfg is not None
         for group in opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = muon_lr(lr, cfg) if muon else lr
+            if muon:
+                group["momentum"], group["ns_steps"] = cfg.muon_momentum, cfg.muon_ns_steps

@@ -8,12 +8,14 @@
 
 The step's loss is the mean over the real (not padding) targets of the whole global batch,
 however it is cut into micro-batches and processes: a micro-batch weighs by its real targets,
-so one of padding counts for nothing.
+so one of padding counts for nothing. Every other number the model's loss returns (`ce`, the
+next-token loss; `aux`; MoE's balance, z_loss, mtp, ...) is averaged with the same weights, so
+`ce` + `aux` = `loss` for the step as for each micro-batch (StepResult.terms).
 """
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -51,6 +53,9 @@ class StepResult:
     grad_norm: float  # before clipping
     forward_backward_seconds: float  # by `clock`
     update_seconds: float
+    # each other scalar of model.loss's dict (ce, aux, MoE's terms), the same weighted mean as
+    # `loss`; None where `loss` is None
+    terms: dict = field(default_factory=dict)
 
 
 def prepare(model: torch.nn.Module, cfg, procs: distributed.Processes) -> TrainState:
@@ -77,10 +82,10 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
     its two timings are the device's."""
     t0 = clock()
     lr = lr_at(step, cfg)
-    set_lr(state.optimizers, lr)
+    set_lr(state.optimizers, lr, cfg)
     counts = torch.stack([(b["targets"] != -100).sum() for b in micro_batches]).tolist()
     targets = round(distributed.total(sum(counts), procs))
-    loss_sum = 0.0
+    sums: dict[str, float] = {}  # of each scalar of the loss's dict x the micro-batch's targets
     for micro, (batch, count) in enumerate(zip(micro_batches, counts)):
         # DDP averages gradients on the last micro-step only, over the ranks (FSDP at every
         # micro-step): x world undoes that average, so the gradient is of the global mean.
@@ -91,8 +96,13 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
                                  batch["doc_starts"] if cfg.doc_mask else None)
             weight = count * procs.world / max(targets, 1)
             state.scaler.scale(out["loss"] * weight).backward()
-        loss_sum += out["loss"].item() * count
-    loss = distributed.total(loss_sum, procs) / targets if targets else None
+        names = [k for k, v in out.items() if v.ndim == 0]  # "loss" first: model.loss's order
+        values = torch.stack([out[k].detach().float() for k in names]).tolist()  # one sync
+        for name, value in zip(names, values):
+            sums[name] = sums.get(name, 0.0) + value * count
+    means = {k: v / targets if targets else None
+             for k, v in zip(sums, totals(list(sums.values()), procs))}
+    loss = means.pop("loss")
     t1 = clock()
     for opt in state.optimizers:
         state.scaler.unscale_(opt)
@@ -102,7 +112,18 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
         opt.zero_grad(set_to_none=True)
     state.scaler.update()
     grad_norm = float(fsdp.whole(norm))
-    return StepResult(loss, targets, lr, grad_norm, t1 - t0, clock() - t1)
+    return StepResult(loss, targets, lr, grad_norm, t1 - t0, clock() - t1, means)
+
+
+def totals(values: list[float], procs: distributed.Processes) -> list[float]:
+    """Each number summed over all processes, in one all-reduce (float64)."""
+    if procs.world == 1 or not values:
+        return values
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=procs.device)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def autocast(cfg, device: torch.device):

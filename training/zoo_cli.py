@@ -4,7 +4,8 @@
     zoo export RUN [--step N] --to hf --out DIR [--license ID --max-shard-size 5GB]
                                              every family -> a transformers / hub folder
     zoo export RUN --to safetensors --out DIR            any family -> what archs.load(DIR) reads
-    zoo eval RUN --shards BUILD [--split val] [--json]   loss, perplexity, bits per byte
+    zoo eval RUN --shards BUILD [--split val] [--seq N] [--json]
+                                             loss, perplexity, bits per byte
     zoo generate RUN --prompt TEXT [--max-new-tokens N] [--temperature T --top-k K --top-p P]
 
 `python -m archs` and `train --list-models` print the same table (archs/__main__.py's).
@@ -111,13 +112,18 @@ def export(run, step, to, out, license_, max_shard_size):
 @click.option("--split", type=click.Choice(["val", "train"]), default="val", show_default=True)
 @click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--seq", type=click.IntRange(min=2), default=None,
+              help="Score samples of this many tokens, each row cut into windows as train "
+              "--seq cuts them (a divisor of the build's rows) [the run's own --seq: the "
+              "windows it trained on].")
 @click.option("--limit", type=click.IntRange(min=1), default=None,
-              help="Only the first N rows of the split [all].")
+              help="Only the first N samples of the split [all].")
 @click.option("--cache", type=click.Path(path_type=Path), default=None,
               help="Shard cache for an MDS build [a temporary folder].")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
-    """A run's model on a build's split: token-weighted loss, perplexity and bits per byte."""
+def evaluate(run, shards, split, step, batch_size, seq, limit, cache, as_json):
+    """A run's model on a build's split: token-weighted loss, perplexity and bits per byte,
+    on samples of the run's --seq (or --seq)."""
     import math
     import tempfile
 
@@ -131,8 +137,14 @@ def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
         model = trained.model
         manifest = read_manifest(shards)
         check_eval_build(trained, manifest, shards, split)
+        seq = seq or trained.seq  # None (a checkpoint before seq was kept): whole rows
+        if seq is not None and manifest.get("seq") and manifest["seq"] % seq:
+            raise LongpackError(f"--seq {seq}: the rows of {shards} are {manifest['seq']} "
+                                "tokens, not a multiple of it (the run trained on samples of "
+                                f"{trained.seq}); pass --seq with a divisor of "
+                                f"{manifest['seq']}")
         with tempfile.TemporaryDirectory(prefix="longpack-eval.") as tmp:
-            build = open_build(shards, cache or Path(tmp), "100gb", manifest=manifest)
+            build = open_build(shards, cache or Path(tmp), "100gb", seq=seq, manifest=manifest)
             rows = build.train if split == "train" else build.val
             n = min(len(rows), limit or len(rows))
             loss_sum, targets = split_loss(model, rows, n, batch_size)
@@ -140,14 +152,16 @@ def evaluate(run, shards, split, step, batch_size, limit, cache, as_json):
         raise click.ClickException(str(e)) from None
     loss = loss_sum / targets if targets else float("nan")
     counts = build.manifest["splits"][split]
-    result = {"run": str(run), "shards": shards, "split": split, "rows": n, "targets": targets,
+    result = {"run": str(run), "shards": shards, "split": split, "seq": build.seq, "rows": n,
+              "targets": targets,
               "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
               "bits_per_byte": bits_per_byte(loss, counts) if n == len(rows) else None}
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
     bpb = result["bits_per_byte"]
-    click.echo(f"zoo eval: {run} on {shards} {split} ({n:,} rows, {targets:,} targets): loss "
+    rows = "rows" if build.seq == manifest["seq"] else f"windows of {build.seq} tokens"
+    click.echo(f"zoo eval: {run} on {shards} {split} ({n:,} {rows}, {targets:,} targets): loss "
                f"{loss:.4f}, perplexity {result['perplexity']:.2f}, bits per byte "
                + ("-" if bpb is None else f"{bpb:.4f}"))
 

@@ -1,0 +1,356 @@
+"""Issue 31, the trainer's knobs the seeds use: the next-token loss and each auxiliary term
+logged apart, `zoo eval` on the run's windows, console steps as metrics.jsonl numbers them, W&B's
+run settings and config, Muon's own settings, the loader's prefetch depth, the nearest name for
+an unknown setting, and the example configs in configs/."""
+
+import json
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from test_train import padded_build
+
+import archs
+from pipeline.errors import SettingsError
+from training.batch import make_batch
+from training.cli import train as train_cli
+from training.config import TrainConfig
+from training.distributed import launched
+from training.loop import train
+from training.zoo_cli import zoo
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+MOE = ("n_pred_tokens=2", "mod_capacity=0.5")  # MTP and a depth-routed block: every aux term
+
+
+def config(shards, out, **kw):
+    base = dict(shards=str(shards), model="neox-tiny", out=str(out), batch_size=4, max_steps=2,
+                warmup=1, lr=3e-3, save_every=100, log_every=1, workers=0)
+    return TrainConfig(**{**base, **kw})
+
+
+def records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+# -- lm_loss and the auxiliary terms --------------------------------------------------------
+
+def test_lm_loss_is_the_next_token_loss_over_the_steps_real_targets(tmp_path, byte_tokenizer):
+    # Each step is the build's two train rows, 64 real targets and 4, here as two micro-batches
+    # of one row: lm_loss must be the mean over the 68 (as `loss` is), not of the two means,
+    # and equal the cross-entropy of the untrained model on both rows at once.
+    shards = padded_build(tmp_path, byte_tokenizer)
+    said = []
+    history = train(config(shards, tmp_path / "r", model="moe-tiny", model_args=MOE,
+                           batch_size=1, grad_accum=2, max_steps=1, eval_every=1),
+                    log=said.append)
+    first = history[0]
+    torch.manual_seed(0)  # the run's seed: its initial weights
+    model = archs.build("moe-tiny", vocab_size=50257, **archs.parse_args("moe-tiny", list(MOE)))
+    from training.data import open_build
+
+    build = open_build(str(shards), tmp_path / "cache", "1gb")
+    batch = make_batch([build.train.get(i) for i in range(len(build.train))])
+    with torch.no_grad():
+        whole = model.loss(batch["input_ids"], batch["targets"], batch["doc_starts"])
+    assert first["targets"] == 68
+    assert first["lm_loss"] == pytest.approx(whole["ce"].item(), rel=1e-5)
+    assert first["loss"] == pytest.approx(first["lm_loss"] + first["aux_loss"], rel=1e-6)
+    assert {"aux/balance", "aux/z_loss", "aux/mtp", "aux/mod_predictor", "aux/dropped"} <= set(first)
+    assert first["aux/mtp"] > 0 and first["aux_loss"] > 0
+    # the val loss is the same kind: next-token only
+    assert first["val_lm_loss"] == first["val_loss"]
+    line = next(s for s in said if s.startswith("step"))
+    assert f" lm {first['lm_loss']:.4f} aux {first['aux_loss']:.4f} " in line
+    assert f" val {first['val_lm_loss']:.4f}" in line
+    on_disk = records(tmp_path / "r")[0]
+    assert on_disk["lm_loss"] == first["lm_loss"] and on_disk["aux/mtp"] == first["aux/mtp"]
+
+
+def test_a_model_without_auxiliary_terms_logs_lm_loss_as_its_loss(tmp_path, shards):
+    said = []
+    history = train(config(shards, tmp_path / "r"), log=said.append)
+    assert all(h["lm_loss"] == h["loss"] and h["aux_loss"] == 0 for h in history)
+    assert not [k for k in history[0] if k.startswith("aux/")]
+    line = next(s for s in said if s.startswith("step"))
+    assert f"loss {history[0]['loss']:.4f} lm {history[0]['lm_loss']:.4f} lr " in line
+
+
+@pytest.mark.slow
+def test_lm_loss_is_the_global_mean_over_processes(tmp_path, byte_tokenizer):
+    # 2 processes of one row each (64 and 4 real targets) = 1 process of both rows, as two
+    # micro-batches (MoE's balance and z terms are of the tokens a forward routes together)
+    from test_train_distributed import COMMON, torchrun
+
+    shards = padded_build(tmp_path, byte_tokenizer)
+    one = train(TrainConfig(shards=str(shards), out=str(tmp_path / "one"), batch_size=1,
+                            grad_accum=2, **{**COMMON, "model": "moe-tiny"}, model_args=MOE),
+                log=lambda m: None)
+    torchrun(shards, tmp_path / "two", "--model", "moe-tiny", *[a for m in MOE
+                                                               for a in ("--model-arg", m)],
+             batch=1)
+    two = records(tmp_path / "two")
+    for key in ("loss", "lm_loss", "aux_loss", "aux/mtp", "aux/balance"):
+        # step 0: the same weights; after it, the processes' gradient sums round otherwise,
+        # AdamW scales that up where gradients are near zero, and MoE's routing follows
+        assert two[0][key] == pytest.approx(one[0][key], rel=1e-5), key
+        assert [h[key] for h in two] == pytest.approx([h[key] for h in one], rel=1e-3), key
+
+
+# -- zoo eval --seq -------------------------------------------------------------------------
+
+def test_zoo_eval_scores_the_windows_the_run_trained_on(tmp_path, shards):
+    run = tmp_path / "r"
+    train(config(shards, run, seq=13, eval_batches=2), log=lambda m: None)
+    final = records(run)[-1]
+
+    def evaluate(*args):
+        r = CliRunner().invoke(zoo, ["eval", str(run), "--shards", str(shards), "--batch-size",
+                                     "4", *args])
+        assert r.exit_code == 0, r.output
+        return r
+
+    got = json.loads(evaluate("--limit", "8", "--json").output)  # eval_batches x batch_size
+    assert got["seq"] == 13 and got["targets"] == final["val_targets"]
+    assert got["loss"] == pytest.approx(final["val_loss"], abs=1e-6)
+    whole = json.loads(evaluate("--limit", "8", "--seq", "65", "--json").output)
+    assert whole["seq"] == 65 and whole["targets"] != got["targets"]  # whole rows: others
+    assert "windows of 13 tokens" in evaluate("--limit", "8").output
+    r = CliRunner().invoke(zoo, ["eval", str(run), "--shards", str(shards), "--seq", "24"])
+    assert r.exit_code == 1 and "--seq 24: the rows of" in r.output and "65" in r.output
+
+
+# -- W&B ------------------------------------------------------------------------------------
+
+class FakeWandb(types.ModuleType):
+    """What MetricsLog uses of wandb: init (its keyword arguments kept), log, finish."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.inits, self.logged, self.finished = [], [], 0
+
+    def init(self, **kw):
+        self.inits.append(kw)
+        return self
+
+    def log(self, data, step=None):
+        self.logged.append((step, data))
+
+    def finish(self):
+        self.finished += 1
+
+
+def test_wandb_gets_the_run_settings_and_its_resolved_config(tmp_path, shards, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'shards = "{shards}"\nbatch_size = 2\nworkers = 0\nwarmup = 1\n'
+                    'total_tokens = 300\n[logging]\nreport_to = ["jsonl", "wandb"]\n'
+                    'wandb_project = "seeds"\nwandb_entity = "lab"\nwandb_group = "neox"\n'
+                    'wandb_tags = ["tiny", "test"]\n')
+    r = CliRunner().invoke(train_cli, ["--config", str(toml), "--out", str(tmp_path / "r"),
+                                       "--wandb-run-name", "first"])
+    assert r.exit_code == 0, r.output
+    (init,) = fake.inits
+    assert {k: init[k] for k in ("project", "name", "entity", "group", "tags")} == {
+        "project": "seeds", "name": "first", "entity": "lab", "group": "neox",
+        "tags": ["tiny", "test"]}
+    resolved = init["config"]
+    assert resolved["max_steps"] == 3 and resolved["total_tokens"] is None  # 300 / (2 x 64)
+    assert resolved["seq"] == 65 and resolved["world_size"] == 1
+    assert resolved["global_batch"] == 2 and resolved["tokens_per_step"] == 128
+    assert resolved["model_config"]["vocab_size"] == 50257 and resolved["params"] > 0
+    assert resolved["wandb_tags"] == ("tiny", "test") and resolved["lr"] == 3e-4
+    assert [step for step, _ in fake.logged] == [0, 1, 2]
+    assert "lm_loss" in fake.logged[0][1] and fake.finished == 1
+    # the defaults: project longpack, the run folder's name; tags from the comma form
+    from training.metrics import wandb_settings
+
+    assert wandb_settings(TrainConfig(shards="x", out="runs/plain/", wandb_tags="a, b")) == {
+        "project": "longpack", "name": "plain", "entity": None, "group": None,
+        "tags": ["a", "b"]}
+    assert wandb_settings(TrainConfig(shards="x"))["tags"] is None
+
+
+# -- Muon's settings ------------------------------------------------------------------------
+
+def test_muon_takes_its_own_lr_momentum_and_newton_schulz_steps():
+    from training.optim import make_optimizers, set_lr
+    from training.schedule import lr_at
+    from training.step import prepare, train_step
+
+    torch.manual_seed(0)
+    model = archs.build("neox-tiny", vocab_size=300)
+    x = torch.randint(0, 300, (4, 33))
+    batch = {"input_ids": x[:, :-1], "targets": x[:, 1:], "doc_starts": torch.zeros(4, 1).long()}
+    model.loss(**batch)["loss"].backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = TrainConfig(shards="x", optimizer="muon", lr=0.01, min_lr=0.001, weight_decay=0.1,
+                      warmup=0, clip=0, muon_lr=0.05, muon_momentum=0.8, muon_ns_steps=3)
+    train_step(prepare(model, cfg, launched()), [batch], 0, cfg, launched())
+    roles = model.param_roles()
+    for n, p in model.named_parameters():
+        if roles[n] != "matrix":
+            continue
+        alone = torch.nn.Parameter(before[n].clone())
+        alone.grad = grads[n]
+        torch.optim.Muon([alone], lr=0.05, weight_decay=0.1, momentum=0.8, ns_steps=3).step()
+        assert torch.allclose(p.detach(), alone.detach(), atol=1e-6), n
+        default = torch.nn.Parameter(before[n].clone())
+        default.grad = grads[n]
+        torch.optim.Muon([default], lr=0.05, weight_decay=0.1).step()
+        assert not torch.allclose(p.detach(), default.detach(), atol=1e-6), n  # 0.95, 5 differ
+    # the schedule scales Muon's lr as it scales --lr; AdamW keeps --lr's
+    muon, adamw = make_optimizers(model, cfg)
+    set_lr([muon, adamw], lr_at(50, cfg), cfg)
+    assert muon.param_groups[0]["lr"] == pytest.approx(lr_at(50, cfg) * 5)
+    assert adamw.param_groups[0]["lr"] == lr_at(50, cfg)
+    assert muon.param_groups[0]["momentum"] == 0.8 and muon.param_groups[0]["ns_steps"] == 3
+    plain = make_optimizers(model, TrainConfig(shards="x", optimizer="muon", lr=0.01))[0]
+    assert plain.param_groups[0]["lr"] == 0.01 and plain.param_groups[0]["ns_steps"] == 5
+
+
+def test_muon_settings_are_checked():
+    for bad, message in ((dict(muon_lr=0.0, optimizer="muon"), "--muon-lr must be positive"),
+                         (dict(muon_momentum=1.0, optimizer="muon"), r"--muon-momentum must be in"),
+                         (dict(muon_ns_steps=0, optimizer="muon"), "--muon-ns-steps must be at"),
+                         (dict(muon_lr=0.02), "--muon-lr: Muon's settings, for --optimizer muon")):
+        with pytest.raises(SettingsError, match=message):
+            TrainConfig(shards="x", **bad)
+
+
+@pytest.mark.slow
+def test_a_run_with_muon_settings_resumes_exactly(tmp_path, shards):
+    muon = dict(optimizer="muon", muon_lr=0.02, muon_momentum=0.9, muon_ns_steps=4,
+                save_every=2, max_steps=4)
+    straight = train(config(shards, tmp_path / "a", **muon), log=lambda m: None)
+    train(config(shards, tmp_path / "b", **muon), log=lambda m: None, stop_at=2)
+    resumed = train(config(shards, tmp_path / "b", **muon), log=lambda m: None)
+    assert [h["loss"] for h in resumed] == [h["loss"] for h in straight]
+
+
+# -- --prefetch -----------------------------------------------------------------------------
+
+class CountedRows:
+    """Rows of 9 tokens; every get() counted in memory the forked workers share."""
+
+    def __init__(self, n: int):
+        import multiprocessing
+
+        self.n, self.reads = n, multiprocessing.get_context("fork").Value("i", 0)
+
+    def __len__(self):
+        return self.n
+
+    def get(self, i):
+        with self.reads.get_lock():
+            self.reads.value += 1
+        return np.full(9, i, np.uint16), np.array([0]), np.array([1], np.uint64)
+
+
+@pytest.mark.parametrize("prefetch", [1, 3])
+def test_prefetch_is_how_many_batches_a_worker_builds_ahead(prefetch):
+    from training.loader import StepBatches, batches
+    from training.sampler import GlobalOrder
+
+    rows = CountedRows(64)
+    order = GlobalOrder(len(rows), 1, seed=0, fingerprint="f")
+    stream = batches(StepBatches(order, rows, 0, 1, 1, 1), 0, 50, workers=1, prefetch=prefetch)
+    next(stream)  # the trainer holds one slot; the worker fills the others, then waits
+    time.sleep(0.5)
+    assert rows.reads.value == 1 + prefetch  # row 0, read once for the slots' layout
+    stream.close()
+    with pytest.raises(SettingsError, match="--prefetch must be at least 1"):
+        TrainConfig(shards="x", prefetch=0)
+
+
+# -- the nearest name -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("theirs, ours", [
+    ("gradient_accumulation_steps", "grad_accum"), ("learning_rate", "lr"),
+    ("warmup_steps", "warmup"), ("max_iters", "max_steps"), ("output_dir", "out"),
+    ("per_device_train_batch_size", "batch_size"), ("max_grad_norm", "clip"),
+    ("lr_scheduler_type", "schedule"), ("save_total_limit", "keep_last"),
+    ("block_size", "seq"), ("gradient_checkpointing", "activation_checkpointing"),
+    ("batchsize", "batch_size"), ("warmup_step", "warmup"), ("prefetch_factor", "prefetch"),
+])
+def test_an_unknown_setting_names_the_nearest_known_one(theirs, ours):
+    with pytest.raises(SettingsError, match=rf"run.toml: unknown settings {theirs} \(did you "
+                                            rf"mean {ours}\?\)"):
+        TrainConfig.check_names([theirs], "run.toml")
+
+
+def test_the_nearest_name_in_a_config_file_and_for_model_args(tmp_path, shards):
+    toml = tmp_path / "run.toml"
+    toml.write_text('learning_rate = 0.1\nnonsense = 1\n')
+    r = CliRunner().invoke(train_cli, ["--config", str(toml)])
+    assert r.exit_code == 2
+    assert "unknown settings learning_rate (did you mean lr?), nonsense" in " ".join(
+        r.output.split())
+    toml.write_text('[optim]\ngradient_accumulation_steps = 4\n')
+    r = CliRunner().invoke(train_cli, ["--config", str(toml)])
+    assert r.exit_code == 2 and "optim.gradient_accumulation_steps is not a setting of train " \
+        "(did you mean optim.grad_accum?)" in " ".join(r.output.split())
+    toml.write_text(f'shards = "{shards}"\n[model]\nname = "moe-tiny"\nnum_experts = 4\n')
+    r = CliRunner().invoke(train_cli, ["--config", str(toml), "--out", str(tmp_path / "r")])
+    assert r.exit_code == 1 and "--model-arg: 'num_experts' is not a setting of moe-tiny; did " \
+        "you mean n_experts?" in " ".join(r.output.split())
+    assert not (tmp_path / "r").exists()
+
+
+# -- configs/ -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def build_32k(tmp_path_factory):
+    """A small build of 32k-token rows (the seeds' length), memmap: 7 train rows, 2 val."""
+    from conftest import make_texts, write_byte_ranks, write_jsonl
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    tmp = tmp_path_factory.mktemp("b32k")
+    write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(600)])
+    build(BuildConfig(out=str(tmp / "out"), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
+                      tokenizer=str(write_byte_ranks(tmp / "gpt2.tiktoken")), seq=32768,
+                      val_fraction=0.2, format="memmap"), show_progress=False)
+    return tmp / "out"
+
+
+def test_configs_ship_the_seeds_runs():
+    names = sorted(p.name for p in CONFIGS.glob("*.toml"))
+    assert names == ["hybrid-5b-dolma.toml", "neox-1.2b-32k-test.toml", "neox-1.2b-32k.toml",
+                     "resonance-large-32k.toml"]
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_each_config_loads_and_its_plan_fits_8_gpus(path, build_32k, tmp_path):
+    start = time.perf_counter()
+    r = CliRunner().invoke(train_cli, ["--config", str(path), "--shards", str(build_32k),
+                                       "--out", str(tmp_path / "r"), "--dry-run",
+                                       "--world-size", "8", "--json"])
+    assert r.exit_code == 0, r.output
+    assert time.perf_counter() - start < 30  # on the meta device: nothing allocated
+    plan = json.loads(r.stdout)
+    assert plan["fits"] is True and plan["world_size"] == 8
+    assert "not probed (--world-size 8" in r.stderr  # no 5B probe step on a CPU
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_the_test_config_trains_and_zoo_eval_gives_its_val_loss(build_32k, tmp_path):
+    run = tmp_path / "r"
+    r = CliRunner().invoke(train_cli, ["--config", str(CONFIGS / "neox-1.2b-32k-test.toml"),
+                                       "--shards", str(build_32k), "--out", str(run),
+                                       "--max-steps", "2", "--eval-every", "2", "--workers", "0"])
+    assert r.exit_code == 0, r.output
+    final = records(run)[-1]
+    got = json.loads(CliRunner().invoke(zoo, ["eval", str(run), "--shards", str(build_32k),
+                                              "--batch-size", "2", "--limit", "4",
+                                              "--json"]).output)
+    assert got["seq"] == 2048 and got["loss"] == pytest.approx(final["val_loss"], abs=1e-5)
