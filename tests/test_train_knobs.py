@@ -221,6 +221,7 @@ def test_muon_settings_are_checked():
     for bad, message in ((dict(muon_lr=0.0, optimizer="muon"), "--muon-lr must be positive"),
                          (dict(muon_momentum=1.0, optimizer="muon"), r"--muon-momentum must be in"),
                          (dict(muon_ns_steps=0, optimizer="muon"), "--muon-ns-steps must be at"),
+                         (dict(muon_ns_steps=100, optimizer="muon"), "--muon-ns-steps must be bel"),
                          (dict(muon_lr=0.02), "--muon-lr: Muon's settings, for --optimizer muon")):
         with pytest.raises(SettingsError, match=message):
             TrainConfig(shards="x", **bad)

@@ -182,6 +182,9 @@ class TrainConfig:
             raise SettingsError("--min-lr must be between 0 and --lr")
         if self.muon_lr is not None and not self.muon_lr > 0:
             raise SettingsError(f"--muon-lr must be positive (got {self.muon_lr})")
+        if self.muon_ns_steps >= 100:  # torch.optim.Muon's bound, met at the first step
+            raise SettingsError(f"--muon-ns-steps must be below 100 (got {self.muon_ns_steps}; "
+                                "5 is usual)")
         if not 0 <= self.muon_momentum < 1:
             raise SettingsError(f"--muon-momentum must be in [0, 1) (got {self.muon_momentum})")
         muon = [f"--{f.replace('_', '-')}" for f, default in MUON_DEFAULTS.items()
