@@ -14,8 +14,9 @@ _MASK = (1 << 64) - 1
 
 
 def doc_hash(text: str | bytes) -> int:
-    """Raises UnicodeEncodeError for a str holding lone surrogates (not valid UTF-8)."""
-    return xxhash.xxh3_64_intdigest(text) or 1
+    """The hash of the text's UTF-8 bytes (encoded here: xxhash 4 no longer takes a str; 3 hashed
+    the same bytes). Raises UnicodeEncodeError for a str holding lone surrogates."""
+    return xxhash.xxh3_64_intdigest(text.encode() if isinstance(text, str) else text) or 1
 
 
 def _splitmix64(x: int) -> int:
