@@ -87,7 +87,9 @@ def load_into(folder: Path, model: torch.nn.Module, optimizers: list, distribute
     SafeReader(folder).read_metadata()  # refused here, in one line (DCP would wrap the error)
     model_state, optim_state = get_state_dict(model, optimizers)
     target = {"model": model_state, "optimizers": optim_state}
-    dcp.load(target, storage_reader=SafeReader(folder), no_dist=not distributed)
+    with warnings.catch_warnings():  # no_dist: "assuming ... a single process", as meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(target, storage_reader=SafeReader(folder), no_dist=not distributed)
     set_state_dict(model, optimizers, model_state_dict=target["model"],
                    optim_state_dict=target["optimizers"])
 
