@@ -39,7 +39,8 @@ from training.step import TrainState
 FORMAT = 2  # 1 (no "format" key): the same plus "history", every step's metrics record
 RECENT_HASHES = 16
 # numpy's array and dtype, which np.random.get_state() holds: data, rebuilt without running code
-NUMPY_GLOBALS = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+NUMPY_GLOBALS = [(getattr(np, "_core", None) or np.core).multiarray._reconstruct, np.ndarray,
+                 np.dtype, type(np.dtype(np.uint32))]  # np._core: numpy 2; np.core: numpy 1.26
 
 
 def save(run: Path, step: int, s: TrainState, state: dict, keep_last: int,
