@@ -148,6 +148,14 @@ def edit_json(path: Path, change) -> None:
     path.write_text(json.dumps(record))
 
 
+def spoil(path: Path, text: str | None, change) -> None:
+    """Damage a record: replace its text, or edit its JSON with `change`."""
+    if text is not None:
+        path.write_text(text)
+    else:
+        edit_json(path, change)
+
+
 def _drop_counts(r):  # the seal would tell: a record without one (as before seals) is read
     del r["counts"], r[SEAL]
 
@@ -173,10 +181,7 @@ def test_a_damaged_done_json_is_one_line_and_its_task_re_run_mends_it(
         made, tmp_path, text, change, says):
     out = copy_of(made, "placed", tmp_path)
     path = work(out, "task.00001/done.json")
-    if text is not None:
-        path.write_text(text)
-    else:
-        edit_json(path, change)
+    spoil(path, text, change)
     message = one_line_error(["merge", str(out)])
     assert str(path) in message and says in message and task_named(message) == 1, message
     r = CliRunner().invoke(pack, ["stats", str(out)])  # no traceback there either
@@ -223,10 +228,7 @@ def test_a_damaged_placed_json_is_one_line_and_its_task_re_run_mends_it(
         made, tmp_path, text, change, says):
     out = copy_of(made, "placed", tmp_path)
     path = work(out, "task.00000/placed.json")
-    if text is not None:
-        path.write_text(text)
-    else:
-        edit_json(path, change)
+    spoil(path, text, change)
     message = one_line_error(["merge", str(out)])
     assert str(path) in message and says in message and task_named(message) == 0, message
     rerun_and_merge(made, out, 0)
