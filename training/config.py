@@ -100,7 +100,7 @@ class TrainConfig:
         "across them (R divides the processes; e.g. the nodes).", metavar="R")
     activation_checkpointing: bool = setting(
         False, "Recompute each block's activations in backward instead of keeping them: less "
-        "memory, about a third more compute.", switch=True, show_default=False)
+        "memory, one more forward of each block.", switch=True, show_default=False)
     workers: int = setting(
         2, "Background processes that read and assemble batches (0 = in the training "
         "process).")
