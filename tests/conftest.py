@@ -1,6 +1,7 @@
 """Shared fixtures: a hermetic tiny tokenizer, corpus writers, and the ../shared corpus."""
 
 import base64
+import contextlib
 import gzip
 import itertools
 import json
@@ -37,6 +38,21 @@ def no_streaming_shared_memory_left():
     for block in [o for o in gc.get_objects() if type(o) is shared_memory]:
         atexit.unregister(block.cleanup)
         block.cleanup()
+
+
+@contextlib.contextmanager
+def one_thread_as_under_torchrun():
+    """torchrun starts each process with OMP_NUM_THREADS=1, and one intra-op thread sums a
+    matmul in one order: a single-process run compared with torchrun's processes uses one
+    thread too, so both sum in the same order and their weights can be compared bitwise."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
