@@ -79,7 +79,7 @@ class Flag:
 
 
 SIZE = Range(1)  # a count or a width
-# pack import's bound too (pipeline/import_tokens.py MAX_VOCAB): an id past it is no token id
+# pack import's bound too (pipeline/adopt/import_tokens.py MAX_VOCAB): an id past it is no token id
 VOCAB = Range(1, 2**31 - 1)
 EPS = Range(0, 1, low_open=True)  # a normalization's epsilon
 STD = Range(0, low_open=True)  # an initialization's standard deviation

@@ -1,9 +1,9 @@
 """`pack build`: read -> tokenize -> split -> pack -> write shards, resumably.
 
-    read_batches (inputs.py)      a reader thread: batches of texts from one file, in order
-      -> encode_batch (encode.py) worker threads: hash, split, tokens + EOS    (--workers)
-      -> RowPacker (pack.py)      main thread, one per split: rows of exactly --seq tokens
-      -> ShardSink (writers.py)   main thread, one per split: write-ahead rows; a writer thread
+    read_batches (read/inputs.py)      a reader thread: batches of texts from one file, in order
+      -> encode_batch (tokenize/encode.py) worker threads: hash, split, tokens + EOS    (--workers)
+      -> RowPacker (pack/packer.py)      main thread, one per split: rows of exactly --seq tokens
+      -> ShardSink (pack/writers.py)   main thread, one per split: write-ahead rows; a writer thread
                                   turns them into finished shards in the background
       -> checkpoint               every CHECKPOINT_SECONDS and after each finished shard:
                                   the BuildState (build_state.py), written atomically
@@ -23,28 +23,28 @@ from pathlib import Path
 
 import numpy as np
 
+from longpack.atomic import write_bytes, write_json, writing
+from longpack.errors import InputError, TokenizerError
 from pipeline import manifest as manifest_mod
-from pipeline.atomic import write_bytes, write_json, writing
 from pipeline.build_state import BuildState
-from pipeline.catalog import file_format, get_dataset
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.encode import EngineMismatch, encode_batch
-from pipeline.errors import InputError, TokenizerError
-from pipeline.inputs import open_inputs, read_ahead, read_batches
-from pipeline.output_dir import (
+from pipeline.pack.packer import RowPacker
+from pipeline.pack.writers import ShardSink, shard_writer
+from pipeline.progress import Progress
+from pipeline.read.catalog import file_format, get_dataset
+from pipeline.read.inputs import open_inputs, read_ahead, read_batches
+from pipeline.read.records import BLANK_LINE, Skip
+from pipeline.store.lock import OutputLock
+from pipeline.store.output_dir import (
     CHECKPOINT,
     Journal,
     prepare_output,
     refuse_tasked_build,
     remove_work_files,
 )
-from pipeline.output_lock import OutputLock
-from pipeline.pack import RowPacker
-from pipeline.progress import Progress
-from pipeline.records import BLANK_LINE, Skip
-from pipeline.split import Splitter
-from pipeline.tokenizer import load_tokenizer
-from pipeline.writers import ShardSink, shard_writer
+from pipeline.tokenize.encode import EngineMismatch, encode_batch
+from pipeline.tokenize.split import Splitter
+from pipeline.tokenize.tokenizer import load_tokenizer
 
 CHECKPOINT_SECONDS = 10.0
 
@@ -73,8 +73,8 @@ class Build:
         self.fingerprint = {"settings": cfg.output_settings(), "tokenizer": tokenizer_id,
                             "inputs": self.inputs, "format_version": manifest_mod.FORMAT_VERSION}
         self.splitter = Splitter(cfg.val_fraction, cfg.seed)
-        self.stop = None  # where reading ends (a task's share ends early: task_build.py)
-        self.publish = None  # called with each finished shard file (remote_build.py uploads it)
+        self.stop = None  # where reading ends (a task's share ends early: distribute/task_build.py)
+        self.publish = None  # called with each finished shard file (store/remote_build.py uploads it)
 
     def run(self) -> dict:
         """Build (or resume, or find complete) OUT; returns its manifest."""

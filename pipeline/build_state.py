@@ -18,7 +18,7 @@ import numpy as np
 
 from pipeline.config import SPLITS
 from pipeline.manifest import empty_counts
-from pipeline.records import REASONS
+from pipeline.read.records import REASONS
 
 
 @dataclass

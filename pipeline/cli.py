@@ -1,5 +1,5 @@
 """`pack`: the data-stage command line. `pack build`'s flags are BuildConfig's fields
-(pipeline/settings.py); `pack stats`' are declared here."""
+(longpack/settings.py); `pack stats`' are declared here."""
 
 import sys
 
@@ -16,10 +16,10 @@ try:
 
     import click
 
+    from longpack.errors import LongpackError
+    from longpack.settings import click_options
     from pipeline.config import BuildConfig
-    from pipeline.errors import LongpackError
-    from pipeline.launch import LaunchConfig
-    from pipeline.settings import click_options
+    from pipeline.distribute.launch import LaunchConfig
 except KeyboardInterrupt:
     sys.stderr.write(STARTING + "\n")
     sys.exit(130)
@@ -75,7 +75,7 @@ def pack():
               "finished build does nothing and exits 0; without --quiet it says so.")
 def build(quiet, **settings):
     """Tokenize documents and pack them into rows of exactly --seq tokens."""
-    from pipeline.launch import launch
+    from pipeline.distribute.launch import launch
     from pipeline.manifest import already_complete, summary
 
     how = {f.name: settings.pop(f.name) for f in dataclasses.fields(LaunchConfig)}
@@ -102,7 +102,7 @@ def build(quiet, **settings):
 @click.option("--quiet", is_flag=True, help="No summary.")
 def merge(out, task_index, quiet):
     """Finish a build split into tasks (`pack build --tasks N`) once its tasks are done."""
-    from pipeline import tasks
+    from pipeline.distribute import tasks
     from pipeline.manifest import summary
 
     try:
@@ -147,7 +147,7 @@ def import_(src, out, seq, dtype, eos_id, tokenizer, fmt, shard_bytes, val_fract
     """Adopt pretokenized rows (.npy, .pt, nanoGPT .bin) as a longpack build. Splits come from
     the names below SRC: val.bin, *_val_*.bin, val/ are val; train ones, or all of it when
     nothing is named, train; a test split or an unnamed file beside named ones is refused."""
-    from pipeline.import_tokens import ImportConfig, import_tokens
+    from pipeline.adopt.import_tokens import ImportConfig, import_tokens
     from pipeline.manifest import summary
 
     try:
@@ -186,7 +186,7 @@ def stats(paths, verify, as_json, decode, split, plot, throughput, budget, eos_i
     also what their mixture gives."""
     import json
 
-    from pipeline import stats_report
+    from pipeline.stats import report as stats_report
 
     if len(paths) > 1:
         return _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id, mix)
@@ -208,12 +208,13 @@ def stats(paths, verify, as_json, decode, split, plot, throughput, budget, eos_i
 
 
 def _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id, mix):
-    """`pack stats A B [--mix ...]`: each build's report, then the mixture's (stats_mix.py)."""
+    """`pack stats A B [--mix ...]`: each build's report, then the mixture's (stats/mix.py)."""
     import json
 
-    from pipeline import stats_mix, stats_report
-    from pipeline.errors import SettingsError
+    from longpack.errors import SettingsError
     from pipeline.mixture import parse_sources, parse_weights
+    from pipeline.stats import mix as stats_mix
+    from pipeline.stats import report as stats_report
 
     for flag, used in (("--decode", decode is not None), ("--plot", plot is not None)):
         if used:

@@ -3,23 +3,23 @@
 import os
 from dataclasses import asdict, dataclass
 
-from pipeline.catalog import DATASETS
-from pipeline.errors import SettingsError
-from pipeline.settings import setting
-from pipeline.storage import is_url, refuse_unwritable
+from longpack.errors import SettingsError
+from longpack.settings import setting
+from longpack.store import is_url, refuse_unwritable
+from pipeline.read.catalog import DATASETS
 
 SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (MDS's default size)
 WORK_DIR = ".longpack-build"  # OUT/WORK_DIR exists only while a build is unfinished
 SPLITS = ("train", "val")  # OUT/train, OUT/val
-FORMATS = ("mds", "memmap")  # --format's choices: the names pipeline/formats.py registers
-TOKENIZER_ENGINES = ("auto", "fast", "reference")  # pipeline/tokenizer_engines.py
+FORMATS = ("mds", "memmap")  # --format's choices: the names pipeline/formats/__init__.py registers
+TOKENIZER_ENGINES = ("auto", "fast", "reference")  # pipeline/tokenize/engines.py
 LAST_ROW_POLICIES = ("pad", "drop")
 ON_ERROR = ("skip", "fail")
 
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """The settings of one build; each field is also a `pack build` flag (pipeline/settings.py)."""
+    """The settings of one build; each field is also a `pack build` flag (longpack/settings.py)."""
 
     out: str = setting(help="Output directory (OUT/train, OUT/val, OUT/manifest.json), or a "
                        "store's URL: s3://BUCKET/PREFIX, gs://... (docs/SCALE.md).",
@@ -132,7 +132,7 @@ class BuildConfig:
         return None if self.compression == "none" else self.compression
 
     def shard_rows(self, itemsize: int) -> int:
-        from pipeline.shard_format import rows_per_shard
+        from pipeline.formats.base import rows_per_shard
 
         return rows_per_shard(self.shard_bytes, self.seq, itemsize)
 

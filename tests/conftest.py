@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipeline.shards import open_split
+from pipeline.formats.shards import open_split
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -32,7 +32,7 @@ def no_streaming_shared_memory_left():
     import atexit
     import gc
 
-    from pipeline.streaming_compat import import_streaming
+    from pipeline.formats.streaming_compat import import_streaming
 
     shared_memory = import_streaming().base.shared.SharedMemory
     for block in [o for o in gc.get_objects() if type(o) is shared_memory]:

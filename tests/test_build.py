@@ -8,11 +8,11 @@ import pytest
 
 import pipeline.build as build_mod
 from conftest import make_texts, split_documents, write_jsonl, write_parquet
+from longpack.errors import InputError, SettingsError
 from pipeline.build import build
 from pipeline.config import BuildConfig
-from pipeline.errors import InputError, SettingsError
-from pipeline.shards import open_split
-from pipeline.split import Splitter, doc_hash
+from pipeline.formats.shards import open_split
+from pipeline.tokenize.split import Splitter, doc_hash
 
 EOS = 50256
 
@@ -137,10 +137,10 @@ def crash_on_call(monkeypatch, owner, name, k):
 def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_tokenizer,
                                                        monkeypatch, fmt, where, k):
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.inputs.BATCH_CHARS", 2000)
+    monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
     clean, _ = run(tmp_path, corpus[0], "clean", format=fmt)
-    owner = {"finish_shard": "pipeline.writers.ShardSink",
-             "write_bytes": "pipeline.writers"}.get(where, "pipeline.build.Build")
+    owner = {"finish_shard": "pipeline.pack.writers.ShardSink",
+             "write_bytes": "pipeline.pack.writers"}.get(where, "pipeline.build.Build")
     module, _, cls = owner.rpartition(".")
     import importlib
     target = (getattr(importlib.import_module(module), cls) if where != "write_bytes"
@@ -164,7 +164,7 @@ def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_to
 
 def test_resume_does_not_redo_finished_work(tmp_path, corpus, byte_tokenizer, monkeypatch):
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.inputs.BATCH_CHARS", 2000)
+    monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
     with monkeypatch.context() as mp:
         crash_on_call(mp, build_mod.Build, "_consume", 20)
         with pytest.raises(Crash):
@@ -245,7 +245,7 @@ def test_on_error_fail_stops_with_one_clear_message(tmp_path, byte_tokenizer):
 
 
 def test_bos_needs_a_tokenizer_with_one(tmp_path, corpus, byte_tokenizer):
-    from pipeline.errors import TokenizerError
+    from longpack.errors import TokenizerError
     with pytest.raises(TokenizerError, match="no beginning-of-document token"):
         run(tmp_path, corpus[0], bos=True)
 

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_texts, write_jsonl
+from longpack.errors import SettingsError
 from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import WORK_DIR, BuildConfig
-from pipeline.errors import SettingsError
 
 
 @pytest.fixture
@@ -89,7 +89,7 @@ def test_overwrite_replaces_a_previous_build_but_never_a_foreign_file(tmp_path, 
 def test_an_unfinished_build_with_a_foreign_file_is_not_resumed(tmp_path, corpus, monkeypatch):
     import pipeline.build as build_mod
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.inputs.BATCH_CHARS", 2000)
+    monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
     with monkeypatch.context() as mp:
         mp.setattr(build_mod.Build, "_finish", lambda self: 1 / 0)
         with pytest.raises(ZeroDivisionError):
@@ -366,7 +366,7 @@ def worst_mds_shard(seq: int, itemsize: int, rows: int, shard_bytes: int) -> int
     doc_hashes and doc_starts vectors (a dtype byte, the length, the values) and the tokens."""
     import json
 
-    from pipeline.write_mds import shard_config
+    from pipeline.formats.mds_write import shard_config
     config = json.dumps(shard_config(seq, f"uint{8 * itemsize}", "zstd", shard_bytes),
                         sort_keys=True)
     width = 1 if seq < 256 else 2 if seq < 65536 else 4
@@ -377,7 +377,7 @@ def worst_mds_shard(seq: int, itemsize: int, rows: int, shard_bytes: int) -> int
 def test_the_worst_case_bound_is_what_the_encoder_writes():
     import numpy as np
 
-    from pipeline.write_mds import encode_raw_shard, max_raw_shard_bytes, shard_config
+    from pipeline.formats.mds_write import encode_raw_shard, max_raw_shard_bytes, shard_config
     for seq in (40, 300):
         rows = np.arange(3 * seq, dtype=np.uint32).reshape(3, seq)
         segments = np.array([(r, p, 7) for r in range(3) for p in range(seq)], np.uint64)

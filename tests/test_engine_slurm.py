@@ -1,6 +1,7 @@
-"""`pack build --engine slurm` (pipeline/engine_slurm.py, slurm_wait.py): the scripts it writes,
-its refusals, and real builds on a one-node Slurm (../shared/tools/slurm_local.sh) that must be
-byte-identical to the single-machine build, also when a task fails, is killed or is requeued."""
+"""`pack build --engine slurm` (pipeline/distribute/engine_slurm.py, slurm_wait.py): the
+scripts it writes, its refusals, and real builds on a one-node Slurm
+(../shared/tools/slurm_local.sh) that must be byte-identical to the single-machine build, also
+when a task fails, is killed or is requeued."""
 
 import dataclasses
 import json
@@ -16,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from conftest import make_texts, write_jsonl
+from longpack.errors import SettingsError
 from pipeline.build import build
 from pipeline.config import BuildConfig
-from pipeline.engine_slurm import build_with_slurm, slurm_folder
-from pipeline.errors import SettingsError
-from pipeline.slurm_wait import queue, queued_jobs
+from pipeline.distribute.engine_slurm import build_with_slurm, slurm_folder
+from pipeline.distribute.slurm_wait import queue, queued_jobs
 
 POLL_S = 0.3
 

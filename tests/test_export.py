@@ -42,7 +42,7 @@ def test_a_trained_gpt_neox_loads_in_transformers_with_the_same_logits(tmp_path,
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.decode(tok.encode("hello world")) == "hello world"
     assert tok.eos_token_id == json.loads((out / "config.json").read_text())["eos_token_id"]
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
 
     ref = load_tokenizer(json.loads((shards / "manifest.json").read_text())["tokenizer"]["source"])
     text = "pack it: ünïcode 123,\n\tdone"  # (a literal <|endoftext|> is text to pack build)
@@ -90,7 +90,7 @@ def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
     included."""
     pytest.importorskip("transformers")
     transformers = import_transformers()
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.tokenize.tokenizer import load_tokenizer
     from training.hf_folder import write_tokenizer
 
     ref = load_tokenizer(str(shared / "tokenizers" / name))

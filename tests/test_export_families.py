@@ -327,7 +327,7 @@ def test_shipped_code_is_archs_own_and_imports_nothing_of_longpack():
 
 
 def test_export_refusals_and_a_failure_leaves_nothing(tmp_path, byte_run, monkeypatch):
-    from pipeline import TrainingError
+    from longpack import TrainingError
 
     trained = byte_run("resonance-tiny")
     with pytest.raises(TrainingError, match="--license 'Apache 2.0': give a license id"):

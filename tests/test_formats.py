@@ -1,4 +1,4 @@
-"""The shard formats (pipeline/formats.py): each one writes shards and an index that it reads
+"""The shard formats (pipeline/formats/__init__.py): each one writes shards and an index that it reads
 back, records every file with its size and sha256 in one shape whatever its index schema, and
 the writer, the manifest and the readers go through them (a format added in a test is built
 and read with no other change)."""
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import make_texts, write_jsonl
-from pipeline.errors import SettingsError
+from longpack.errors import SettingsError
 from pipeline.formats import FORMATS, get_format, open_format
-from pipeline.shards import open_split
+from pipeline.formats.shards import open_split
 
 SEQ = 16
 

@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 
 from pipeline.cli import pack
-from pipeline.shards import open_split
+from pipeline.formats.shards import open_split
 from training.cli import train as train_cli
 
 EOS = 50256

@@ -12,10 +12,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from longpack.errors import SettingsError
+from pipeline.adopt.import_tokens import ImportConfig
+from pipeline.adopt.readers import at_least
 from pipeline.cli import pack
-from pipeline.errors import SettingsError
-from pipeline.import_readers import at_least
-from pipeline.import_tokens import ImportConfig
 
 EOS = 50256
 
@@ -37,7 +37,7 @@ def refused(tmp_path, src, *flags, says: str | list[str], code: int = 1) -> str:
 
 
 def imported(tmp_path, src, *flags) -> tuple[dict, np.ndarray, list[dict], str]:
-    from pipeline.shards import open_split
+    from pipeline.formats.shards import open_split
 
     out = tmp_path / "out"
     result = CliRunner().invoke(pack, ["import", str(src), "--out", str(out),

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from test_import import EOS, documents, rows_of, run
 from test_import_hostile import refused
 
+from longpack.errors import SettingsError
+from pipeline.adopt.import_tokens import ImportConfig
 from pipeline.cli import pack
-from pipeline.errors import SettingsError
-from pipeline.import_tokens import ImportConfig
 from training.cli import train as train_cli
 
 

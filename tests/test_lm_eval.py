@@ -31,7 +31,7 @@ from click.testing import CliRunner
 from test_train import config
 
 from conftest import write_jsonl
-from pipeline.shards import open_split
+from pipeline.formats.shards import open_split
 from training.loop import train
 from training.transformers_compat import import_transformers
 from training.zoo_cli import zoo

@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 import archs
-from pipeline import SettingsError
+from longpack import SettingsError
 from training import activations, memory
 from training.cli import train as train_cli
 from training.config import TrainConfig

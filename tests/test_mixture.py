@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from test_train import weights
 
 from conftest import make_texts, write_jsonl
-from pipeline.errors import DataError, SettingsError, TrainingError
+from longpack.errors import DataError, SettingsError, TrainingError
 from pipeline.mixture import parse_sources, parse_stage, parse_weights
 from training.cli import train as train_cli
 from training.config import TrainConfig

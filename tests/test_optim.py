@@ -171,7 +171,7 @@ def test_one_muon_step_moves_every_expert_as_muon_would():
 def test_onecycle_and_cosine_with_warm_restarts_shapes():
     import pytest
 
-    from pipeline import SettingsError
+    from longpack import SettingsError
     from training.config import TrainConfig
     from training.schedule import lr_at
 

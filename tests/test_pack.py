@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_texts, write_jsonl
-from pipeline.pack import RowPacker
-from pipeline.split import PAD_HASH, Splitter, doc_hash
+from pipeline.pack.packer import RowPacker
+from pipeline.tokenize.split import PAD_HASH, Splitter, doc_hash
 
 EOS = 9
 
@@ -139,7 +139,7 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
     import pipeline.build as build_mod
     from pipeline.build import build
     from pipeline.config import BuildConfig
-    from pipeline.shards import open_split
+    from pipeline.formats.shards import open_split
 
     texts = make_texts(150, seed=5)
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts])
@@ -152,7 +152,7 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
 
     if interrupted:
         monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-        monkeypatch.setattr("pipeline.inputs.BATCH_CHARS", 2000)
+        monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
         consume = build_mod.Build._consume
         calls = []
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pipeline.recommend import at_vocab, preset_table, recommendations
+from pipeline.stats.recommend import at_vocab, preset_table, recommendations
 
 torch = pytest.importorskip("torch")
 import archs  # noqa: E402  (after the skip: archs imports torch)

@@ -5,9 +5,9 @@ import pytest
 import zstandard
 
 from conftest import write_jsonl, write_parquet
-from pipeline.read_jsonl import read_jsonl
-from pipeline.read_parquet import read_parquet
-from pipeline.records import (
+from pipeline.read.jsonl import read_jsonl
+from pipeline.read.parquet import read_parquet
+from pipeline.read.records import (
     BAD_JSON,
     BLANK_LINE,
     CORRUPT_FILE,
@@ -183,7 +183,7 @@ def test_any_string_like_arrow_type_is_read_as_text(tmp_path, column):
 def test_json_with_lone_surrogate_reaches_encode_as_text(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [json.dumps({"text": "a\ud800b"}).encode()])
     (n, text), = list(read_jsonl(path))
-    assert text == "a\ud800b"  # encode.py turns this into an INVALID_UTF8 skip
+    assert text == "a\ud800b"  # tokenize/encode.py turns this into an INVALID_UTF8 skip
 
 
 def test_a_deeply_nested_json_line_is_a_bad_json_skip_and_the_next_line_is_read(tmp_path):
@@ -194,9 +194,9 @@ def test_a_deeply_nested_json_line_is_a_bad_json_skip_and_the_next_line_is_read(
 
 
 def test_a_broken_symlink_in_an_input_folder_is_counted_and_logged(tmp_path, byte_tokenizer):
+    from longpack.errors import SettingsError
     from pipeline.build import build
     from pipeline.config import BuildConfig
-    from pipeline.errors import SettingsError
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -230,11 +230,11 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
     were read, rising to the file's size at its end."""
     import numpy as np
 
-    import pipeline.inputs as inputs
+    import pipeline.read.inputs as inputs
     from conftest import make_texts
 
     monkeypatch.setattr(inputs, "BATCH_DOCS", 50)
-    monkeypatch.setattr("pipeline.read_jsonl.CHUNK", 1 << 14)  # zstd is read a chunk at a time
+    monkeypatch.setattr("pipeline.read.jsonl.CHUNK", 1 << 14)  # zstd is read a chunk at a time
     rng = np.random.default_rng(0)  # text that does not compress away: stored bytes track reading
     texts = [t + " " + rng.bytes(300).hex() for t in make_texts(1000)]
     path = tmp_path / name
@@ -256,7 +256,7 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
 def test_read_ahead_gives_the_same_batches_raises_where_reading_failed_and_stops_when_closed():
     import threading
 
-    from pipeline.inputs import read_ahead
+    from pipeline.read.inputs import read_ahead
 
     def source(fail_at=None):
         for i in range(50):

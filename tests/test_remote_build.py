@@ -16,15 +16,15 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_jsonl
+from longpack.errors import SettingsError
+from longpack.settings import to_flags
+from longpack.store import StorageError, Store
 from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
-from pipeline.errors import SettingsError
-from pipeline.launch import LaunchConfig, launch
-from pipeline.remote_build import MARKER, RemoteBuild
-from pipeline.settings import to_flags
-from pipeline.storage import StorageError, Store
-from pipeline.uploader import MAX_STAGED
+from pipeline.distribute.launch import LaunchConfig, launch
+from pipeline.store.remote_build import MARKER, RemoteBuild
+from pipeline.store.uploader import MAX_STAGED
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -250,7 +250,7 @@ def test_a_build_split_into_tasks_lands_in_s3_as_the_single_build(tmp_path, s3, 
                                                                   byte_tokenizer, order):
     """Tasks stage in --staging (every task sees it); each places its shards straight into the
     bucket; the last one merges and uploads the rest, the manifest last."""
-    from pipeline import tasks
+    from pipeline.distribute import tasks
 
     build(settings(tmp_path / "local", corpus, byte_tokenizer), show_progress=False)
     cfg = settings(s3.url("tasked"), corpus, byte_tokenizer, tasks=3,

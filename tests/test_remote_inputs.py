@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_jsonl, write_parquet
-from pipeline import tasks
+from longpack.errors import SettingsError
 from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
-from pipeline.errors import SettingsError
+from pipeline.distribute import tasks
 
 
 def settings(out, inputs, tokenizer: str, dataset: str, **kw) -> BuildConfig:

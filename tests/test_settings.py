@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
+from longpack.errors import SettingsError
+from longpack.settings import to_flags
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
-from pipeline.errors import SettingsError
-from pipeline.launch import LaunchConfig
-from pipeline.settings import to_flags
+from pipeline.distribute.launch import LaunchConfig
 from training.cli import train
 from training.config import TrainConfig
 

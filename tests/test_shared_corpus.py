@@ -15,10 +15,10 @@ import pytest
 import zstandard
 
 from conftest import split_documents
+from longpack.errors import InputError
 from pipeline.build import WORK_DIR, build
 from pipeline.config import BuildConfig
-from pipeline.errors import InputError
-from pipeline.tokenizer import load_tokenizer
+from pipeline.tokenize.tokenizer import load_tokenizer
 
 EOS = 50256
 

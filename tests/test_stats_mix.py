@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_texts, write_byte_ranks, write_jsonl
-from pipeline import stats_mix
 from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
 from pipeline.mixture import REPEAT_WARNING_EPOCHS
-from pipeline.recommend import TOKENS_PER_PARAM, recommendations
-from pipeline.stats_report import collect, render
+from pipeline.stats.recommend import TOKENS_PER_PARAM, recommendations
+from pipeline.stats.report import collect, render
+from pipeline.stats import mix as stats_mix
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,8 +1,8 @@
-"""pipeline/storage.py against a real S3 server (moto's, on 127.0.0.1) and fsspec's memory://."""
+"""longpack/store.py against a real S3 server (moto's, on 127.0.0.1) and fsspec's memory://."""
 
 import pytest
 
-from pipeline.storage import StorageError, Store, is_url, redact, refuse_unwritable
+from longpack.store import StorageError, Store, is_url, redact, refuse_unwritable
 
 
 def test_a_store_writes_lists_reads_and_removes(s3, tmp_path):

@@ -12,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_byte_ranks, write_jsonl
-from pipeline import tasks
+from longpack.errors import SettingsError
+from longpack.settings import to_flags
 from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import WORK_DIR, BuildConfig
-from pipeline.errors import SettingsError
-from pipeline.settings import to_flags
-from pipeline.task_stream import SEAL, seal
+from pipeline.distribute import tasks
+from pipeline.distribute.task_stream import SEAL, seal
 
 TASKS = 3
 

@@ -12,14 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_jsonl, write_parquet
-from pipeline import tasks
+from longpack.errors import SettingsError
+from longpack.settings import to_flags
 from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import WORK_DIR, BuildConfig
-from pipeline.errors import SettingsError
-from pipeline.settings import to_flags
-from pipeline.task_layout import SplitLayout
-from pipeline.task_plan import plan_shares
+from pipeline.distribute import tasks
+from pipeline.distribute.layout import SplitLayout
+from pipeline.distribute.plan import plan_shares
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.errors import TokenizerError
-from pipeline.tokenizer import load_tokenizer
+from longpack.errors import TokenizerError
+from pipeline.tokenize.tokenizer import load_tokenizer
 
 
 def test_byte_ranks_file_takes_the_encoding_named_by_the_file(byte_tokenizer):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import write_byte_ranks
-from pipeline.errors import TokenizerError
-from pipeline.tokenizer import load_tokenizer
-from pipeline.tokenizer_engines import HARD_TEXTS, FastEngine
+from longpack.errors import TokenizerError
+from pipeline.tokenize.engines import HARD_TEXTS, FastEngine
+from pipeline.tokenize.tokenizer import load_tokenizer
 
 pytest.importorskip("fastokens")
 
@@ -56,7 +56,7 @@ def ranks_with_a_merge(path):
 def test_the_load_check_refuses_a_fast_engine_that_disagrees(tmp_path, monkeypatch):
     """A real fastokens engine given GPT-2's ranks with cl100k's pattern: wrong ids on
     "DON'T", one of the texts checked at load."""
-    import pipeline.tokenizer as tokenizer_mod
+    import pipeline.tokenize.tokenizer as tokenizer_mod
 
     path = ranks_with_a_merge(tmp_path / "gpt2.tiktoken")
     real_load = FastEngine.load
@@ -136,7 +136,7 @@ def test_a_build_resumed_under_the_other_engine_is_byte_identical(tmp_path, monk
     tok = ranks_with_merges(tmp_path / "gpt2.tiktoken")
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(400)])
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.inputs.BATCH_CHARS", 2000)
+    monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
     clean = {e: build_with(tmp_path, corpus, tok, e, f"clean-{e}") for e in ("reference", "fast")}
     assert clean["fast"]["tokenizer_engine"]["library"] == "fastokens"
     assert clean["reference"]["tokenizer_engine"]["library"] == "tiktoken"
@@ -167,8 +167,8 @@ def test_the_sample_check_stops_a_build_whose_fast_engine_disagrees(tmp_path, mo
     """A fast engine right on every load-time text but wrong on one document: the build stops
     at that document, if it is one of the sampled ones (hash % 128 == 0), naming it."""
     from conftest import write_jsonl
-    from pipeline.encode import SAMPLE_EVERY
-    from pipeline.split import doc_hash
+    from pipeline.tokenize.encode import SAMPLE_EVERY
+    from pipeline.tokenize.split import doc_hash
 
     texts = [f"document number {i}" for i in range(2000)]
     sampled = next(t for t in texts if doc_hash(t) % SAMPLE_EVERY == 0)

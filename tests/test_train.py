@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 import archs
 from conftest import write_jsonl
-from pipeline.errors import SettingsError, TrainingError
+from longpack.errors import SettingsError, TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
 from training.config import TrainConfig
@@ -39,7 +39,7 @@ def padded_build(tmp_path, byte_tokenizer, val_text_bytes=20):
     are picked by the build's own splitter (val_fraction 0.5)."""
     from pipeline.build import build
     from pipeline.config import BuildConfig
-    from pipeline.split import Splitter, doc_hash
+    from pipeline.tokenize.split import Splitter, doc_hash
 
     splitter = Splitter(0.5, 0)
     texts = (f"{i:04d}" + "v" * (val_text_bytes - 4) for i in range(100))

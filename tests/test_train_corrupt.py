@@ -16,11 +16,11 @@ import zstandard
 from click.testing import CliRunner
 
 from conftest import make_texts, write_jsonl
-from pipeline.atomic import sha256_file
+from longpack.atomic import sha256_file
+from longpack.errors import DataError
 from pipeline.build import build
 from pipeline.config import BuildConfig
-from pipeline.errors import DataError
-from pipeline.format_mds import MdsColumns
+from pipeline.formats.mds import MdsColumns
 from training.cli import train as train_cli
 from training.data import open_build
 from training.loader import StepBatches, batches
@@ -104,7 +104,7 @@ def test_a_build_on_s3_gives_the_rows_of_the_local_folder(tmp_path, byte_tokeniz
 @pytest.mark.slow
 def test_train_from_s3_in_a_fresh_process_matches_the_local_folder(tmp_path, byte_tokenizer, s3):
     """`train` as the README runs it: a new interpreter, where torchvision cannot load next to
-    a CPU torch (streaming must be imported through pipeline/streaming_compat.py)."""
+    a CPU torch (streaming must be imported through pipeline/formats/streaming_compat.py)."""
     out = make_build(tmp_path, byte_tokenizer)
     url = s3.upload_tree(out, "prefix")
     runs = {}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import one_thread_as_under_torchrun
 from test_train import padded_build
 
+from conftest import one_thread_as_under_torchrun
 from training import checkpoint
 from training.config import TrainConfig
 from training.loop import train

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import one_thread_as_under_torchrun
 
+from conftest import one_thread_as_under_torchrun
 from training import checkpoint
 from training.config import TrainConfig
 from training.export import load_run

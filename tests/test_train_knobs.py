@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from test_train import padded_build
 
 import archs
-from pipeline.errors import SettingsError
+from longpack.errors import SettingsError
 from training.batch import make_batch
 from training.cli import train as train_cli
 from training.config import TrainConfig

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from test_train import config, weights
 
 from conftest import make_texts, write_jsonl
-from pipeline import StorageError, Store, TrainingError
+from longpack import StorageError, Store, TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
 from training.loop import train

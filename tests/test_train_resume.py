@@ -9,7 +9,7 @@ import torch
 from click.testing import CliRunner
 from test_train import config, records, weights
 
-from pipeline.errors import TrainingError
+from longpack.errors import TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
 from training.loop import train
@@ -42,7 +42,7 @@ def as_previous_format(path, run):
     del state["format"]
     state["history"] = [r for r in records(run, drop=()) if r["step"] < state["step"]]
     torch.save(state, path / "state.pt")
-    from pipeline.atomic import sha256_file
+    from longpack.atomic import sha256_file
 
     (path / "COMPLETE").write_text(sha256_file(path / "state.pt") + "\n")
 
@@ -69,7 +69,7 @@ def test_a_checkpoint_of_a_newer_format_is_refused_not_skipped(tmp_path, shards)
     newest = run / "step-00000002"
     state = torch.load(newest / "state.pt", weights_only=False)
     torch.save({**state, "format": checkpoint.FORMAT + 1}, newest / "state.pt")
-    from pipeline.atomic import sha256_file
+    from longpack.atomic import sha256_file
 
     (newest / "COMPLETE").write_text(sha256_file(newest / "state.pt") + "\n")
     # the one before is sound, but falling back to it would quietly undo a step

@@ -11,11 +11,11 @@ import torch
 
 import archs
 from conftest import make_texts, write_jsonl
+from longpack.errors import DataError, LoaderError
 from pipeline.build import build
 from pipeline.config import BuildConfig
-from pipeline.errors import DataError, LoaderError
-from pipeline.shards import open_split
-from pipeline.streaming_compat import clear_stale_locks, import_streaming
+from pipeline.formats.shards import open_split
+from pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
 from training.batch import make_batch
 from training.data import MemmapRows, StreamingRows, open_build
 from training.loader import StepBatches, batches

@@ -1,5 +1,5 @@
 """The user's environment works: after the README's install, a Python process that imports nothing
-of longpack (so none of pipeline/streaming_compat.py's or training/transformers_compat.py's
+of longpack (so none of pipeline/formats/streaming_compat.py's or training/transformers_compat.py's
 work-arounds) imports mosaicml-streaming, and loads and runs an exported GPT-NeoX with plain
 transformers, `from_pretrained` and `pipeline("text-generation")`.
 

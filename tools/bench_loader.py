@@ -122,7 +122,7 @@ def plain_streaming(out: Path, cache: Path, epochs: int, batch: int, workers: in
     import torch
     from torch.utils.data import DataLoader
 
-    from pipeline.streaming_compat import import_streaming
+    from pipeline.formats.streaming_compat import import_streaming
 
     streaming = import_streaming()
     dataset = streaming.StreamingDataset(remote=str(out / "train"), local=str(cache),
@@ -233,7 +233,7 @@ def measure_mix(args, work: Path) -> None:
 
 
 def upload(out: Path, url: str) -> None:
-    from pipeline import Store
+    from longpack import Store
 
     store = Store(url)
     for path in sorted(out.rglob("*")):

@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from pipeline import tasks  # noqa: E402
 from pipeline.config import BuildConfig  # noqa: E402
-from pipeline.task_layout import SplitLayout  # noqa: E402
-from pipeline.task_merge import TaskedBuild  # noqa: E402
+from pipeline.distribute import tasks  # noqa: E402
+from pipeline.distribute.layout import SplitLayout  # noqa: E402
+from pipeline.distribute.merge import TaskedBuild  # noqa: E402
 
 
 def byte_ranks(path: Path) -> str:

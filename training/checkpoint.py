@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline import TrainingError, sha256_file, write_bytes
+from longpack import TrainingError, sha256_file, write_bytes
 from training import checkpoint_dcp, distributed, fsdp
 from training.mixture import MixedOrder, history_until, same_until
 from training.step import TrainState

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from pipeline import TrainingError
+from longpack import TrainingError
 
 METADATA = ".metadata"
 

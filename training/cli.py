@@ -1,9 +1,9 @@
 """`train`: the trainer's command line; its settings' flags are TrainConfig's fields
-(pipeline/settings.py), the rest are declared here."""
+(longpack/settings.py), the rest are declared here."""
 
 import click
 
-from pipeline import SettingsError, click_options
+from longpack import SettingsError, click_options
 from training.config import TrainConfig
 
 
@@ -69,7 +69,7 @@ def _renamed_log(ctx, _param, value):
 @click.version_option(package_name="longpack")
 def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
-    from pipeline import LongpackError
+    from longpack import LongpackError
     from training import distributed
     from training.loop import train as run_training
 

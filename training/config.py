@@ -1,11 +1,11 @@
 """The trainer's settings: one frozen dataclass whose fields are also `train`'s flags
-(pipeline/settings.py), validated once, here."""
+(longpack/settings.py), validated once, here."""
 
 import difflib
 import re
 from dataclasses import asdict, dataclass, fields
 
-from pipeline import SettingsError, setting
+from longpack import SettingsError, setting
 
 SCHEDULES = ("cosine", "wsd", "constant", "onecycle", "cosine-restarts")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -198,7 +198,7 @@ class TrainConfig:
             raise SettingsError("--seq must be at least 2")
         if self.warmup < 0:
             raise SettingsError("--warmup must not be negative")
-        from pipeline import is_url, refuse_unwritable  # light: pipeline loads on first use
+        from longpack import is_url, refuse_unwritable  # light: pipeline loads on first use
 
         if self.upload is not None:
             if is_url(self.out):

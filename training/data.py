@@ -3,7 +3,7 @@
     build = open_build("OUT" or "s3://bucket/OUT", cache=Path("run/shard-cache"), ...)
     tokens, starts, hashes = build.train.get(i)    # global row i
 
-- memmap shards (local): memory-mapped `.npy` files; a row is a slice (pipeline/shards.py).
+- memmap shards (local): memory-mapped `.npy` files; a row is a slice (pipeline/formats/shards.py).
 - MDS shards, local or at a URL mosaicml-streaming can read (s3://, gs://, ...; for an
   S3-compatible store, S3_ENDPOINT_URL names it): a `streaming.StreamingDataset` in
   random-access mode. A shard is fetched (a local build is copied) and decompressed into the
@@ -39,15 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import (
-    DataError,
-    LongpackError,
-    MdsFormat,
-    SplitReader,
-    clear_stale_locks,
-    get_format,
-    import_streaming,
-)
+from longpack import DataError, LongpackError
+from pipeline import MdsFormat, SplitReader, clear_stale_locks, get_format, import_streaming
 from training.verify import GOOD, ShardChecks, check_ids, file_problem
 
 __all__ = ["Build", "MemmapRows", "StreamingRows", "Windows", "open_build"]

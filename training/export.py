@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import archs
-from pipeline import TrainingError
+from longpack import TrainingError
 from training import checkpoint, checkpoint_dcp
 
 
@@ -65,7 +65,8 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> Trained
 def _manifest(shards: str | list | None) -> dict | None:
     """The manifest of the run's build (a mixture's first source's: they share the tokenizer),
     or None when it is not here."""
-    from pipeline import LongpackError, parse_mixture
+    from longpack import LongpackError
+    from pipeline import parse_mixture
 
     try:
         first = parse_mixture([shards] if isinstance(shards, str) else shards, None, (), ())
@@ -76,9 +77,10 @@ def _manifest(shards: str | list | None) -> dict | None:
 
 
 def _tokenizer(manifest: dict | None):
-    """The build's tokenizer (pipeline.tokenizer.Tokenizer), or None when its file is not
+    """The build's tokenizer (pipeline.tokenize.tokenizer.Tokenizer), or None when its file is not
     here (or the build records none: pack import without --tokenizer)."""
-    from pipeline import LongpackError, load_tokenizer
+    from longpack import LongpackError
+    from pipeline import load_tokenizer
 
     source = (manifest or {}).get("tokenizer", {}).get("source")
     if source is None:

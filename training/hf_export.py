@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import archs
-from pipeline import TrainingError
+from longpack import TrainingError
 from training.hf_folder import (
     layout_problems,
     set_modes,

@@ -38,7 +38,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from pipeline import TrainingError
+from longpack import TrainingError
 from training.transformers_compat import import_transformers
 
 FILE_MODE, DIR_MODE = 0o644, 0o755

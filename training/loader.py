@@ -39,7 +39,7 @@ import traceback
 
 import numpy as np
 
-from pipeline import LoaderError, LongpackError
+from longpack import LoaderError, LongpackError
 from training.batch import collate
 from training.sampler import GlobalOrder
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import archs
-from pipeline import DataError, TrainingError, is_url, redact, staging_folder
+from longpack import DataError, TrainingError, is_url, redact, staging_folder
 from training import checkpoint, distributed
 from training.batch import model_inputs
 from training.config import TrainConfig

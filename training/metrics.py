@@ -4,7 +4,7 @@
 import json
 from pathlib import Path
 
-from pipeline import SettingsError, write_bytes
+from longpack import SettingsError, write_bytes
 
 # Dense bf16 peak FLOP/s by device name, for MFU (vendor datasheets).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}

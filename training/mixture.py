@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import DataError, natural_weights, same_tokenizer, tokenizer_label
+from longpack import DataError
+from pipeline import natural_weights, same_tokenizer, tokenizer_label
 from training.data import Build, dataset_fingerprint, open_build, read_manifest
 from training.sampler import GlobalOrder, batch_hash
 

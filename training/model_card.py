@@ -145,7 +145,8 @@ def _tokenizer(trained_on: dict | None) -> str:
 
 def _builds(shards) -> list[tuple[str, str, dict | None]]:
     """(name, path, manifest or None) of each build the run trained on."""
-    from pipeline import LongpackError, parse_mixture
+    from longpack import LongpackError
+    from pipeline import parse_mixture
     from training.data import read_manifest
 
     try:

@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 
 import archs
-from pipeline import REPEAT_WARNING_EPOCHS, SettingsError
+from longpack import SettingsError
+from pipeline import REPEAT_WARNING_EPOCHS
 from training import activations, distributed, memory
 from training.batch import make_batch
 from training.config import TrainConfig

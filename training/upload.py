@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from pipeline import StorageError, Store, redact
+from longpack import StorageError, Store, redact
 from training import checkpoint
 
 STEP = re.compile(r"step-(\d{8})")

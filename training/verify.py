@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import DataError, LongpackError, sha256_file
+from longpack import DataError, LongpackError, sha256_file
 
 UNCHECKED, CHECKING, GOOD, BAD = 0, 1, 2, 3
 MESSAGE_BYTES = 512  # per shard; a page is touched only when its shard's check fails

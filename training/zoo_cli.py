@@ -75,7 +75,7 @@ def shard_size(ctx, param, value: str | None) -> int | None:
               "index (e.g. 500MB) [5GB].")
 def export(run, step, to, out, license_, max_shard_size):
     """Write a trained run's model for use outside longpack."""
-    from pipeline import LongpackError
+    from longpack import LongpackError
 
     try:
         import archs
@@ -127,7 +127,7 @@ def evaluate(run, shards, split, step, batch_size, seq, limit, cache, as_json):
     import math
     import tempfile
 
-    from pipeline import LongpackError
+    from longpack import LongpackError
     from training.data import open_build, read_manifest
     from training.evaluate import bits_per_byte, split_loss
     from training.export import load_run
@@ -169,7 +169,8 @@ def evaluate(run, shards, split, step, batch_size, seq, limit, cache, as_json):
 def check_eval_build(trained, manifest: dict, shards: str, split: str) -> None:
     """Refuse, in one line, a build whose ids mean other things than the run's (another
     tokenizer), or that has no rows in `split`."""
-    from pipeline import LongpackError, same_tokenizer, tokenizer_label
+    from longpack import LongpackError
+    from pipeline import same_tokenizer, tokenizer_label
 
     theirs = manifest.get("tokenizer")
     if trained.trained_on is not None and not same_tokenizer(trained.trained_on, theirs):
@@ -205,7 +206,7 @@ def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step)
     document (after the tokenizer's EOS)."""
     import torch
 
-    from pipeline import LongpackError
+    from longpack import LongpackError
     from training.export import load_run
     from training.generate import TextStream, context, stream
 

@@ -1,0 +1,26 @@
+"""The kernel both of longpack's stages share: the errors a user can fix (errors.py), settings
+declared once for flags and configs (settings.py), atomic writes and checksums (atomic.py), and
+the one object store every URL goes through (store.py).
+
+The data stage is `pipeline/`, the trainer `training/`, the models `archs/`; each takes these
+names from here, never from the other. They load on first use, so that `import longpack` stays
+cheap and pulls in neither torch nor fsspec.
+"""
+
+import importlib
+
+_API = {  # name -> the module that defines it
+    "LongpackError": "errors", "SettingsError": "errors", "DataError": "errors",
+    "TrainingError": "errors", "LoaderError": "errors", "StorageError": "errors",
+    "setting": "settings", "click_options": "settings",  # settings declared once, both CLIs
+    "write_bytes": "atomic", "sha256_file": "atomic",  # atomic writes, file checksums
+    "Store": "store", "is_url": "store", "staging_folder": "store",  # object stores
+    "redact": "store", "refuse_unwritable": "store",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'longpack' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"longpack.{_API[name]}"), name)

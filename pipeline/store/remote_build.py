@@ -1,0 +1,214 @@
+"""`pack build --out s3://bucket/prefix` (any store longpack/store.py writes): the build runs
+in a local staging folder and its files go up as they finish.
+
+    STAGING/<16 hex of the URL>/out/            the build, exactly as a local --out
+    STAGING/<16 hex of the URL>/uploaded.jsonl  what is already up (uploader.py)
+
+Order in the store, so that a reader never takes a partial dataset for a complete one:
+  1. URL/.longpack-build/fingerprint.json   first: the prefix holds an unfinished build
+  2. shards, as the shard writer finishes them, in the background (uploader.py; each leaves the
+     staging disk once up, so it holds a few shards whatever the build's size)
+  3. each split's index.json, then skipped.jsonl, then manifest.json last
+  4. the marker goes, then the staging folder.
+A re-run (after Ctrl+C, kill -9, a lost connection) resumes the staged build from its
+checkpoint; the shards it writes again are checked against the ledger and the store, not sent
+again. The bytes in the store are those of a local build of the same command.
+
+What the build may remove or replace in the store follows output_dir.py's rules: only its own
+layout (manifest.json, skipped.jsonl, SPLIT/index.json, SPLIT/shard.*, .longpack-build/*) under
+a prefix that holds a longpack build (a manifest or the marker); anything else there is
+foreign, and the build refuses to start, --overwrite or not. Two machines building into one
+URL at once are not kept apart (stores have no locks): one URL, one writer.
+"""
+
+import contextlib
+import dataclasses
+import json
+import re
+import shutil
+from pathlib import Path
+
+from longpack.errors import SettingsError
+from longpack.store import StorageError, Store, is_url, redact, staging_folder
+from pipeline.build import Build
+from pipeline.config import SPLITS, WORK_DIR, BuildConfig
+from pipeline.formats import open_format
+from pipeline.store.lock import OutputLock
+from pipeline.store.output_dir import FINGERPRINT, differences
+from pipeline.store.uploader import Uploader
+
+MARKER = f"{WORK_DIR}/{FINGERPRINT}"
+_SPLIT = "|".join(SPLITS)
+_OWN = re.compile(rf"manifest\.json|skipped\.jsonl|({_SPLIT})/(index\.json|shard\.\d{{5,}}\.[a-z.]+)"
+                  rf"|{re.escape(WORK_DIR)}/.+")
+
+
+def staged(cfg: BuildConfig) -> tuple[BuildConfig, str | None]:
+    """(the settings the build runs with, the URL its files go to): an --out URL becomes its
+    staging folder; a local --out stays (no URL)."""
+    if not is_url(cfg.out):
+        return cfg, None
+    out = staging_folder(cfg.out, cfg.staging) / "out"
+    return dataclasses.replace(cfg, out=str(out), staging=None), cfg.out.rstrip("/")
+
+
+@dataclasses.dataclass
+class RemoteSurvey:
+    """What the store holds under the URL."""
+    sizes: dict[str, int]
+    manifest: dict | None
+    fingerprint: dict | None  # the build there, finished (manifest) or not (marker)
+    own: list[str]
+    foreign: list[str]
+
+
+FRESH = "fresh"  # RemoteOut.prepare: the staged build must start afresh
+
+
+class RemoteOut:
+    """The URL a build goes to, and its staged copy (`staged_out`, the --out the build writes)."""
+
+    def __init__(self, url: str, staged_out: Path):
+        self.url, self.staged = url.rstrip("/"), Path(staged_out)
+        self.store = Store(self.url)
+        self.ledger = self.staged.parent / "uploaded.jsonl"
+
+    def uploader(self) -> Uploader:
+        return Uploader(self.store, self.staged, self.ledger)
+
+    # -- the start: what is there --------------------------------------------------------------
+    def survey(self) -> RemoteSurvey:
+        sizes = self.store.sizes()
+        manifest = fingerprint = None
+        if "manifest.json" in sizes:
+            try:
+                manifest = json.loads(self.store.read_bytes("manifest.json"))
+                fingerprint = manifest["fingerprint"]
+            except (ValueError, KeyError, TypeError):
+                manifest = None
+        if fingerprint is None and MARKER in sizes:
+            try:
+                fingerprint = json.loads(self.store.read_bytes(MARKER))
+            except ValueError:
+                fingerprint = None
+        own = [rel for rel in sizes if fingerprint is not None and _OWN.fullmatch(rel)]
+        return RemoteSurvey(sizes, manifest, fingerprint, sorted(own),
+                            sorted(set(sizes) - set(own)))
+
+    def prepare(self, fingerprint: dict, overwrite: bool) -> dict | str | None:
+        """The finished build's manifest when this very build is in the store already; else
+        readies the store (the marker up) and returns FRESH when the staged build must start
+        afresh (nothing of it is in the store), None when it resumes. Raises SettingsError
+        rather than touch a foreign object."""
+        s, url = self.survey(), redact(self.url)
+        if s.fingerprint is None and s.foreign:
+            raise SettingsError(f"{url} is not empty and holds no longpack build ({url}/"
+                                f"{s.foreign[0]} is not one of its files); refusing to write "
+                                "into it: choose a new or empty --out")
+        if s.fingerprint is not None and s.fingerprint != fingerprint and not overwrite:
+            raise SettingsError(f"{url} holds a build with different settings "
+                                f"({differences(s.fingerprint, fingerprint)}); re-run with the "
+                                "same settings to resume it, or pass --overwrite to replace it")
+        if s.manifest is not None and s.fingerprint == fingerprint and not overwrite:
+            self.store.remove([rel for rel in s.own if rel.startswith(WORK_DIR + "/")])
+            return s.manifest
+        if s.foreign:
+            raise SettingsError(f"{url}/{s.foreign[0]} is not a file of the longpack build in "
+                                f"{url}: a build never deletes or replaces an object it did not "
+                                "write; move it away and re-run")
+        fresh = overwrite or s.fingerprint != fingerprint
+        if fresh:  # replace a build, or start afresh: nothing staged or uploaded counts
+            # the manifest first: from its removal on no reader takes the prefix as complete
+            self.store.remove([rel for rel in s.own if rel == "manifest.json"])
+            self.store.remove([rel for rel in s.own if rel != "manifest.json"])
+            self.ledger.unlink(missing_ok=True)
+        self.store.write_bytes(MARKER, json.dumps(fingerprint).encode())
+        return FRESH if fresh else None
+
+    # -- the end: the rest goes up, the manifest last -----------------------------------------
+    def finish(self, manifest: dict) -> None:
+        """Everything the staged build's manifest lists up in the store, checked; the manifest
+        last, then the marker goes. Shards already up (and gone from the staging disk) are
+        checked against the ledger and the store."""
+        uploader = self.uploader()
+        try:
+            self._finish(manifest, uploader)
+        finally:
+            uploader.close()
+
+    def _finish(self, manifest: dict, uploader: Uploader) -> None:
+        listed = {"manifest.json", manifest["skipped_log"]}
+        for split in manifest["splits"].values():
+            folder = self.staged / split["path"]
+            fmt = open_format(folder)
+            for i in range(len(fmt)):
+                for f in fmt.stored(i):
+                    rel = f"{split['path']}/{f.basename}"
+                    listed.add(rel)
+                    self._ensure_shard(uploader, folder / f.basename, rel, f.sha256)
+        for split in manifest["splits"].values():
+            rel = f"{split['path']}/index.json"
+            listed.add(rel)
+            uploader.ensure(self.staged / rel)
+        uploader.ensure(self.staged / manifest["skipped_log"])
+        # shards of an earlier, longer attempt (none when the settings are the same: the bytes
+        # are) and the marker stay out of the finished prefix
+        stale = [rel for rel in self.survey().own if rel not in listed and rel != MARKER]
+        self.store.remove(stale)
+        uploader.ensure(self.staged / "manifest.json")
+        self.store.remove(list(self.store.sizes(WORK_DIR)))  # the marker: complete now
+
+    def _ensure_shard(self, uploader: Uploader, local: Path, rel: str, sha256: str | None):
+        if local.is_file():
+            uploader.ensure(local)
+            local.unlink()
+        elif not uploader.is_up(rel, sha256):
+            raise StorageError(f"{redact(self.store.url_of(rel))} is neither in the store nor in "
+                               f"the staging folder {self.staged}: re-run with --overwrite")
+
+    def remove_staging(self) -> None:
+        """What is staged (a finished build needs none); a held lock's folder goes when the
+        lock is let go (lock.py)."""
+        shutil.rmtree(self.staged, ignore_errors=True)
+        self.ledger.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty while a lock is held in it
+            self.staged.parent.rmdir()
+
+
+class RemoteBuild:
+    """`pack build --out URL` on one machine: the local build staged, its shards uploaded as
+    the writer finishes them."""
+
+    def __init__(self, cfg: BuildConfig, show_progress: bool | None = None):
+        self.cfg, self.show_progress = cfg, show_progress
+        self.local_cfg, url = staged(cfg)
+        self.remote = RemoteOut(url, Path(self.local_cfg.out))
+        self.already_complete = False
+
+    def run(self) -> dict:
+        """Build (or resume, or find complete) the URL; returns its manifest."""
+        remote = self.remote
+        remote.store.check_writable()  # credentials, endpoint, bucket: before any work
+        with OutputLock(remote.staged.parent, what=f"the staging of {redact(remote.url)}"):
+            build = Build(self.local_cfg, show_progress=self.show_progress)
+            try:
+                found = remote.prepare(build.fingerprint, self.cfg.overwrite)
+            except BaseException:
+                build.files.close()  # Build.run closes them otherwise
+                raise
+            if isinstance(found, dict):
+                build.files.close()
+                self.already_complete = True
+                remote.remove_staging()
+                return found
+            if found == FRESH:  # whatever is staged is of no use
+                build.cfg = dataclasses.replace(build.cfg, overwrite=True)
+            uploader = remote.uploader()
+            try:
+                build.publish = uploader.put
+                manifest = build.run()
+            finally:
+                uploader.close()
+            remote.finish(manifest)
+            remote.remove_staging()
+        return manifest
