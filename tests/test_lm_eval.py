@@ -15,12 +15,14 @@ loss per target times the split's tokens per byte (65 tokens, 64 bytes a documen
 summed loss over its text's bytes (63 + 13 for the literal <|endoftext|>). So the test compares
 the summed nats that each figure stands for.
 
-lm_eval is not in the `test` extra: lm_eval 0.4.13 pulls datasets 5.x (huggingface_hub >= 1.31),
-which transformers 4.x refuses (< 1.0), so pip either backtracks for many minutes over this
-project's dependencies or lands on transformers 5, whose TikTokenConverter leaves the exported
-tokenizer.json without its <|endoftext|> (encoded as id 256 here, the assertion below). It
-passes with lm_eval 0.4.13, datasets 4.4.1, huggingface_hub 0.36.2, transformers 4.57.6, offline
-(HF_DATASETS_OFFLINE / HF_HUB_OFFLINE), in about 15 s on CPU."""
+lm_eval[hf] is in the `test` extra, bounded so that pip resolves it at once: unbounded, pip
+took lm_eval 0.4.13's newest datasets (5.1+: huggingface_hub >= 1.31, which transformers 4.x
+refuses; transformers 4.x is what mosaicml-streaming allows) and backtracked for many minutes
+over this project's dependencies. On transformers 5, besides, TikTokenConverter leaves the
+exported tokenizer.json without its <|endoftext|> (encoded as id 256 here, the assertion below).
+Resolved when this was written: lm_eval 0.4.13, datasets 4.8.5, huggingface_hub 0.36.2,
+transformers 4.57.6, fsspec and s3fs 2026.2.0. Offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE),
+about 15 s on CPU. Without lm_eval installed (an install without the extra) it skips, saying so."""
 
 import json
 import math
@@ -49,7 +51,7 @@ def documents(n: int) -> list[str]:
 def test_lm_eval_on_an_export_gives_zoo_evals_bits_per_byte(tmp_path, byte_tokenizer,
                                                            monkeypatch):
     lm_eval = pytest.importorskip(
-        "lm_eval", reason="needs lm_eval[hf] (not in the test extra: see this file's docstring)")
+        "lm_eval", reason='lm_eval is not installed (the test extra has it: pip install -e ".[test]")')
     pytest.importorskip("transformers")
     from lm_eval.tasks import TaskManager
 
