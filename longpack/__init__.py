@@ -1,4 +1,7 @@
-"""The kernel both of longpack's stages share: the errors a user can fix (errors.py), settings
+"""longpack from Python (api.py): build, stats, merge, import_tokens, train, export, with the
+commands' settings and errors: `import longpack; longpack.build(out="./mds", ...)`.
+
+Also the kernel both of longpack's stages share: the errors a user can fix (errors.py), settings
 declared once for flags and configs (settings.py), atomic writes and checksums (atomic.py), and
 the one object store every URL goes through (store.py).
 
@@ -16,6 +19,8 @@ _API = {  # name -> the module that defines it
     "write_bytes": "atomic", "sha256_file": "atomic",  # atomic writes, file checksums
     "Store": "store", "is_url": "store", "staging_folder": "store",  # object stores
     "redact": "store", "refuse_unwritable": "store",
+    "build": "api", "stats": "api", "merge": "api", "import_tokens": "api",  # the commands
+    "train": "api", "export": "api",
 }
 __all__ = sorted(_API)
 

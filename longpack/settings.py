@@ -94,3 +94,23 @@ def to_flags(config, skip: tuple[str, ...] = ()) -> list[str]:
         else:
             flags += [flag, repr(value) if isinstance(value, float) else str(value)]
     return flags
+
+
+def suggest(name: str, known, synonyms: dict | None = None) -> str | None:
+    """The known name nearest to an unknown one: its synonym in another tool's vocabulary
+    (`synonyms`, other -> known: gradient_accumulation_steps -> grad_accum), else a known name
+    it begins with or that begins with it (sequence -> seq), else the one whose name or synonym
+    is closest in spelling (difflib: warmup_step -> warmup), else None."""
+    import difflib
+
+    synonyms = synonyms or {}
+    # each spelling that leads to a known name: the names themselves, then their synonyms
+    leads = {**{other: k for other, k in synonyms.items() if k in known}, **{k: k for k in known}}
+    key = name.strip().lower().replace("-", "_")
+    if key in leads:
+        return leads[key]
+    prefixed = [k for k in known if len(k) >= 3 and (key.startswith(k) or k.startswith(key))]
+    if prefixed:
+        return max(prefixed, key=len)
+    close = difflib.get_close_matches(key, sorted(leads), n=1, cutoff=0.75)
+    return leads[close[0]] if close else None

@@ -16,7 +16,7 @@ try:
 
     import click
 
-    from longpack.errors import LongpackError
+    from longpack.cli import Command, Group
     from longpack.settings import click_options
     from pipeline.config import BuildConfig
     from pipeline.distribute.launch import LaunchConfig
@@ -34,7 +34,7 @@ def _exit_130_on_interrupt(message: str):
         sys.exit(130)
 
 
-class _Group(click.Group):
+class _Group(Group):
     """Ctrl+C during click's own start-up and the group's parsing exits 130 as it does while
     the module loads (above), not with click's "Aborted!" and 1; each command's run is its own
     (`pack build`'s: _ResumableCommand)."""
@@ -48,7 +48,7 @@ class _Group(click.Group):
             return super().make_context(*args, **kwargs)
 
 
-class _ResumableCommand(click.Command):
+class _ResumableCommand(Command):
     """Ctrl+C at any moment of `pack build`, from parsing its flags and importing the pipeline
     to printing the summary, exits 130 with the resume hint (click alone says "Aborted!" and
     exits 1 for an interrupt outside the build itself)."""
@@ -79,11 +79,8 @@ def build(quiet, **settings):
     from pipeline.manifest import already_complete, summary
 
     how = {f.name: settings.pop(f.name) for f in dataclasses.fields(LaunchConfig)}
-    try:
-        cfg = BuildConfig(**settings)
-        outcome = launch(cfg, LaunchConfig(**how), show_progress=False if quiet else None)
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+    cfg = BuildConfig(**settings)
+    outcome = launch(cfg, LaunchConfig(**how), show_progress=False if quiet else None)
     if outcome.message and not quiet:
         click.echo(outcome.message)
     if outcome.manifest is not None and not quiet:
@@ -105,17 +102,14 @@ def merge(out, task_index, quiet):
     from pipeline.distribute import tasks
     from pipeline.manifest import summary
 
-    try:
-        if task_index is not None:
-            tasks.place_task(out, task_index)
-            status = tasks.task_status(out)
-            if len(status["placed"]) < status["tasks"]:
-                if not quiet:
-                    click.echo(f"pack merge: task {task_index}'s shards placed")
-                return
-        manifest = tasks.merge(out)
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+    if task_index is not None:
+        tasks.place_task(out, task_index)
+        status = tasks.task_status(out)
+        if len(status["placed"]) < status["tasks"]:
+            if not quiet:
+                click.echo(f"pack merge: task {task_index}'s shards placed")
+            return
+    manifest = tasks.merge(out)
     if not quiet:
         click.echo(summary(manifest, str(out)))
 
@@ -150,12 +144,9 @@ def import_(src, out, seq, dtype, eos_id, tokenizer, fmt, shard_bytes, val_fract
     from pipeline.adopt.import_tokens import ImportConfig, import_tokens
     from pipeline.manifest import summary
 
-    try:
-        m = import_tokens(ImportConfig(str(src), str(out), seq, dtype, eos_id, tokenizer, fmt,
-                                       shard_bytes, overwrite, val_fraction, seed),
-                          warn=lambda line: None if quiet else click.echo(line, err=True))
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+    m = import_tokens(ImportConfig(str(src), str(out), seq, dtype, eos_id, tokenizer, fmt,
+                                   shard_bytes, overwrite, val_fraction, seed),
+                      warn=lambda line: None if quiet else click.echo(line, err=True))
     if not quiet:
         click.echo(summary({**m, "timings": {**m["timings"], "steady_tokens_per_second": None}},
                            str(out)).replace("pack build:", "pack import:", 1))
@@ -193,15 +184,12 @@ def stats(paths, verify, as_json, decode, split, plot, throughput, budget, eos_i
     if mix is not None:
         raise click.UsageError("--mix needs two or more builds: pack stats web=./fw "
                                "code=./code --mix web=0.7,code=0.3")
-    try:
-        if decode is not None:
-            click.echo(stats_report.decode_row(paths[0], split, decode, eos_id))
-            return
-        report = stats_report.collect(paths[0], verify, throughput, budget, eos_id)
-        if plot is not None:
-            stats_report.plot(report, plot)
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+    if decode is not None:
+        click.echo(stats_report.decode_row(paths[0], split, decode, eos_id))
+        return
+    report = stats_report.collect(paths[0], verify, throughput, budget, eos_id)
+    if plot is not None:
+        stats_report.plot(report, plot)
     click.echo(json.dumps(report, indent=2) if as_json else stats_report.render(report))
     if not report["checks"]["ok"]:
         sys.exit(1)
@@ -225,11 +213,8 @@ def _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id,
         weights = parse_weights(mix, names) if mix is not None else None
     except SettingsError as e:
         raise click.UsageError(str(e)) from None
-    try:
-        reports = stats_mix.collect_all(sources, verify, throughput, budget, eos_id)
-        mixture = stats_mix.mixture(names, reports, weights, budget, throughput)
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+    reports = stats_mix.collect_all(sources, verify, throughput, budget, eos_id)
+    mixture = stats_mix.mixture(names, reports, weights, budget, throughput)
     if as_json:
         click.echo(json.dumps({"builds": dict(zip(names, reports)), "mixture": mixture},
                               indent=2))

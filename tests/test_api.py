@@ -1,41 +1,77 @@
-"""The data stage offers the trainer a small explicit API (pipeline/__init__.py), and the trainer
-uses nothing else of it."""
+"""longpack's Python API (longpack/api.py): the commands as functions, with their settings as
+keyword arguments and their errors as exceptions; the same bytes as the commands."""
 
-import ast
-import subprocess
-import sys
-from pathlib import Path
+import json
 
+import numpy as np
 import pytest
+from click.testing import CliRunner
 
-import pipeline
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def test_every_name_of_the_api_resolves_and_nothing_else_does():
-    for name in pipeline.__all__:
-        assert getattr(pipeline, name) is not None, name
-    with pytest.raises(AttributeError, match="no attribute 'RowPacker'"):
-        pipeline.RowPacker  # noqa: B018  (internal: not offered)
+import longpack
+from conftest import make_texts, write_jsonl
+from longpack import LongpackError, SettingsError
+from pipeline.cli import pack
 
 
-@pytest.mark.parametrize("package", ["training", "archs"])
-def test_the_other_packages_import_only_the_api_of_pipeline(package):
-    for path in sorted((ROOT / package).glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                assert not node.module.startswith("pipeline."), f"{path.name}: {node.module}"
-                if node.module == "pipeline":
-                    assert {a.name for a in node.names} <= set(pipeline.__all__), path.name
-            if isinstance(node, ast.Import):
-                assert not any(a.name.startswith("pipeline.") for a in node.names), path.name
+def corpus(tmp_path):
+    return str(write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(120)]))
 
 
-def test_importing_pipeline_and_its_errors_loads_no_heavy_library():
-    code = ("import sys, pipeline; from pipeline import DataError, SettingsError, setting; "
-            "print(sorted(m for m in ('numpy', 'torch', 'streaming', 'pyarrow') "
-            "if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout
-    assert out.strip() == "[]"
+def test_build_and_stats_are_the_commands(tmp_path, byte_tokenizer):
+    settings = dict(dataset="jsonl", inputs=[corpus(tmp_path)], tokenizer=byte_tokenizer,
+                    seq=64, val_fraction=0.1)
+    manifest = longpack.build(out=str(tmp_path / "api"), **settings)
+    r = CliRunner().invoke(pack, ["build", "--out", str(tmp_path / "cli"), "--dataset", "jsonl",
+                                  "--input", settings["inputs"][0], "--tokenizer", byte_tokenizer,
+                                  "--seq", "64", "--val-fraction", "0.1", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert manifest == json.loads((tmp_path / "api" / "manifest.json").read_text())
+    for split in ("train", "val"):
+        for f in sorted((tmp_path / "cli" / split).iterdir()):
+            assert (tmp_path / "api" / split / f.name).read_bytes() == f.read_bytes()
+    # complete already: the manifest again, nothing written
+    assert longpack.build(out=str(tmp_path / "api"), **settings) == manifest
+    report = longpack.stats(tmp_path / "api", verify=True)
+    assert report["checks"]["ok"] is True
+    assert report["splits"]["train"]["rows"] == manifest["splits"]["train"]["rows"]
+
+
+def test_errors_are_exceptions_naming_the_fix(tmp_path, byte_tokenizer):
+    with pytest.raises(SettingsError, match="'sequence' is not a setting of pack build; did "
+                                            "you mean 'seq'"):
+        longpack.build(out=str(tmp_path / "o"), sequence=64)
+    with pytest.raises(SettingsError, match="'max_step' is not a setting of train; did you "
+                                            "mean 'max_steps'"):
+        longpack.train(shards=str(tmp_path), max_step=3)
+    with pytest.raises(LongpackError, match="no such directory"):
+        longpack.stats(tmp_path / "missing")
+    with pytest.raises(LongpackError, match="manifest.json not found"):
+        longpack.train(shards=str(tmp_path / "missing"), out=str(tmp_path / "run"))
+    assert not (tmp_path / "o").exists() and not (tmp_path / "run").exists()
+
+
+def test_import_tokens(tmp_path):
+    rows = np.arange(4 * 16, dtype=np.uint16).reshape(4, 16)
+    np.save(tmp_path / "train.npy", rows)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "train.npy").rename(tmp_path / "src" / "train.npy")
+    manifest = longpack.import_tokens(tmp_path / "src", tmp_path / "out", format="memmap")
+    assert manifest["splits"]["train"]["rows"] == 4 and manifest["seq"] == 16
+    with pytest.raises(SettingsError, match="did you mean 'format'"):
+        longpack.import_tokens(tmp_path / "src", tmp_path / "out2", formats="memmap")
+
+
+@pytest.mark.slow
+def test_train_then_export(tmp_path, shards):
+    history = longpack.train(shards=str(shards), out=str(tmp_path / "run"), model="neox-tiny",
+                             max_steps=3, warmup=1, batch_size=2, workers=0)
+    assert [h["step"] for h in history] == [0, 1, 2]
+    lines = []
+    longpack.train(shards=str(shards), out=str(tmp_path / "run"), model="neox-tiny",
+                   max_steps=4, warmup=1, batch_size=2, workers=0, log=lines.append)
+    assert any("resumed from" in line for line in lines)
+    assert longpack.export(tmp_path / "run", tmp_path / "st", to="safetensors") == []
+    assert sorted(p.name for p in (tmp_path / "st").iterdir()) == ["config.json",
+                                                                  "model.safetensors"]
+    with pytest.raises(LongpackError, match="is not empty"):
+        longpack.export(tmp_path / "run", tmp_path / "st", to="safetensors")

@@ -41,7 +41,7 @@ import json, sys
 # This venv installs longpack in editable mode (a finder on sys.meta_path); a user's Python that
 # downloaded the folder has no longpack: take it out, and prove that none of it imports.
 sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
-for name in ("archs", "training", "pipeline"):
+for name in ("archs", "training", "pipeline", "longpack"):
     try:
         __import__(name)
     except ImportError:
@@ -322,7 +322,8 @@ def test_shipped_code_is_archs_own_and_imports_nothing_of_longpack():
         for node in ast.walk(ast.parse(source.read_text())):
             top = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-            assert not any(m.split(".")[0] in ("archs", "training", "pipeline") for m in top), \
+            assert not any(m.split(".")[0] in ("archs", "training", "pipeline", "longpack")
+                           for m in top), \
                 (name, top)
 
 

@@ -14,9 +14,9 @@ from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
 from pipeline.mixture import REPEAT_WARNING_EPOCHS
+from pipeline.stats import mix as stats_mix
 from pipeline.stats.recommend import TOKENS_PER_PARAM, recommendations
 from pipeline.stats.report import collect, render
-from pipeline.stats import mix as stats_mix
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,7 +178,8 @@ def test_a_build_failing_its_checks_fails_the_mixture_which_is_still_reported(
 
 def test_the_repeat_warning_is_defined_once():
     defined = [path.relative_to(ROOT).as_posix()
-               for package in ("pipeline", "training") for path in (ROOT / package).glob("*.py")
+               for package in ("longpack", "pipeline", "training")
+               for path in (ROOT / package).rglob("*.py")
                for node in ast.walk(ast.parse(path.read_text()))
                if isinstance(node, ast.Assign)
                and any(getattr(t, "id", None) == "REPEAT_WARNING_EPOCHS" for t in node.targets)]

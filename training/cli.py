@@ -4,6 +4,7 @@
 import click
 
 from longpack import SettingsError, click_options
+from longpack.cli import Command
 from training.config import TrainConfig
 
 
@@ -42,7 +43,7 @@ def _renamed_log(ctx, _param, value):
                                "--log-dir), e.g. --report-to console,jsonl")
 
 
-@click.command()
+@click.command(cls=Command)
 @click.option("--list-models", is_flag=True, is_eager=True,
               help="Print the model zoo's presets and exit: sized at the build's vocabulary "
                    "with --shards, else at each preset's own.")
@@ -69,7 +70,6 @@ def _renamed_log(ctx, _param, value):
 @click.version_option(package_name="longpack")
 def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
-    from longpack import LongpackError
     from training import distributed
     from training.loop import train as run_training
 
@@ -81,17 +81,14 @@ def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **setti
         raise click.UsageError(f"{', '.join(given)}: only with --dry-run (they shape its plan)")
     if not gpu_memory > 0:
         raise click.UsageError(f"--gpu-memory must be positive (GiB; got {gpu_memory})")
-    try:
-        if list_models:
-            click.echo(preset_table(settings["shards"], settings["seq"]))
-            return
-        cfg = TrainConfig(**settings)
-        if dry_run:
-            dry_run_plan(cfg, world_size, gpu_memory, as_json)
-            return
-        history = run_training(cfg, resume=resume, log=click.echo)
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+    if list_models:
+        click.echo(preset_table(settings["shards"], settings["seq"]))
+        return
+    cfg = TrainConfig(**settings)
+    if dry_run:
+        dry_run_plan(cfg, world_size, gpu_memory, as_json)
+        return
+    history = run_training(cfg, resume=resume, log=click.echo)
     if history and distributed.launched().main:
         losses = [h["loss"] for h in history if h["loss"] is not None]  # None: padding only
         loss = f", loss {losses[-1]:.4f}" if losses else ""
@@ -171,7 +168,8 @@ def flatten_settings(data: dict, path: str) -> dict:
     import dataclasses
     import json
 
-    from training.config import TrainConfig, suggest
+    from longpack.settings import suggest
+    from training.config import SYNONYM_OF, TrainConfig
 
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     out, where = {}, {}
@@ -192,7 +190,7 @@ def flatten_settings(data: dict, path: str) -> dict:
             for inner, v in value.items():
                 inner = inner.replace("-", "_")
                 if inner not in known:
-                    near = suggest(inner, known)
+                    near = suggest(inner, known, SYNONYM_OF)
                     raise click.UsageError(
                         f"{path}: {key}.{inner} is not a setting of train "
                         + (f"(did you mean {key}.{near}?)" if near else

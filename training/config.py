@@ -1,11 +1,11 @@
 """The trainer's settings: one frozen dataclass whose fields are also `train`'s flags
 (longpack/settings.py), validated once, here."""
 
-import difflib
 import re
 from dataclasses import asdict, dataclass, fields
 
 from longpack import SettingsError, setting
+from longpack.settings import suggest
 
 SCHEDULES = ("cosine", "wsd", "constant", "onecycle", "cosine-restarts")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -269,7 +269,8 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(names) - known)
         if unknown:
-            named = [name + (f" (did you mean {near}?)" if (near := suggest(name, known)) else "")
+            named = [name + (f" (did you mean {near}?)"
+                             if (near := suggest(name, known, SYNONYM_OF)) else "")
                      for name in unknown]
             raise SettingsError(f"{where}: unknown settings {', '.join(named)}")
 
@@ -317,7 +318,7 @@ SYNONYMS = {
     "wandb_tags": ("tags",),
     "wandb_group": ("group",),
 }
-_SYNONYM_OF = {other: name for name, others in SYNONYMS.items() for other in others}
+SYNONYM_OF = {other: name for name, others in SYNONYMS.items() for other in others}
 
 # The models' fields by other libraries' names (transformers' configs, nanoGPT), where the
 # family has the field.
@@ -340,15 +341,3 @@ MODEL_SYNONYMS = {
 _MODEL_SYNONYM_OF = {other: name for name, others in MODEL_SYNONYMS.items() for other in others}
 
 
-def suggest(name: str, known, synonyms: dict | None = None) -> str | None:
-    """The known name nearest to an unknown one: its synonym in another trainer's vocabulary
-    (SYNONYMS: gradient_accumulation_steps -> grad_accum), else the one whose name or synonym
-    is closest in spelling (difflib: warmup_step -> warmup), else None."""
-    synonyms = _SYNONYM_OF if synonyms is None else synonyms
-    # each spelling that leads to a known name: the names themselves, then their synonyms
-    leads = {**{other: k for other, k in synonyms.items() if k in known}, **{k: k for k in known}}
-    key = name.strip().lower().replace("-", "_")
-    if key in leads:
-        return leads[key]
-    close = difflib.get_close_matches(key, sorted(leads), n=1, cutoff=0.75)
-    return leads[close[0]] if close else None

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import click
 
-EXPORTS = ("hf", "safetensors")
+from longpack.cli import Group
+
+EXPORTS = ("hf", "safetensors")  # zoo export --to
 
 
-@click.group()
+@click.group(cls=Group)
 @click.version_option(package_name="longpack")
 def zoo():
     """longpack's model zoo: list the presets, export a trained run."""
@@ -75,31 +77,9 @@ def shard_size(ctx, param, value: str | None) -> int | None:
               "index (e.g. 500MB) [5GB].")
 def export(run, step, to, out, license_, max_shard_size):
     """Write a trained run's model for use outside longpack."""
-    from longpack import LongpackError
+    from training.export import export_run
 
-    try:
-        import archs
-        from training.export import load_run
-        from training.hf_export import DEFAULT_LICENSE, export_hf
-        from training.hf_folder import staged
-
-        if to == "safetensors" and (license_ or max_shard_size):
-            raise LongpackError("--license and --max-shard-size are --to hf's (a model card, "
-                                "sharded weights); --to safetensors writes one file for "
-                                "archs.load")
-        if out.exists() and (not out.is_dir() or any(out.iterdir())):
-            raise LongpackError(f"--out {out} is not empty: choose a new or empty directory")
-        trained = load_run(run, step)
-        model = trained.model
-        notes = []
-        if to == "hf":
-            notes = export_hf(trained, out, license_ or DEFAULT_LICENSE,
-                              max_shard_size or "5GB")
-        else:
-            with staged(out) as folder:
-                archs.save(model, folder)
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+    model, notes = export_run(run, out, to, step, license_, max_shard_size)
     for note in notes:
         click.echo(f"note: {note}", err=True)
     click.echo(f"zoo export: {run} -> {out} ({to}, {model.num_params():,} parameters)")
@@ -132,24 +112,21 @@ def evaluate(run, shards, split, step, batch_size, seq, limit, cache, as_json):
     from training.evaluate import bits_per_byte, split_loss
     from training.export import load_run
 
-    try:
-        trained = load_run(run, step)
-        model = trained.model
-        manifest = read_manifest(shards)
-        check_eval_build(trained, manifest, shards, split)
-        seq = seq or trained.seq  # None (a checkpoint before seq was kept): whole rows
-        if seq is not None and manifest.get("seq") and manifest["seq"] % seq:
-            raise LongpackError(f"--seq {seq}: the rows of {shards} are {manifest['seq']} "
-                                "tokens, not a multiple of it (the run trained on samples of "
-                                f"{trained.seq}); pass --seq with a divisor of "
-                                f"{manifest['seq']}")
-        with tempfile.TemporaryDirectory(prefix="longpack-eval.") as tmp:
-            build = open_build(shards, cache or Path(tmp), "100gb", seq=seq, manifest=manifest)
-            rows = build.train if split == "train" else build.val
-            n = min(len(rows), limit or len(rows))
-            loss_sum, targets = split_loss(model, rows, n, batch_size)
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+    trained = load_run(run, step)
+    model = trained.model
+    manifest = read_manifest(shards)
+    check_eval_build(trained, manifest, shards, split)
+    seq = seq or trained.seq  # None (a checkpoint before seq was kept): whole rows
+    if seq is not None and manifest.get("seq") and manifest["seq"] % seq:
+        raise LongpackError(f"--seq {seq}: the rows of {shards} are {manifest['seq']} "
+                            "tokens, not a multiple of it (the run trained on samples of "
+                            f"{trained.seq}); pass --seq with a divisor of "
+                            f"{manifest['seq']}")
+    with tempfile.TemporaryDirectory(prefix="longpack-eval.") as tmp:
+        build = open_build(shards, cache or Path(tmp), "100gb", seq=seq, manifest=manifest)
+        rows = build.train if split == "train" else build.val
+        n = min(len(rows), limit or len(rows))
+        loss_sum, targets = split_loss(model, rows, n, batch_size)
     loss = loss_sum / targets if targets else float("nan")
     counts = build.manifest["splits"][split]
     result = {"run": str(run), "shards": shards, "split": split, "seq": build.seq, "rows": n,
@@ -210,48 +187,45 @@ def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step)
     from training.export import load_run
     from training.generate import TextStream, context, stream
 
+    trained = load_run(run, step)
+    tokenizer = trained.tokenizer
+    if tokenizer is None:
+        raise LongpackError(f"{run}: the build's tokenizer cannot be loaded here (its "
+                            "manifest or tokenizer file is missing, or it was imported "
+                            "without --tokenizer): nothing to encode the prompt with")
     try:
-        trained = load_run(run, step)
-        tokenizer = trained.tokenizer
-        if tokenizer is None:
-            raise LongpackError(f"{run}: the build's tokenizer cannot be loaded here (its "
-                                "manifest or tokenizer file is missing, or it was imported "
-                                "without --tokenizer): nothing to encode the prompt with")
-        try:
-            ids = tokenizer.reference.encode_flat([prompt])[0].tolist()
-        except UnicodeEncodeError as e:
-            raise LongpackError(f"--prompt: not valid text ({e.reason} at character "
-                                f"{e.start}); pass UTF-8 text") from None
-        if not ids:  # nothing to continue: a new document, as after an EOS in training
-            if tokenizer.eos_id is None:
-                raise LongpackError("--prompt is empty and the build's tokenizer has no EOS to "
-                                    "start a document after: give some text to continue")
-            ids = [tokenizer.eos_id]
-        limit = context(trained.model, trained.seq)
-        if limit is not None and len(ids) >= limit:
-            raise LongpackError(f"--prompt is {len(ids):,} tokens, the model's context is "
-                                f"{limit:,} (its max_seq or the rows it trained on): shorten it")
-        if limit is not None and len(ids) + max_new_tokens > limit:
-            click.echo(f"note: at most {limit - len(ids):,} new tokens: the model's context is "
-                       f"{limit:,} tokens and the prompt takes {len(ids):,}", err=True)
-            max_new_tokens = limit - len(ids)
-        allowed = torch.from_numpy(tokenizer.decodable())
-        tokens = stream(trained.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
-                        tokenizer.eos_id, allowed)
-        text = TextStream(tokenizer.decode)
-        click.echo(prompt, nl=False)
-        count = 0
-        try:
-            for token in tokens:
-                count += 1
-                click.echo(text.add(token), nl=False)
-        except KeyboardInterrupt:  # Ctrl+C: a clean stop, what was printed stays
-            click.echo(text.flush())
-            click.echo(f"zoo generate: stopped by Ctrl+C after {count:,} new tokens", err=True)
-            return
+        ids = tokenizer.reference.encode_flat([prompt])[0].tolist()
+    except UnicodeEncodeError as e:
+        raise LongpackError(f"--prompt: not valid text ({e.reason} at character "
+                            f"{e.start}); pass UTF-8 text") from None
+    if not ids:  # nothing to continue: a new document, as after an EOS in training
+        if tokenizer.eos_id is None:
+            raise LongpackError("--prompt is empty and the build's tokenizer has no EOS to "
+                                "start a document after: give some text to continue")
+        ids = [tokenizer.eos_id]
+    limit = context(trained.model, trained.seq)
+    if limit is not None and len(ids) >= limit:
+        raise LongpackError(f"--prompt is {len(ids):,} tokens, the model's context is "
+                            f"{limit:,} (its max_seq or the rows it trained on): shorten it")
+    if limit is not None and len(ids) + max_new_tokens > limit:
+        click.echo(f"note: at most {limit - len(ids):,} new tokens: the model's context is "
+                   f"{limit:,} tokens and the prompt takes {len(ids):,}", err=True)
+        max_new_tokens = limit - len(ids)
+    allowed = torch.from_numpy(tokenizer.decodable())
+    tokens = stream(trained.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
+                    tokenizer.eos_id, allowed)
+    text = TextStream(tokenizer.decode)
+    click.echo(prompt, nl=False)
+    count = 0
+    try:
+        for token in tokens:
+            count += 1
+            click.echo(text.add(token), nl=False)
+    except KeyboardInterrupt:  # Ctrl+C: a clean stop, what was printed stays
         click.echo(text.flush())
-    except LongpackError as e:
-        raise click.ClickException(str(e)) from None
+        click.echo(f"zoo generate: stopped by Ctrl+C after {count:,} new tokens", err=True)
+        return
+    click.echo(text.flush())
 
 
 if __name__ == "__main__":  # python -m training.zoo_cli

@@ -1,0 +1,97 @@
+"""longpack from Python: each command as a function, with the command's settings as keyword
+arguments (named as its flags, with _) and its errors (LongpackError and its kinds; never
+SystemExit, never a printed progress bar unless asked).
+
+    import longpack
+
+    manifest = longpack.build(inputs=["../shared/data/fineweb-edu-sample"], seq=2048,
+                              tokenizer="../shared/tokenizers/gpt2.tiktoken", out="./mds")
+    report = longpack.stats("./mds", verify=True)         # `pack stats --json`'s dict
+    history = longpack.train(shards="./mds", out="./run", model="neox-tiny", max_steps=20)
+    longpack.export("./run", "./hf")                       # zoo export --to hf
+
+An unknown setting is a SettingsError naming the nearest known one, as a config file's is.
+"""
+
+import dataclasses
+from pathlib import Path
+
+from longpack.errors import LongpackError, SettingsError
+
+
+def _config(cls, settings: dict, command: str):
+    """cls(**settings), an unknown name refused in one line with the nearest known one."""
+    from longpack.settings import suggest
+
+    known = [f.name for f in dataclasses.fields(cls)]
+    for name in settings:
+        if name not in known:
+            near = suggest(name, known)
+            raise SettingsError(f"{name!r} is not a setting of {command}"
+                                + (f"; did you mean {near!r}?" if near else ""))
+    return cls(**settings)
+
+
+def build(progress: bool = False, **settings) -> dict:
+    """`pack build`: BuildConfig's settings (what the output is) and LaunchConfig's (where it
+    runs: engine, ray_address, ...). Returns the manifest; a build that was complete already
+    is returned as it is, nothing written."""
+    from pipeline.config import BuildConfig
+    from pipeline.distribute.launch import LaunchConfig, launch
+
+    where = {f.name for f in dataclasses.fields(LaunchConfig)}
+    how = _config(LaunchConfig, {k: v for k, v in settings.items() if k in where}, "pack build")
+    cfg = _config(BuildConfig, {k: v for k, v in settings.items() if k not in where},
+                  "pack build")
+    outcome = launch(cfg, how, show_progress=progress)
+    if outcome.exit_code or outcome.manifest is None:
+        raise LongpackError(outcome.message or f"pack build of {cfg.out} did not complete "
+                            f"(exit status {outcome.exit_code})")
+    return outcome.manifest
+
+
+def merge(out) -> dict:
+    """`pack merge OUT`: finish a build split into tasks once its tasks are done; the
+    manifest."""
+    from pipeline.distribute import tasks
+
+    return tasks.merge(Path(out))
+
+
+def import_tokens(src, out, **settings) -> dict:
+    """`pack import SRC --out OUT`: others' token rows (.npy, .pt, nanoGPT .bin) as a build;
+    the manifest. Warnings go to `warn` (a callable; default: none)."""
+    from pipeline.adopt.import_tokens import ImportConfig
+    from pipeline.adopt.import_tokens import import_tokens as run_import
+
+    warn = settings.pop("warn", lambda line: None)
+    cfg = _config(ImportConfig, {"src": str(src), "out": str(out), **settings}, "pack import")
+    return run_import(cfg, warn=warn)
+
+
+def stats(path, verify: bool = False, throughput: float | None = None,
+          budget: float | None = None, eos_id: int | None = None) -> dict:
+    """`pack stats PATH --json`: the report as a dict (keys in docs/STATS.md); its
+    ["checks"]["ok"] says whether the build is sound."""
+    from pipeline.stats import report
+
+    return report.collect(path, verify, throughput, budget, eos_id)
+
+
+def train(resume: str = "auto", log=None, **settings) -> list[dict]:
+    """`train`: TrainConfig's settings; returns the metrics history (one dict a step, as
+    metrics.jsonl holds). `log` gets the console's lines (default: none)."""
+    from training.config import TrainConfig
+    from training.loop import train as run_training
+
+    cfg = _config(TrainConfig, settings, "train")
+    return run_training(cfg, resume=resume, log=log or (lambda line: None))
+
+
+def export(run, out, to: str = "hf", step: int | None = None, license: str | None = None,
+           max_shard_size: int | str | None = None) -> list[str]:
+    """`zoo export RUN --to hf|safetensors --out OUT`; returns notes for the user (what could
+    not be written)."""
+    from training.export import export_run
+
+    return export_run(Path(run), Path(out), to, step, license, max_shard_size)[1]
