@@ -3,27 +3,44 @@
 `train`'s TrainConfig alike). Validation lives in the dataclass, so a config file, the command
 line and a Python caller get the same checks and the same one-line SettingsError.
 
-    seq: int = setting(32768, "Tokens per row.")
-    format: str = setting("mds", "mds or memmap.", choices=FORMATS)
+    seq: int = setting(32768, "Tokens per row.", role="output")
+    format: str = setting("mds", "mds or memmap.", choices=FORMATS, role="output")
+
+Each setting declares its role once (ROLES), and every list of settings (a build's
+fingerprint, its manifest, a task's record, the flags a launcher repeats) is `settings_of` or
+`to_flags` of some roles, never a list kept by hand.
 """
 
 import dataclasses
 from collections.abc import Callable
 from typing import get_args
 
+ROLES = {
+    "output": "shapes the output's bytes: in the fingerprint, the manifest, every repeat",
+    "recorded": "how it ran, not what it made (workers, engine): in the manifest, not the "
+                "fingerprint",
+    "run": "where and how the command runs (paths, task count): repeated by tasks and "
+           "launchers, not recorded in the manifest",
+    "once": "this invocation only (--overwrite, --task-index): never repeated nor recorded",
+}
 _FORM = {"flag": None, "choices": None, "multiple": False, "switch": False,
-         "show_default": True, "metavar": None}
+         "show_default": True, "metavar": None, "argument": False, "min": None}
 
 
 def setting(default=dataclasses.MISSING, help: str = "", *, factory: Callable | None = None,
-            **form) -> dataclasses.Field:
-    """A dataclass field and its flag. `form` (all optional): flag (default --field-name),
-    choices, multiple (a repeatable flag, the field a tuple), switch (a bool given as a bare
-    --flag, not --flag/--no-flag), show_default (True, False or the text to show), metavar."""
+            role: str = "run", **form) -> dataclasses.Field:
+    """A dataclass field and its flag. `role`: one of ROLES. `form` (all optional): flag
+    (default --field-name), choices, multiple (a repeatable flag, the field a tuple), switch (a
+    bool given as a bare --flag, not --flag/--no-flag), show_default (True, False or the text
+    to show), metavar, argument (a positional argument, not a flag), min (the least number the
+    flag takes: click refuses less as a usage error; the dataclass checks it for every
+    caller)."""
     unknown = set(form) - set(_FORM)
     if unknown:
         raise TypeError(f"setting(): unknown {', '.join(sorted(unknown))}")
-    metadata = {"help": " ".join(help.split()), **_FORM, **form}
+    if role not in ROLES:
+        raise TypeError(f"setting(): role {role!r} is not one of {', '.join(ROLES)}")
+    metadata = {"help": " ".join(help.split()), "role": role, **_FORM, **form}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -52,6 +69,8 @@ def _option(f: dataclasses.Field, option_class):
     import click  # here: a config module imports this file without needing click
 
     m = f.metadata
+    if m["argument"]:
+        return click.argument(f.name, metavar=m["metavar"] or f.name.upper())
     flag = m["flag"] or "--" + f.name.replace("_", "-")
     required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     kw = {"help": m["help"] or None, "metavar": m["metavar"]}
@@ -69,17 +88,33 @@ def _option(f: dataclasses.Field, option_class):
     if kind is bool:
         decls = [flag] if m["switch"] else [f"{flag}/--no-{flag[2:]}"]
         return click.option(*decls, f.name, is_flag=m["switch"] or None, **kw)
-    kw["type"] = click.Choice(m["choices"]) if m["choices"] else kind
+    if m["choices"]:
+        kw["type"] = click.Choice(m["choices"])
+    elif m["min"] is not None:
+        kw["type"] = (click.IntRange if kind is int else click.FloatRange)(min=m["min"])
+    else:
+        kw["type"] = kind
     return click.option(flag, f.name, multiple=m["multiple"], **kw)
 
 
-def to_flags(config, skip: tuple[str, ...] = ()) -> list[str]:
-    """The command-line flags that give back `config`'s fields (those not in `skip`), the
-    inverse of click_options: how a launcher (Slurm's batch script) repeats a command."""
+def settings_of(config, *roles: str) -> dict:
+    """{name: value} of `config`'s fields of these roles, in field order."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.metadata.get("role") in roles}
+
+
+def to_flags(config, skip: tuple[str, ...] = (), roles: tuple[str, ...] = tuple(ROLES)
+             ) -> list[str]:
+    """The command-line flags that give back `config`'s fields of `roles` (but those in
+    `skip`), the inverse of click_options: how a launcher (Slurm's batch script) repeats a
+    command."""
     flags = []
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name in skip or value is None:
+        if f.name in skip or f.metadata.get("role") not in roles or value is None:
+            continue
+        if f.metadata["argument"]:
+            flags.append(str(value))
             continue
         flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
         if isinstance(value, bool):

@@ -18,6 +18,7 @@ try:
 
     from longpack.cli import Command, Group
     from longpack.settings import click_options
+    from pipeline.adopt.import_tokens import ImportConfig
     from pipeline.config import BuildConfig
     from pipeline.distribute.launch import LaunchConfig
 except KeyboardInterrupt:
@@ -76,9 +77,15 @@ def pack():
 def build(quiet, **settings):
     """Tokenize documents and pack them into rows of exactly --seq tokens."""
     from pipeline.distribute.launch import launch
+    from pipeline.distribute.tasks import task_index_from_env, tasks_from_env
     from pipeline.manifest import already_complete, summary
 
     how = {f.name: settings.pop(f.name) for f in dataclasses.fields(LaunchConfig)}
+    # the environment is read here only: a Slurm array or LONGPACK_TASK_* give the task
+    if settings["tasks"] is None:
+        settings["tasks"] = tasks_from_env()
+    if settings["task_index"] is None:
+        settings["task_index"] = task_index_from_env()
     cfg = BuildConfig(**settings)
     outcome = launch(cfg, LaunchConfig(**how), show_progress=False if quiet else None)
     if outcome.message and not quiet:
@@ -116,40 +123,20 @@ def merge(out, task_index, quiet):
 
 
 @pack.command("import")
-@click.argument("src", type=click.Path(path_type=Path))
-@click.option("--out", required=True, type=click.Path(path_type=Path), help="Output directory.")
-@click.option("--seq", type=click.IntRange(min=2), default=None,
-              help="Tokens per row (.bin: required; .npy/.pt: their width) [the files'].")
-@click.option("--dtype", default=None, help=".bin: the token type, uint8 to uint64 or int8 to "
-              "int64 (nanoGPT's GPT-2: uint16).")
-@click.option("--eos-id", type=click.IntRange(min=0), default=None,
-              help="Documents end at this id (their starts are recorded) [rows are documents].")
-@click.option("--tokenizer", default=None, help="The tokenizer the ids are of, recorded (and "
-              "its vocabulary checked) [the largest id + 1].")
-@click.option("--format", "fmt", type=click.Choice(["mds", "memmap"]), default="mds",
-              show_default=True)
-@click.option("--shard-bytes", type=click.IntRange(min=1), default=64 << 20, show_default=True)
-@click.option("--val-fraction", type=float, default=0.0, show_default=True,
-              help="A source without a val split (no val.bin, val/): this fraction of its "
-              "documents (rows, without --eos-id) to val, by stable hash, as pack build does.")
-@click.option("--seed", type=int, default=0, show_default=True,
-              help="Seed of --val-fraction's split.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing build in --out.")
+@click_options(ImportConfig)
 @click.option("--quiet", is_flag=True, help="No summary.")
-def import_(src, out, seq, dtype, eos_id, tokenizer, fmt, shard_bytes, val_fraction, seed,
-            overwrite, quiet):
+def import_(quiet, **settings):
     """Adopt pretokenized rows (.npy, .pt, nanoGPT .bin) as a longpack build. Splits come from
     the names below SRC: val.bin, *_val_*.bin, val/ are val; train ones, or all of it when
     nothing is named, train; a test split or an unnamed file beside named ones is refused."""
-    from pipeline.adopt.import_tokens import ImportConfig, import_tokens
+    from pipeline.adopt.import_tokens import import_tokens
     from pipeline.manifest import summary
 
-    m = import_tokens(ImportConfig(str(src), str(out), seq, dtype, eos_id, tokenizer, fmt,
-                                   shard_bytes, overwrite, val_fraction, seed),
-                      warn=lambda line: None if quiet else click.echo(line, err=True))
+    cfg = ImportConfig(**settings)
+    m = import_tokens(cfg, warn=lambda line: None if quiet else click.echo(line, err=True))
     if not quiet:
         click.echo(summary({**m, "timings": {**m["timings"], "steady_tokens_per_second": None}},
-                           str(out)).replace("pack build:", "pack import:", 1))
+                           cfg.out).replace("pack build:", "pack import:", 1))
 
 
 @pack.command()

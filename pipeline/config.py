@@ -1,10 +1,10 @@
 """The settings of one `pack build`, validated once, recorded in the manifest."""
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from longpack.errors import SettingsError
-from longpack.settings import setting
+from longpack.settings import setting, settings_of
 from longpack.store import is_url, refuse_unwritable
 from pipeline.read.catalog import DATASETS
 
@@ -23,57 +23,62 @@ class BuildConfig:
 
     out: str = setting(help="Output directory (OUT/train, OUT/val, OUT/manifest.json), or a "
                        "store's URL: s3://BUCKET/PREFIX, gs://... (docs/SCALE.md).",
-                       metavar="DIR|URL")
+                       metavar="DIR|URL", role="run")
     dataset: str = setting("fineweb-edu", "Named dataset: text field, file patterns, hub "
-                           "location.", choices=list(DATASETS))
+                           "location.", choices=list(DATASETS), role="output")
     inputs: tuple[str, ...] = setting((), "File, directory or glob (repeatable). Without it the "
                                       "dataset is fetched from the Hugging Face hub.",
-                                      flag="--input", multiple=True, metavar="PATH")
+                                      flag="--input", multiple=True, metavar="PATH", role="run")
     subset: str | None = setting(None, "Hub subset, e.g. sample-10BT (the default), "
-                                 "sample-100BT, CC-MAIN-2024-10.")
-    text_field: str | None = setting(None, "Field/column with the text [dataset's: text].")
+                                 "sample-100BT, CC-MAIN-2024-10.", role="output")
+    text_field: str | None = setting(None, "Field/column with the text [dataset's: text].",
+                                     role="output")
     tokenizer: str = setting("gpt2", "tiktoken name (gpt2, r50k_base, cl100k_base, o200k_base), "
-                             "a .tiktoken ranks file, or a Hugging Face tokenizer.json.")
+                             "a .tiktoken ranks file, or a Hugging Face tokenizer.json.",
+                             role="output")
     tokenizer_engine: str = setting(
         "auto", "What encodes: fast (fastokens), reference (tiktoken / tokenizers) or auto (fast "
-        "where it loads and agrees). The output is the same.", choices=TOKENIZER_ENGINES)
+        "where it loads and agrees). The output is the same.", choices=TOKENIZER_ENGINES,
+        role="recorded")
     seq: int = setting(32768, "Tokens per row. MDS: at most what keeps one row below 4 GiB even "
                        "when every token is a document (about 268 million); memmap: at most "
-                       "2**32 (document starts are uint32).")
+                       "2**32 (document starts are uint32).", role="output")
     format: str = setting("mds", "mds (mosaicml-streaming shards) or memmap (.npy arrays).",
-                          choices=FORMATS)
+                          choices=FORMATS, role="output")
     workers: int = setting(help="Tokenizer threads (the output does not depend on it).",
-                           factory=lambda: os.cpu_count() or 1, show_default="all cores")
+                           factory=lambda: os.cpu_count() or 1, show_default="all cores",
+                           role="recorded")
     val_fraction: float = setting(0.0005, "Fraction of documents (by stable hash) in the "
-                                  "validation split.")
-    seed: int = setting(0, "Seed of the train/validation split.")
+                                  "validation split.", role="output")
+    seed: int = setting(0, "Seed of the train/validation split.", role="output")
     max_tokens: int | None = setting(None, "Stop after the document at which the token count "
-                                     "reaches N.")
-    limit_docs: int | None = setting(None, "Stop after N documents.")
+                                     "reaches N.", role="output")
+    limit_docs: int | None = setting(None, "Stop after N documents.", role="output")
     compression: str | None = setting(None, "zstd, zstd:LEVEL (1-22) or none [mds: zstd; "
-                                      "memmap: none].")
+                                      "memmap: none].", role="output")
     on_error: str = setting("skip", "Bad input: count and log it (skip), or stop (fail).",
-                            choices=ON_ERROR)
+                            choices=ON_ERROR, role="recorded")
     bos: bool = setting(False, "Start every document with the tokenizer's BOS token (EOS "
-                        "always ends it).")
+                        "always ends it).", role="output")
     last_row: str = setting("pad", "Final partial row of each split: pad it (with EOS, marked "
-                            "as padding) or drop it.", choices=LAST_ROW_POLICIES)
+                            "as padding) or drop it.", choices=LAST_ROW_POLICIES, role="output")
     shard_bytes: int = setting(SHARD_BYTES, "Token bytes per shard (rows per shard = "
                                "shard_bytes // row bytes, at least 1). MDS: at most what keeps "
                                "a shard below 4 GiB even when every token is a document "
-                               "(~610 MB).")
+                               "(~610 MB).", role="output")
     overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
-                              show_default=False)
+                              show_default=False, role="once")
     tasks: int | None = setting(None, "Split the build into N tasks (machines, processes), "
                                 "merged into the same bytes as one build: docs/SCALE.md "
                                 "[LONGPACK_TASK_COUNT, SLURM_ARRAY_TASK_COUNT, or 1].",
-                                metavar="N")
+                                metavar="N", role="run")
     task_index: int | None = setting(None, "The task this process runs, 0 to N-1 "
                                      "[LONGPACK_TASK_INDEX, SLURM_ARRAY_TASK_ID - "
-                                     "SLURM_ARRAY_TASK_MIN, or every task in turn].", metavar="I")
+                                     "SLURM_ARRAY_TASK_MIN, or every task in turn].", metavar="I",
+                                     role="once")
     staging: str | None = setting(None, "--out URL: the local folder where shards wait for "
                                   "their upload, a few at a time [~/.cache/longpack/staging].",
-                                  metavar="DIR")
+                                  metavar="DIR", role="run")
 
     def __post_init__(self):
         if is_url(self.out):
@@ -105,8 +110,8 @@ class BuildConfig:
             raise SettingsError(f"--on-error must be one of {', '.join(ON_ERROR)}")
         if self.last_row not in LAST_ROW_POLICIES:
             raise SettingsError(f"--last-row must be one of {', '.join(LAST_ROW_POLICIES)}")
-        if self.tasks is None:
-            object.__setattr__(self, "tasks", _tasks_from_env())
+        if self.tasks is None:  # not given (the command line reads the environment's: cli.py)
+            object.__setattr__(self, "tasks", 1)
         if self.tasks < 1:
             raise SettingsError(f"--tasks must be at least 1 (got {self.tasks})")
         if self.task_index is not None and not 0 <= self.task_index < self.tasks:
@@ -138,20 +143,4 @@ class BuildConfig:
 
     def output_settings(self) -> dict:
         """The settings that determine the output bytes (inputs are fingerprinted separately)."""
-        d = asdict(self)
-        for k in ("out", "workers", "on_error", "overwrite", "inputs", "tokenizer_engine", "tasks",
-                  "task_index", "staging"):
-            d.pop(k)
-        return d
-
-
-def _tasks_from_env() -> int:
-    """--tasks when not given: LONGPACK_TASK_COUNT, else a Slurm array's size, else 1."""
-    for name in ("LONGPACK_TASK_COUNT", "SLURM_ARRAY_TASK_COUNT"):
-        if name in os.environ:
-            try:
-                return int(os.environ[name])
-            except ValueError:
-                raise SettingsError(f"{name}={os.environ[name]!r} in the environment is not a "
-                                    "task count") from None
-    return 1
+        return settings_of(self, "output")

@@ -8,6 +8,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from longpack.settings import settings_of
 from pipeline.formats import get_format
 
 FORMAT_VERSION = 1
@@ -74,8 +75,7 @@ def make_manifest(cfg, fingerprint: dict, tokenizer: dict, engine: dict, inputs:
         "tokenizer_engine": engine,  # never in the fingerprint: ids do not depend on it
         "pad_id": tokenizer["eos_id"],
         "document_order": "input files sorted by path, then records in file order",
-        "settings": {**cfg.output_settings(), "workers": cfg.workers, "on_error": cfg.on_error,
-                     "tokenizer_engine": cfg.tokenizer_engine},
+        "settings": settings_of(cfg, "output", "recorded"),
         "inputs": inputs,
         "counts": {k: v for k, v in counts.items() if k != "splits"},
         "splits": splits,

@@ -46,16 +46,17 @@ start by the same command.
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from longpack.atomic import write_bytes, write_json, writing
 from longpack.errors import InputError, SettingsError
+from longpack.settings import setting, settings_of
 from pipeline.adopt.readers import BIN_DTYPES, SUFFIXES, at_least, read_blocks
 from pipeline.adopt.splits import HashSplit, split_files
-from pipeline.config import WORK_DIR
+from pipeline.config import FORMATS, WORK_DIR
 from pipeline.formats import get_format
 from pipeline.formats.base import rows_per_shard
 from pipeline.manifest import FORMAT_VERSION, longpack_version
@@ -71,17 +72,26 @@ MAX_VOCAB = 2**31 - 1
 
 @dataclass(frozen=True)
 class ImportConfig:
-    src: str
-    out: str
-    seq: int | None = None  # required for .bin; else the files' width
-    dtype: str | None = None  # .bin's element type (uint16 for nanoGPT's GPT-2 data)
-    eos_id: int | None = None
-    tokenizer: str | None = None
-    format: str = "mds"
-    shard_bytes: int = 64 << 20
-    overwrite: bool = False
-    val_fraction: float = 0.0  # a source without val: this share of documents (rows) to val
-    seed: int = 0  # of that split
+    """The settings of one `pack import`; each field is also its flag (longpack/settings.py)."""
+
+    src: str = setting(argument=True, role="output")
+    out: str = setting(help="Output directory.", role="run")
+    seq: int | None = setting(None, "Tokens per row (.bin: required; .npy/.pt: their width) "
+                              "[the files'].", min=2, role="output")
+    dtype: str | None = setting(None, ".bin: the token type, uint8 to uint64 or int8 to int64 "
+                                "(nanoGPT's GPT-2: uint16).", role="output")
+    eos_id: int | None = setting(None, "Documents end at this id (their starts are recorded) "
+                                 "[rows are documents].", min=0, role="output")
+    tokenizer: str | None = setting(None, "The tokenizer the ids are of, recorded (and its "
+                                    "vocabulary checked) [the largest id + 1].", role="output")
+    format: str = setting("mds", choices=FORMATS, role="output")
+    shard_bytes: int = setting(64 << 20, min=1, role="output")
+    overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
+                              show_default=False, role="once")
+    val_fraction: float = setting(0.0, "A source without a val split (no val.bin, val/): this "
+                                  "fraction of its documents (rows, without --eos-id) to val, "
+                                  "by stable hash, as pack build does.", role="output")
+    seed: int = setting(0, "Seed of --val-fraction's split.", role="output")
 
     def __post_init__(self):
         if self.seq is not None and self.seq < 2:
@@ -209,7 +219,7 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
                "split": name}
               for name, split in files.items() for p in split
               for f in (sorted(p.iterdir()) if p.is_dir() else [p]) if f.is_file()]
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "overwrite")}
+    settings = settings_of(cfg, "output")
     # Without a val fraction the seed changes no byte: the fingerprint leaves both out.
     fingerprint = {"import": {k: v for k, v in settings.items() if cfg.val_fraction
                               or k not in ("val_fraction", "seed")},
@@ -359,8 +369,7 @@ def _write(cfg, files, out, seq, vocab, dtype, tok, eos, inputs, fingerprint, jo
         "format": cfg.format, "seq": seq, "dtype": np.dtype(dtype).name,
         "tokenizer": tokenizer, "tokenizer_engine": None, "pad_id": eos,
         "document_order": "imported files sorted by path, rows in file order",
-        "imported_from": str(cfg.src), "settings": {k: v for k, v in asdict(cfg).items()
-                                                    if k not in ("out", "overwrite")},
+        "imported_from": str(cfg.src), "settings": settings_of(cfg, "output"),
         "inputs": inputs,
         "counts": {"records_read": read, **totals,
                    "skipped": skipped},

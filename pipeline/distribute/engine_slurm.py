@@ -86,7 +86,8 @@ def scripts(cfg: BuildConfig, options: tuple[str, ...]) -> tuple[str, str]:
     has already replaced the old build, and a requeued element must join the build under way."""
     pack, n, name = pack_command(), cfg.tasks, Path(cfg.out).absolute().name
     work = staged(cfg)[0].out  # --out, or the staging folder of an --out URL
-    flags = to_flags(cfg, skip=("tasks", "task_index", "overwrite"))
+    # every setting but the once-only ones; --tasks goes last, beside the element's index
+    flags = to_flags(cfg, skip=("tasks",), roles=("output", "recorded", "run"))
     build = " ".join(shlex.quote(part) for part in [pack, "build", *flags, "--tasks", str(n)])
     tasks = _header(f"longpack-{name}", n, cfg.workers, slurm_folder(work) / "task-%a.log",
                     options)

@@ -57,7 +57,7 @@ def launch(cfg: BuildConfig, how: LaunchConfig, show_progress: bool | None) -> O
         return Outcome(exit_code=build_with_slurm(cfg, how.slurm_option, how.wait, how.dry_run))
     from pipeline.distribute import tasks
 
-    index = cfg.task_index if cfg.task_index is not None else tasks.task_index_from_env(cfg.tasks)
+    index = cfg.task_index
     if cfg.tasks == 1 and index in (None, 0) and not _is_tasked(cfg):
         from longpack.store import is_url
 

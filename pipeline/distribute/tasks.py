@@ -12,11 +12,11 @@ docs/SCALE.md explains the design and its costs; docs/FORMAT.md the work folder.
 
 import json
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 from longpack.atomic import write_json
 from longpack.errors import SettingsError
+from longpack.settings import settings_of
 from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.distribute import merge as task_merge
 from pipeline.distribute.merge import TaskedBuild, TasksUnfinished, place
@@ -176,9 +176,18 @@ def _is_placed(build: TaskedBuild, i: int) -> bool:
         return False
 
 
-def task_index_from_env(tasks: int) -> int | None:
+def tasks_from_env() -> int | None:
+    """--tasks when not given: LONGPACK_TASK_COUNT, else a Slurm array's size, else None (1).
+    Read by the command line only (cli.py): settings never read the environment."""
+    for name in ("LONGPACK_TASK_COUNT", "SLURM_ARRAY_TASK_COUNT"):
+        if name in os.environ:
+            return _env_int(name)
+    return None
+
+
+def task_index_from_env() -> int | None:
     """--task-index when not given: LONGPACK_TASK_INDEX, else a Slurm array element's index
-    (counted from the array's first index), else None."""
+    (counted from the array's first index), else None (every task in turn)."""
     if "LONGPACK_TASK_INDEX" in os.environ:
         return _env_int("LONGPACK_TASK_INDEX")
     if "SLURM_ARRAY_TASK_ID" in os.environ:
@@ -199,7 +208,4 @@ def _env_int(name: str, default: int | None = None) -> int:
 def config_record(cfg: BuildConfig) -> dict:
     """tasks.json's copy of the settings: the merge (which may run elsewhere) rebuilds the
     BuildConfig from it."""
-    record = asdict(cfg)
-    for k in ("overwrite", "task_index"):
-        record.pop(k, None)
-    return record
+    return settings_of(cfg, "output", "recorded", "run")
