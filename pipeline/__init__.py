@@ -39,10 +39,10 @@ import importlib
 
 _API = {  # name -> the module that defines it
     "PAD_HASH": "tokenize.split",  # a segment's hash that marks padding
-    "get_format": "formats", "MdsFormat": "formats.mds",  # shard formats
+    "get_format": "formats", "open_format": "formats",  # shard formats: a name's, a split's
+    "ShardError": "formats.base",  # a shard or index that cannot be used, naming its file
     "SplitReader": "formats.shards",  # the rows and segments of a split, any format
     "import_streaming": "formats.streaming_compat",  # the one way to import mosaicml-streaming
-    "clear_stale_locks": "formats.streaming_compat",  # streaming's lock files of gone datasets
     "load_tokenizer": "tokenize.tokenizer",  # the build's tokenizer (zoo: export, generate)
     "same_tokenizer": "manifest", "tokenizer_label": "manifest",  # do two builds' ids agree
     "parse_mixture": "mixture", "natural_weights": "mixture",  # train on several builds

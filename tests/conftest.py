@@ -19,25 +19,27 @@ from pipeline.formats.shards import open_split
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def no_streaming_shared_memory_left():
-    """Every shared-memory block mosaicml-streaming opens registers its clean-up with atexit,
-    so its file handles stay open until the process ends (one train run here leaves ~150):
-    harmless for one run per process, but this suite trains hundreds of times in one process
-    and would pass the open-files limit. After each test no dataset is in use: run those
-    clean-ups now and forget them."""
+    """For a test that opens a mosaicml-streaming StreamingDataset in this process (the trainer
+    never does: it reads shards through their formats). Every shared-memory block streaming
+    opens registers its clean-up with atexit, so its file handles stay open until the process
+    ends; over a whole suite in one process they would pass the open-files limit. After the
+    test no dataset is in use: run those clean-ups now and forget them, then remove the lock
+    files of its gone datasets (which every later dataset would walk)."""
     yield
     if "streaming" not in sys.modules:
         return
     import atexit
     import gc
 
-    from pipeline.formats.streaming_compat import import_streaming
+    from pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
 
     shared_memory = import_streaming().base.shared.SharedMemory
     for block in [o for o in gc.get_objects() if type(o) is shared_memory]:
         atexit.unregister(block.cleanup)
         block.cleanup()
+    clear_stale_locks()
 
 
 @contextlib.contextmanager

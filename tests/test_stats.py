@@ -533,7 +533,7 @@ def test_an_mds_shard_whose_header_disagrees_with_its_index_is_named(tmp_path):
 
 @pytest.mark.parametrize("compression", ["zstd", "none"])
 def test_shards_read_one_after_another_on_a_thread_keep_their_own_rows(
-        tmp_path, byte_tokenizer, texts, compression):
+        tmp_path, byte_tokenizer, texts, compression, no_streaming_shared_memory_left):
     """Each thread decodes its shards in one reused buffer: what a read returns must not change
     when the same thread reads the next shard into that buffer."""
     from pipeline.formats.shards import open_split

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -265,6 +266,33 @@ def memmap_shards(tmp_path, byte_tokenizer) -> Path:
                       tokenizer=byte_tokenizer, seq=65, val_fraction=0.05, format="memmap",
                       compression=None, shard_bytes=65 * 2 * 8), show_progress=False)
     return out
+
+
+def test_a_memmap_build_in_a_bucket_gives_the_rows_of_the_local_folder(tmp_path, memmap_shards,
+                                                                       s3):
+    """Any format trains from a URL: a memmap build on S3 gives the rows of the same build read
+    locally, and a run over it (its loader workers fetching) the same losses."""
+    from training.data import open_build
+
+    url = s3.upload_tree(memmap_shards, "memmap")
+    remote = open_build(url, tmp_path / "cache", "1gb")
+    local = open_build(str(memmap_shards), tmp_path / "unused", "1gb")
+    assert remote.fingerprint == local.fingerprint
+    for got, want in ((remote.train, local.train), (remote.val, local.val)):
+        assert len(got) == len(want) > 0
+        for i in range(len(want)):
+            assert all(np.array_equal(a, b) for a, b in zip(got.get(i), want.get(i)))
+    assert not (tmp_path / "unused").exists()  # a local memmap build is read in place
+
+
+@pytest.mark.slow
+def test_a_run_over_a_memmap_build_in_a_bucket_matches_the_local_folder(tmp_path, memmap_shards,
+                                                                        s3):
+    url = s3.upload_tree(memmap_shards, "memmap")
+    runs = [train(config(shards, tmp_path / name, max_steps=3, workers=2, save_every=100),
+                  **QUIET) for name, shards in (("local", memmap_shards), ("s3", url))]
+    assert [h["loss"] for h in runs[0]] == [h["loss"] for h in runs[1]]
+    assert list((tmp_path / "s3" / "shard-cache").rglob("shard.*.tokens.npy"))  # fetched
 
 
 @pytest.mark.slow

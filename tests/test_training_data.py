@@ -2,7 +2,6 @@
 
 import json
 import multiprocessing
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from pipeline.config import BuildConfig
 from pipeline.formats.shards import open_split
 from pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
 from training.batch import make_batch
-from training.data import MemmapRows, StreamingRows, open_build
+from training.data import Rows, open_build
 from training.loader import StepBatches, batches
 from training.sampler import GlobalOrder, batch_hash
 
@@ -93,16 +92,29 @@ def _same_rows(a, b):
             assert np.array_equal(np.asarray(x), np.asarray(y)), i
 
 
-def test_mds_through_streaming_and_memmap_give_the_rows_the_build_wrote(tmp_path, byte_tokenizer):
+def test_mds_and_memmap_give_the_rows_the_build_wrote_through_one_reader(
+        tmp_path, byte_tokenizer, no_streaming_shared_memory_left):
     mds, memmap = (_build(tmp_path, byte_tokenizer, f) for f in ("mds", "memmap"))
     a = open_build(str(mds), tmp_path / "cache", "1gb")
     b = open_build(str(memmap), tmp_path / "unused", "1gb")
-    assert isinstance(a.train, StreamingRows) and isinstance(b.train, MemmapRows)
+    assert type(a.train) is type(b.train) is Rows  # one reader, whatever the format
     _same_rows(a.train, b.train)
     _same_rows(a.val, b.val)
     written = list(open_split(mds / "train").rows())  # pipeline's own reader
     assert all(np.array_equal(written[i][0], a.train.get(i)[0]) for i in range(len(written)))
     assert not list(mds.rglob("*.mds"))  # the build dir is not written to: only .mds.zstd
+    assert not (tmp_path / "unused").exists()  # memmap is read in place
+    # and mosaicml-streaming itself reads the same rows from the build (a format to be
+    # compatible with, not the trainer's I/O layer)
+    plain = import_streaming().StreamingDataset(local=str(mds / "train"), shuffle=False,
+                                                batch_size=1)
+    assert len(plain) == len(a.train)
+    for i in range(len(plain)):
+        sample = plain[i]
+        tokens, starts, hashes = a.train.get(i)
+        assert np.array_equal(sample["tokens"], tokens)
+        assert np.array_equal(sample["doc_starts"], starts)
+        assert np.array_equal(sample["doc_hashes"], hashes)
 
 
 def test_streamings_lock_files_of_gone_datasets_are_cleared(tmp_path):
@@ -117,21 +129,6 @@ def test_streamings_lock_files_of_gone_datasets_are_cleared(tmp_path):
     assert clear_stale_locks(temp, shm) == 2
     assert sorted(p.name for p in temp.iterdir()) == sorted(names[2:])
     assert clear_stale_locks(temp, tmp_path / "no-shm") == 0  # no /dev/shm: nothing touched
-
-
-@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="shared memory is not under /dev/shm")
-def test_opening_an_mds_build_clears_stale_lock_files(tmp_path, byte_tokenizer):
-    mds = _build(tmp_path, byte_tokenizer, "mds")
-    number = max([int(p.name[:6]) for p in Path(tempfile.gettempdir()).glob("[0-9]*_filelock")
-                  if p.name[:6].isdigit()] + [900000]) + 1
-    stale = Path(tempfile.gettempdir()) / f"{number:06d}_cache_filelock"
-    stale.touch()  # a dataset killed long ago
-    try:
-        rows = open_build(str(mds), tmp_path / "cache", "1gb").train
-        rows.get(0)
-        assert not stale.exists()
-    finally:
-        stale.unlink(missing_ok=True)
 
 
 def test_seq_windows_cut_rows_and_keep_document_starts(tmp_path, byte_tokenizer):
@@ -152,35 +149,80 @@ def test_seq_windows_cut_rows_and_keep_document_starts(tmp_path, byte_tokenizer)
         open_build(str(out), tmp_path / "c", "1gb", seq=24)
 
 
-def test_a_remote_build_streams_into_a_bounded_cache(tmp_path, byte_tokenizer, monkeypatch):
-    import_streaming()
-    from streaming.base.storage.download import DOWNLOADER_MAPPINGS, LocalDownloader
+@pytest.fixture
+def memory_store():
+    """fsspec's in-memory store (what the gs:// tests use), emptied after the test."""
+    from longpack import Store
 
-    class TestStore(LocalDownloader):
-        """A stand-in for a cloud store: testfs:///path is the local /path."""
+    yield "memory://builds"
+    store = Store("memory://builds")
+    store.remove(list(store.sizes()))
 
-        def _validate_remote_path(self, remote):
-            pass
 
-        def _download_file_impl(self, remote, local, timeout):
-            super()._download_file_impl(remote.removeprefix("testfs://"), local, timeout)
+def _upload(local: Path, url: str) -> str:
+    from longpack import Store
 
+    store = Store(url)
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            store.put_file(path, path.relative_to(local).as_posix())
+    return url
+
+
+def test_a_remote_build_streams_into_a_bounded_cache(tmp_path, byte_tokenizer, memory_store):
     mds = _build(tmp_path, byte_tokenizer, "mds", val=0.0)
-    monkeypatch.setitem(DOWNLOADER_MAPPINGS, "testfs", TestStore)
-    index = mds / "train/index.json"
-    shards = json.loads(index.read_text())["shards"]
-    # streaming counts the index and, while decompressing, both forms of a shard
-    limit = index.stat().st_size + 3 * max(e["raw_data"]["bytes"] + e["zip_data"]["bytes"]
-                                           for e in shards)
-    remote = open_build(f"testfs://{mds}", tmp_path / "cache", str(limit))
+    url = _upload(mds, f"{memory_store}/mds")
+    shards = json.loads((mds / "train/index.json").read_text())["shards"]
+    # while a shard is fetched, the cache counts both its forms
+    limit = 3 * max(e["raw_data"]["bytes"] + e["zip_data"]["bytes"] for e in shards)
+    remote = open_build(url, tmp_path / "cache", str(limit))
     local = open_build(str(mds), tmp_path / "cache2", "1gb")
     assert remote.val is None
     _same_rows(remote.train, local.train)
     cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
-    assert sum(p.stat().st_size for p in cached if p.name != "manifest.json") <= limit
+    assert sum(p.stat().st_size for p in cached) <= limit
     assert 0 < len([p for p in cached if p.name.endswith(".mds")]) < len(shards) / 4  # evicted
-    with pytest.raises(DataError, match="cannot fetch testfs:///nowhere/manifest.json"):
-        open_build("testfs:///nowhere", tmp_path / "cache3", "1gb")
+    assert not [p for p in cached if not p.name.endswith(".mds")]  # no download, no index left
+    with pytest.raises(DataError, match=f"cannot fetch {memory_store}/nowhere/manifest.json: "
+                       "not found; --shards must be the --out of a finished pack build"):
+        open_build(f"{memory_store}/nowhere", tmp_path / "cache3", "1gb")
+    assert not (tmp_path / "cache3").exists()
+
+
+@pytest.mark.parametrize("fmt", ["memmap", "mds"])
+def test_a_shard_missing_from_the_store_is_named_by_its_url(tmp_path, byte_tokenizer,
+                                                            memory_store, fmt):
+    from longpack import Store
+
+    out = _build(tmp_path, byte_tokenizer, fmt, val=0.0)
+    url = _upload(out, f"{memory_store}/{fmt}")
+    name = json.loads((out / "train/index.json").read_text())["shards"][0]
+    name = name["tokens" if fmt == "memmap" else "zip_data"]["basename"]
+    Store(url).remove([f"train/{name}"])
+    rows = open_build(url, tmp_path / "cache", "1gb").train
+    with pytest.raises(DataError, match=f"^{url}/train/{name}: missing from the store, though "
+                       "index.json lists it; upload the build again, or rebuild it$"):
+        rows.get(0)
+
+
+def test_the_cache_never_removes_a_shard_in_use_and_drops_the_least_recent(tmp_path):
+    from training.shard_cache import ShardCache
+
+    folder = tmp_path / "c"
+    folder.mkdir()
+    cache = ShardCache(folder, [[f"s{k}.a", f"s{k}.b"] for k in range(4)], limit=100)
+    for k in range(4):
+        with cache.using(k):
+            for part in "ab":
+                (folder / f"s{k}.{part}").write_bytes(b"x" * 10)
+    (folder / "other").write_bytes(b"x" * 10)  # counts, never removed
+    assert cache.holds(3, [10, 10]) and not cache.holds(3, [10, 11])
+    with cache.using(0):  # the oldest, but in use
+        cache.make_room(3, 40)  # 90 + 40: two shards must go
+    assert sorted(p.name for p in folder.iterdir()) == ["other", "s0.a", "s0.b", "s3.a", "s3.b"]
+    assert list(cache.generation) == [0, 1, 1, 0]
+    cache.make_room(3, 1000)  # more than can fit: all but the shard being put in
+    assert sorted(p.name for p in folder.iterdir()) == ["other", "s3.a", "s3.b"]
 
 
 def _shared_maps() -> int:

@@ -1,23 +1,35 @@
-"""Where the trainer's rows come from: a build of `pack build` (OUT), local or remote.
+"""Where the trainer's rows come from: a build of `pack build` (OUT), local or at a URL.
 
     build = open_build("OUT" or "s3://bucket/OUT", cache=Path("run/shard-cache"), ...)
     tokens, starts, hashes = build.train.get(i)    # global row i
 
-- memmap shards (local): memory-mapped `.npy` files; a row is a slice (pipeline/formats/shards.py).
-- MDS shards, local or at a URL mosaicml-streaming can read (s3://, gs://, ...; for an
-  S3-compatible store, S3_ENDPOINT_URL names it): a `streaming.StreamingDataset` in
-  random-access mode. A shard is fetched (a local build is copied) and decompressed into the
-  cache when one of its rows is first asked for, and the coldest shards are evicted beyond
-  `cache_limit`. The build directory is never written to. The cache lives under the build's
-  fingerprint, so a cache left by other shards is never read. The cache directory is made when
-  the first file is written into it (a memmap build never writes one), and when open_build
-  fails it removes what it made, so a failed run leaves nothing behind.
+One reader, `Rows`, for every shard format: a split's index.json says which format it is
+(pipeline's registry, `open_format`), and the format reads a shard's rows at random
+(`read_rows`: its files memory-mapped, a row a view of them; `unpacked` / `unpack` for a format
+that stores shards compressed). Nothing here knows a format by name: a new format trains as it
+is, from a folder or a URL.
+
+- A local build is read in place and never written to; a shard stored compressed (MDS with
+  zstd) is read from its decompressed copy, which its format writes into the cache, a chunk at a
+  time, when a row of it is first needed.
+- A build at a URL (s3://, gs://, az://, any store longpack/store.py reaches; S3_ENDPOINT_URL
+  names an S3-compatible one): the manifest and each split's index.json are read through the
+  store, and each shard's files are downloaded into the cache (and unpacked there) when a row of
+  it is first needed.
+- The cache (training/shard_cache.py) lives under the build's fingerprint, so a cache left by
+  other shards is never read; beyond `cache_limit` the least recently used shards leave it. It
+  is made when the first file is written into it (an uncompressed local build never writes
+  one), and when open_build fails it removes what it made, so a failed run leaves nothing behind.
 - `seq` shorter than the build's rows: each row is cut into row_seq / seq windows; sample
   i is window i % k of row i // k. A document running into a window starts it (offset 0).
 
-Every shard is checked (its sha256 against index.json, its ids against the vocabulary) once per
-run, before any of its rows is returned: training/verify.py. A shard that fails, cannot be
-read, fetched or decompressed raises DataError naming it (and the row where known).
+Every shard is checked (the sha256 of the files its rows are read from against index.json, its
+ids against the vocabulary) once per run, before any of its rows is returned:
+training/verify.py. A copy in the cache that fails is made again (fetched, unpacked) once
+before the shard is blamed: the cache, or a fetch, may be what broke. A shard that fails, is
+missing or cannot be read or unpacked raises DataError naming its file or URL (and the row where
+known); the store itself failing (unreachable, no credentials, no bucket) is the StorageError
+line every URL of longpack gives (longpack/store.py).
 
 Rows come as (tokens [seq], starts, hashes): segment starts (first 0) and document hashes
 (0 = padding), what training/batch.py turns into a model's batch. `check(i)` checks the shard
@@ -29,25 +41,24 @@ import bisect
 import hashlib
 import itertools
 import json
-import random
+import os
 import shutil
-import tempfile
-import time
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from longpack import DataError, LongpackError
-from pipeline import MdsFormat, SplitReader, clear_stale_locks, get_format, import_streaming
-from training.verify import GOOD, ShardChecks, check_ids, file_problem
+from longpack import DataError, LongpackError, StorageError, Store, is_url, redact
+from pipeline import ShardError, open_format
+from training.config import SIZE
+from training.shard_cache import ShardCache
+from training.verify import GOOD, ShardChecks, check_ids, file_problem, size_problem
 
-__all__ = ["Build", "MemmapRows", "StreamingRows", "Windows", "open_build"]
+__all__ = ["Build", "Rows", "Windows", "open_build"]
 
-
-def is_remote(location: str) -> bool:
-    return "://" in location
+UNFINISHED = "--shards must be the --out of a finished pack build (its manifest.json comes last)"
 
 
 def dataset_fingerprint(manifest: dict) -> str:
@@ -56,24 +67,23 @@ def dataset_fingerprint(manifest: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def fetch(store: Store, rel: str) -> bytes:
+    """An object of a build at a URL: DataError when the store has no such object (the build is
+    not there, or not whole), StorageError when the store cannot say."""
+    if store.info(rel) is None:
+        raise DataError(f"cannot fetch {redact(store.url_of(rel))}: not found; {UNFINISHED}")
+    return store.read_bytes(rel)
+
+
 def read_manifest(location: str) -> dict:
-    """OUT/manifest.json; a remote one is fetched into a temporary directory (the cache is not
-    made for it: see the module docstring)."""
-    if is_remote(location):
-        url = location.rstrip("/") + "/manifest.json"
-        downloader = import_streaming().base.storage.CloudDownloader
-        with tempfile.TemporaryDirectory(prefix="longpack-manifest.") as tmp:
-            try:
-                downloader.direct_download(url, str(Path(tmp) / "manifest.json"))
-                text = (Path(tmp) / "manifest.json").read_text()
-            except Exception as e:  # the cloud clients raise many kinds
-                raise DataError(f"cannot fetch {url} ({type(e).__name__}: {e}); check the URL "
-                                "and credentials, or copy the build locally") from None
+    """OUT/manifest.json, read in place or through the store."""
+    if is_url(location):
+        url = redact(location.rstrip("/") + "/manifest.json")
+        text = fetch(Store(location), "manifest.json")
     else:
         url = Path(location) / "manifest.json"
         if not url.is_file():
-            raise DataError(f"{url} not found: --shards must be the --out of a finished pack "
-                            "build")
+            raise DataError(f"{url} not found: {UNFINISHED}")
         text = url.read_text()
     try:
         return json.loads(text)
@@ -81,21 +91,37 @@ def read_manifest(location: str) -> dict:
         raise DataError(f"{url}: not valid JSON ({e}); is the build complete?") from None
 
 
-class MemmapRows:
-    """Rows of local memmap shards; the OPEN_SHARDS most recently used stay mapped (two file
-    descriptors each), so a build of any number of shards stays under the open-file limit."""
+def cache_bytes(limit: str) -> int:
+    """--cache-limit in bytes (training/config.py's SIZE: kb..yb are powers of 1024)."""
+    size = SIZE.fullmatch(str(limit).strip().lower())
+    if not size:
+        raise DataError(f"cache limit {limit!r}: give a size such as 20gb, 500mb or bytes")
+    if size["bytes"]:
+        return int(size["bytes"])
+    return int(float(size["number"]) * 1024 ** ("kmgtpezy".index(size["unit"][0]) + 1))
+
+
+class Rows:
+    """The rows of one split, any format, local or at a URL (see the module docstring). A shard
+    is read in place when the build is local and stored as it is read; otherwise through the
+    cache. The OPEN_SHARDS most recently used shards stay mapped in each process (two file
+    descriptors each for memmap), so a build of any number of shards stays under the
+    open-file limit."""
 
     OPEN_SHARDS = 256
 
-    def __init__(self, split_dir: Path, vocab_size: int):
-        try:
-            self.reader, self.vocab_size = SplitReader(split_dir), vocab_size
-        except LongpackError as e:  # ShardError: a missing or unusable index.json
-            raise DataError(str(e)) from None
-        counts = [self.reader.rows_in_shard(k) for k in range(len(self.reader.shard_files()))]
-        self.bounds = [0, *itertools.accumulate(counts)]
-        self.checks = ShardChecks(len(counts))
-        self._open: OrderedDict = OrderedDict()
+    def __init__(self, fmt, url: str | None, cache: Path, cache_limit: int, vocab_size: int):
+        """`fmt`: the split's format object, its folder the split's (local) or `cache` (a
+        build at a URL: `url` is the split's)."""
+        self.format, self.url, self.vocab_size = fmt, url, vocab_size
+        n = len(fmt)
+        self.bounds = [0, *itertools.accumulate(fmt.rows_in(k) for k in range(n))]
+        self.checks = ShardChecks(n)
+        self.in_place = [url is None and fmt.unpacked(k) == fmt.stored(k) for k in range(n)]
+        self.cache = None if all(self.in_place) else ShardCache(
+            cache, [[f.basename for f in fmt.unpacked(k)] for k in range(n)], cache_limit)
+        self._open: OrderedDict = OrderedDict()  # the reading thread's maps
+        self._store, self._store_pid = None, None
 
     def __len__(self) -> int:
         return self.bounds[-1]
@@ -106,136 +132,157 @@ class MemmapRows:
     def unchecked(self) -> int:
         return self.checks.unchecked()
 
-    def _check(self, k: int) -> None:
-        for stored in self.reader.format.stored(k):
-            path = self.reader.path / stored.basename
-            problem = file_problem(path, stored.bytes, stored.sha256)
-            if problem:
-                raise DataError(f"{path}: {problem}; rebuild it with pack build")
-        try:  # a map of its own: _open belongs to the thread that reads rows
-            tokens = self.reader.read_shard(k).tokens
-        except LongpackError as e:
-            raise DataError(str(e)) from None
-        check_ids(self.reader.shard_files()[k], [(0, tokens)], self.vocab_size)
-
-    def _shard(self, k: int):
-        if k in self._open:
-            self._open.move_to_end(k)
-            return self._open[k]
-        try:
-            shard = self.reader.read_shard(k)
-        except LongpackError as e:  # ShardError, one line naming the file
-            raise DataError(str(e)) from None
-        # Plain ndarray views of the maps: np.memmap's own indexing costs microseconds a row.
-        tokens, segments = np.asarray(shard.tokens), np.asarray(shard.segments)
-        # Segments of row r: rows first[r] .. first[r + 1] of docs.npy (sorted by row).
-        first = np.searchsorted(segments[:, 0], np.arange(len(tokens) + 1))
-        self._open[k] = (tokens, segments, first)
-        while len(self._open) > self.OPEN_SHARDS:
-            self._open.popitem(last=False)
-        return tokens, segments, first
-
     def get(self, i: int):
         k = bisect.bisect_right(self.bounds, i) - 1
         if self.checks.state[k] != GOOD:
             self.checks.ensure(k, self._check)
-        (tokens, segments, first), r = self._shard(k), i - self.bounds[k]
+        (tokens, segments, first, _), r = self._shard(k), i - self.bounds[k]
+        if self.cache is not None:
+            self.cache.touch(k)
         seg = segments[first[r]:first[r + 1]]
         return tokens[r], seg[:, 1].astype(np.int64), seg[:, 2]
 
+    def source(self, k: int, name: str | None = None) -> str:
+        """A file of shard k in the build (the one naming the shard by default): path or URL."""
+        name = name or self.format.stored(k)[0].basename
+        return redact(f"{self.url}/{name}") if self.url else str(self.format.folder / name)
 
-class StreamingRows:
-    """Rows of an MDS split through mosaicml-streaming. The check of a shard (verify.py) is of
-    its decompressed copy in the cache: the bytes the rows are read from. A copy that fails is
-    fetched once more before the shard is blamed (the cache, or a fetch, may be what broke)."""
-
-    def __init__(self, remote: str, local: Path, cache_limit: str, vocab_size: int):
-        self.remote, self.local, self.vocab_size = remote, local, vocab_size
-        self.dataset = self._open(cache_limit)
-        # streaming has put the split's index.json in the cache (it reads it from there too)
-        self.shards = MdsFormat(local, json.loads((local / "index.json").read_text()))
-        self.checks = ShardChecks(len(self.shards))
-
-    def _open(self, cache_limit: str):
-        """The StreamingDataset. streaming names its shared memory by the first free number,
-        looked up and then taken: two processes opening datasets at the same moment may pick
-        the same one, and the slower gets FileExistsError; it tries again (one process: under
-        torchrun the ranks' barriers inside streaming would no longer pair up)."""
-        import torch.distributed as dist
-
-        attempts = 1 if dist.is_available() and dist.is_initialized() else 5
-        clear_stale_locks()  # else each open walks every dataset's lock files ever left
-        for attempt in range(attempts):
-            try:
-                return import_streaming().StreamingDataset(
-                    remote=self.remote, local=str(self.local), shuffle=False, batch_size=1,
-                    cache_limit=cache_limit, keep_zip=False)
-            except (ValueError, FileNotFoundError) as e:
-                raise DataError(f"mosaicml-streaming cannot open {self.remote} (cache "
-                                f"{self.local}): {e}") from None
-            except FileExistsError:
-                time.sleep(random.Random().uniform(0.05, 0.5) * (attempt + 1))  # own RNG
-        raise DataError(f"{self.remote}: mosaicml-streaming's shared memory was taken by "
-                        "another process opening a dataset at the same moment; start again")
-
-    def __len__(self) -> int:
-        # All rows of the split; len(StreamingDataset) is one rank's share of an epoch.
-        return self.dataset.num_samples
-
-    def check(self, i: int) -> None:
-        self.checks.ensure(int(self.dataset.spanner[int(i)][0]), self._check)
-
-    def unchecked(self) -> int:
-        return self.checks.unchecked()
-
-    def source(self, k: int) -> str:
-        """Shard k's file in the build (a path or a URL)."""
-        return f"{self.remote}/{self.shards.stored(k)[0].basename}"
-
+    # ------------------------------------------------------------------ the check
     def _check(self, k: int) -> None:
-        source, remote = self.source(k), is_remote(self.remote)
-        if not remote:  # a local build: a truncated shard is named before streaming copies it
-            stored = self.shards.stored(k)[0]
-            size = Path(source).stat().st_size if Path(source).is_file() else None
-            if size != stored.bytes:
-                raise DataError(f"{source}: {'missing' if size is None else f'{size:,} bytes'}, "
-                                f"index.json says {stored.bytes:,} (truncated or replaced); "
-                                "rebuild it with pack build")
-        raw = self.shards.raw(k)
-        cached = self.local / raw.basename
-        for _ in range(2):  # a copy that fails is fetched once more
-            try:
-                self.dataset.prepare_shard(k)
-            except Exception as e:  # zstd, cloud and file errors
-                raise DataError(f"{source}: cannot be {'fetched or ' if remote else ''}"
-                                f"decompressed ({type(e).__name__}: {e}); the shard is damaged"
-                                f"{' or unreachable' if remote else ''}: rebuild it") from None
-            problem = file_problem(cached, raw.bytes, raw.sha256)
-            if problem is None:
-                break
-            cached.unlink(missing_ok=True)  # fetched again by prepare_shard
-        else:
-            raise DataError(f"{source}: decompressed, {problem}, twice: the shard is damaged; "
-                            f"rebuild it{' (and upload it again)' if remote else ''}")
-        try:
-            blocks = MdsFormat.token_blocks(cached, self.shards.entries[k])
-            check_ids(source, blocks, self.vocab_size)
-        except (ValueError, LongpackError) as e:
-            if isinstance(e, DataError):
-                raise
-            raise DataError(f"{source}: cannot be decoded ({e})") from None
+        fmt = self.format
+        if self.url is None:  # the build's own files: one truncated is named before any read
+            for f in fmt.stored(k):
+                problem = size_problem(fmt.folder / f.basename, f.bytes)
+                if problem:
+                    raise DataError(f"{self.source(k, f.basename)}: {problem}; rebuild it with "
+                                    "pack build")
+        if self.in_place[k]:
+            problem = self._problem(k, fmt.folder)
+            if problem:
+                raise DataError(f"{problem}; rebuild it with pack build")
+            self._check_ids(k, fmt.folder)
+            return
+        with self.cache.using(k):
+            for _ in range(2):  # a copy that fails is made once more
+                problem = self._fill(k) or self._problem(k, self.cache.folder)
+                if problem is None:
+                    break
+                self.cache.remove(k)
+            else:
+                raise DataError(f"{problem}, twice: the shard is damaged; rebuild it"
+                                f"{' (and upload it again)' if self.url else ''}")
+            self._check_ids(k, self.cache.folder)
 
-    def get(self, i: int):
-        i = int(i)
-        k = int(self.dataset.spanner[i][0])
-        self.checks.ensure(k, self._check)
+    def _problem(self, k: int, folder: Path) -> str | None:
+        """What is wrong with the files shard k's rows are read from, in `folder`, or None.
+        A format that stores shards compressed has them checked decompressed."""
+        for f in self.format.unpacked(k):
+            problem = file_problem(folder / f.basename, f.bytes, f.sha256)
+            if problem:
+                if self.format.compressed:
+                    return f"{self.source(k)}: decompressed, {problem}"
+                return f"{self.source(k, f.basename)}: {problem}"
+        return None
+
+    def _check_ids(self, k: int, folder: Path) -> None:
+        tokens = self._read_rows(k, folder).tokens  # a map of its own: _open is the reader's
+        step = max(1, (1 << 20) // max(1, tokens.shape[1] * tokens.dtype.itemsize))
+        blocks = ((a, tokens[a:a + step]) for a in range(0, len(tokens), step))
+        check_ids(self.source(k), blocks, self.vocab_size)
+
+    # ------------------------------------------------------------------ shards at hand
+    def _shard(self, k: int):
+        """(tokens, segments, where each row's segments begin, generation) of shard k, mapped."""
+        cache, entry = self.cache, self._open.get(k)
+        if entry is not None:
+            if self.in_place[k] or entry[3] == cache.generation[k]:
+                self._open.move_to_end(k)
+                return entry
+            del self._open[k]  # its files left the cache: the map holds their disk space
+        if self.in_place[k]:
+            shard, generation = self._read_rows(k, self.format.folder), 0
+        else:
+            for j in [j for j, e in self._open.items() if e[3] != cache.generation[j]]:
+                del self._open[j]
+            with cache.using(k):
+                problem = self._fill(k)  # it left the cache since it was checked
+                if problem:
+                    raise DataError(f"{problem} (fetched again after it left the cache); "
+                                    "rebuild it")
+                generation = int(cache.generation[k])
+                shard = self._read_rows(k, cache.folder)
+        tokens = shard.tokens
+        if isinstance(tokens, np.ndarray):  # np.memmap's own indexing costs microseconds a row
+            tokens = np.asarray(tokens)
+        # Segments of row r: rows first[r] .. first[r + 1] of the segments (sorted by row).
+        first = np.searchsorted(shard.segments[:, 0], np.arange(len(tokens) + 1))
+        self._open[k] = entry = (tokens, shard.segments, first, generation)
+        while len(self._open) > self.OPEN_SHARDS:
+            self._open.popitem(last=False)
+        return entry
+
+    def _read_rows(self, k: int, folder: Path):
         try:
-            sample = self.dataset.get_item(i)
-        except Exception as e:  # a shard evicted and fetched again, unreachable now
-            raise DataError(f"{self.source(k)}: row {i} cannot be read ({type(e).__name__}: "
-                            f"{e})") from None
-        return (sample["tokens"], sample["doc_starts"].astype(np.int64),
-                sample["doc_hashes"])
+            shard = self.format.read_rows(k, folder)
+        except LongpackError as e:  # ShardError, one line naming the file
+            raise DataError(str(e)) from None
+        if shard.segments is None:
+            raise DataError(f"{self.source(k)}: records no document boundaries, which the "
+                            "trainer needs; rebuild it with pack build")
+        return shard
+
+    # ------------------------------------------------------------------ the cache
+    def _fill(self, k: int) -> str | None:
+        """Put shard k's files into the cache unless they are there (the caller is using it):
+        fetched (a build at a URL), unpacked (a format that stores them compressed). None, or
+        what is wrong with what was fetched or unpacked."""
+        fmt, cache = self.format, self.cache
+        unpacked, stored = fmt.unpacked(k), fmt.stored(k)
+        if cache.holds(k, [f.bytes for f in unpacked]):
+            return None
+        unpack = [f.basename for f in unpacked] != [f.basename for f in stored]
+        cache.make_room(k, sum(f.bytes for f in stored) * bool(self.url)
+                        + sum(f.bytes for f in unpacked) * unpack)
+        cache.folder.mkdir(parents=True, exist_ok=True)
+        part = f".{os.getpid()}-{threading.get_ident()}.part"  # whole files only by their names
+        made = []
+        try:
+            sources = [fmt.folder / f.basename for f in stored]
+            if self.url:
+                sources = []
+                for f in stored:
+                    made.append(cache.folder / f".{f.basename}{part}")
+                    self._download(k, f.basename, made[-1])
+                    problem = size_problem(made[-1], f.bytes)
+                    if problem:
+                        return f"{self.source(k, f.basename)}: fetched, {problem}"
+                    sources.append(made[-1])
+            outs = sources
+            if unpack:
+                outs = [cache.folder / f".{f.basename}{part}" for f in unpacked]
+                made += outs
+                try:
+                    fmt.unpack(k, sources, outs)
+                except ShardError as e:
+                    return f"{self.source(k)}: {e.what}"
+            for out, f in zip(outs, unpacked):
+                os.replace(out, cache.folder / f.basename)
+            return None
+        finally:
+            for path in made:
+                path.unlink(missing_ok=True)
+
+    def _download(self, k: int, name: str, path: Path) -> None:
+        if self._store_pid != os.getpid():  # a forked worker makes its own clients
+            self._store, self._store_pid = Store(self.url), os.getpid()
+        try:
+            self._store.get_file(name, path)
+        except StorageError:
+            if self._store.info(name) is None:
+                raise DataError(f"{self.source(k, name)}: missing from the store, though "
+                                "index.json lists it; upload the build again, or rebuild "
+                                "it") from None
+            raise
 
 
 class Windows:
@@ -281,14 +328,10 @@ def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = N
     if seq < 2 or row_seq % seq:
         raise DataError(f"--seq {seq}: the build's rows are {row_seq} tokens; use a divisor of "
                         f"it (at least 2), or rebuild with pack build --seq {seq}")
-    shard_format = get_format(manifest["format"])
-    if not shard_format.streamed and is_remote(location):
-        raise DataError(f"{location}: {shard_format.name} builds are read from local disk; copy "
-                        "it locally or build with --format mds to stream it")
     if not manifest["splits"].get("train", {}).get("rows"):
         raise DataError(f"{location}: the build has no train rows (manifest.json splits: "
                         f"{', '.join(manifest['splits']) or 'none'})")
-    vocab_size = manifest["tokenizer"]["vocab_size"]
+    vocab_size, limit = manifest["tokenizer"]["vocab_size"], cache_bytes(cache_limit)
     made = _first_missing(Path(cache))  # what to remove if this fails
     try:
         splits = {}
@@ -296,14 +339,17 @@ def open_build(location: str, cache: Path, cache_limit: str, seq: int | None = N
             if not manifest["splits"].get(split, {}).get("rows"):
                 splits[split] = None  # no val split or no val rows: no evaluation
                 continue
-            path = manifest["splits"][split]["path"]
-            if shard_format.streamed:
-                remote = location.rstrip("/") + "/" + path if is_remote(location) \
-                    else str(Path(location, path).resolve())
-                rows = StreamingRows(remote, Path(cache) / fingerprint / split, cache_limit,
-                                     vocab_size)
-            else:
-                rows = MemmapRows(Path(location) / path, vocab_size)
+            path, folder = manifest["splits"][split]["path"], Path(cache) / fingerprint / split
+            url = location.rstrip("/") + "/" + path if is_url(location) else None
+            try:
+                if url:
+                    fmt = open_format(folder, fetch(Store(url), "index.json"),
+                                      redact(f"{url}/index.json"))
+                else:
+                    fmt = open_format(Path(location, path).resolve())
+            except ShardError as e:
+                raise DataError(f"cannot open the {split} split: {e}; {UNFINISHED}") from None
+            rows = Rows(fmt, url, folder, limit, vocab_size)
             splits[split] = Windows(rows, row_seq, seq) if seq != row_seq else rows
     except BaseException:
         if made is not None:

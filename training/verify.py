@@ -3,10 +3,11 @@
 Why: a zstd frame carries no checksum and a .npy file none at all, so one flipped byte in a
 shard, or ids rewritten by another tool, would otherwise train silently. What a check is:
 
-- the shard's files against the sha256 that its split's index.json records (docs/FORMAT.md):
-  memmap, `tokens` and `docs`; MDS, the decompressed shard in the cache (`raw_data`), which is
-  the very bytes the rows are read from, whether the build is local, remote, or left in the
-  cache by an earlier run (training/data.py);
+- the files the shard's rows are read from (its format's `unpacked` files) against the sha256
+  that its split's index.json records (docs/FORMAT.md): memmap, `tokens` and `docs`; MDS, the
+  decompressed shard in the cache (`raw_data`). Those are the very bytes the rows are read from,
+  whether the build is local, at a URL, or left in the cache by an earlier run
+  (training/data.py);
 - its token ids against the vocabulary (the build's `tokenizer.vocab_size`, which is the
   model's): an id beyond it would fail deep in the embedding, or worse, index a padded row.
 
@@ -25,8 +26,8 @@ itself checks only what it reads itself (val, and everything with --workers 0).
 
 Cost: one sequential read of every shard used (sha256 ~1.4 GB/s per core with SHA-NI, a
 max over the tokens ~3.5 GB/s), spread over the first epoch; then one byte read per row
-(tools/bench_loader.py, docs/BENCHMARKS.md). Not re-checked: an MDS shard the cache evicted
-and fetched again later in the run (from the same source, checked once).
+(tools/bench_loader.py, docs/BENCHMARKS.md). Not re-checked: a shard the cache evicted and
+fetched again later in the run (from the same source, checked once; its sizes are).
 """
 
 import mmap
@@ -48,8 +49,8 @@ WAIT_SECONDS = 0.001  # between looks at a shard another process is checking
 class ShardChecks:
     """The verdict on each of `count` shards, shared by the processes forked after it is made.
     Memory: a state byte and the claiming process's id per shard, then a message per shard.
-    It holds no reference to the rows it checks: a cycle would keep a StreamingDataset alive
-    until a garbage collection, which may then run in a forked worker."""
+    It holds no reference to the rows it checks: a cycle would keep their maps alive until a
+    garbage collection, which may then run in a forked worker."""
 
     def __init__(self, count: int):
         self.count = count
@@ -123,16 +124,23 @@ def _running(pid: int) -> bool:
         return True
 
 
-def file_problem(path: Path, size: int, sha256: str | None) -> str | None:
-    """What is wrong with a shard file given its size and sha256 in index.json, or None."""
-    if sha256 is None:
-        return "index.json records no sha256 for it, so it cannot be checked; rebuild it"
+def size_problem(path: Path, size: int) -> str | None:
+    """What is wrong with a shard file given its size in index.json (missing, another size), or
+    None: a stat, what can be known before reading it."""
     try:
         got = path.stat().st_size
     except FileNotFoundError:
         return "missing"
-    if got != size:
-        return f"{got:,} bytes, index.json says {size:,} (truncated or replaced)"
+    return None if got == size else f"{got:,} bytes, index.json says {size:,} (truncated or replaced)"
+
+
+def file_problem(path: Path, size: int, sha256: str | None) -> str | None:
+    """What is wrong with a shard file given its size and sha256 in index.json, or None."""
+    if sha256 is None:
+        return "index.json records no sha256 for it, so it cannot be checked; rebuild it"
+    problem = size_problem(path, size)
+    if problem:
+        return problem
     if sha256_file(path) != sha256:
         return ("its bytes differ from the sha256 in index.json (damaged: flipped bits, or "
                 "rewritten by another tool)")

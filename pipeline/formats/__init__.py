@@ -23,11 +23,17 @@ def get_format(name: str) -> type[ShardFormat]:
                             f"{', '.join(FORMATS)})") from None
 
 
-def open_format(folder: Path) -> ShardFormat:
+def open_format(folder: Path, index: bytes | None = None, source: str | None = None
+                ) -> ShardFormat:
     """The format object of the split in `folder`: its index.json's format, or a folder of
-    plain .npy files; ShardError naming what it lacks."""
+    plain .npy files; ShardError naming what it lacks. `index`: the bytes of the split's
+    index.json fetched from elsewhere (a store: `source` names it), `folder` being where its
+    shards are to be put."""
     folder = Path(folder)
     index_path = folder / "index.json"
+    if index is not None:
+        index, fmt = _parse_index(index, source or index_path)
+        return fmt(folder, index)
     if index_path.exists():
         index, fmt = _read_index(index_path)
         return fmt(folder, index)
@@ -44,9 +50,14 @@ def _read_index(path: Path) -> tuple[dict, type[ShardFormat]]:
     """A split's index.json and its format; ShardError naming it when it is not JSON or not an
     index a format can use, so no reader of it fails on a missing key."""
     try:
-        index = json.loads(path.read_bytes())
+        return _parse_index(path.read_bytes(), path)
     except OSError as e:
         raise ShardError(path, f"unreadable ({e.strerror})") from None
+
+
+def _parse_index(data: bytes, path) -> tuple[dict, type[ShardFormat]]:
+    try:
+        index = json.loads(data)
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ShardError(path, f"not valid JSON ({e})") from None
     if not isinstance(index, dict) or not isinstance(index.get("shards"), list):

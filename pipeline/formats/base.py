@@ -2,12 +2,15 @@
 npy.py; __init__.py is the registry) that owns the index schema, the shard files and
 their byte counts and sha256, encoding a shard and reading its rows back. docs/FORMAT.md is the
 spec of the bytes; everything above the formats (pack/writers.py, shards.py, stats, manifest,
-training/data.py) speaks only this interface.
+training/data.py) speaks only this interface. The trainer reads rows at random through
+`unpacked`, `unpack` and `read_rows`: whatever a format is, it trains from a local folder or a
+URL with no change to the trainer.
 
 A format object is one split's folder: opened on its index.json to be read (`formats.open_split`
 finds which format it is), or made by `for_writing` to write one.
 """
 
+import copy
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,7 +61,6 @@ class StoredFile:
 class ShardFormat:
     name: ClassVar[str]  # --format and manifest.json's "format"
     entry_keys: ClassVar[tuple[str, ...]] = ()  # what each index.json shard entry must have
-    streamed: ClassVar[bool] = False  # the trainer reads it through mosaicml-streaming
     compressed: ClassVar[bool] = False  # its files may hold fewer bytes than the rows (raw_bytes)
     default_compression: ClassVar[str] = "none"  # --compression when not given
 
@@ -129,6 +131,30 @@ class ShardFormat:
     def _read(self, i: int, load) -> Shard:
         """Shard i with its .npy files opened by `load` (mapped or read_whole)."""
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ rows at random
+    def unpacked(self, i: int) -> list[StoredFile]:
+        """The files shard i's rows are read from at random, as the index records them (their
+        sha256 is what the trainer checks): its stored files, unless the format stores them
+        compressed; then `unpack` makes these from them."""
+        return self.stored(i)
+
+    def unpack(self, i: int, stored: list[Path], out: list[Path]) -> None:
+        """Write shard i's `unpacked` files to `out` (in their order) from its stored files at
+        `stored` (in the order of `stored(i)`), in bounded memory; ShardError naming the stored
+        file that cannot be unpacked."""
+        raise NotImplementedError(f"{self.name} shards are read as they are stored")
+
+    def read_rows(self, i: int, folder: Path | None = None) -> Shard:
+        """Shard i for reading rows at random, its `unpacked` files in `folder` (default: the
+        split's folder) memory-mapped, not read: `tokens[r]` is row r (a view), `tokens[a:b]`
+        rows a..b-1, and a row costs only what it reads. A format whose `read_shard` maps its
+        files has nothing to add."""
+        if folder is None or Path(folder) == self.folder:
+            return self.read_shard(i)
+        there = copy.copy(self)  # the same index, its files in `folder`
+        there.folder = Path(folder)
+        return there.read_shard(i)
 
 
 def rows_per_shard(shard_bytes: int, seq: int, itemsize: int) -> int:

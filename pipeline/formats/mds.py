@@ -26,6 +26,7 @@ from pipeline.formats.base import (
     rows_per_shard,
 )
 
+UNPACK_CHUNK = 1 << 22  # bytes decompressed at a time into the trainer's cache
 BYTES_TOKENS = "int64"  # a `bytes` token column: llm-foundry's converter writes int64 ids
 
 
@@ -140,6 +141,26 @@ class MdsColumns:
         return _gather(self.buf, at, dtype), count
 
 
+class MappedRows:
+    """The rows of a decompressed shard read where they lie (read_rows): `rows[r]` is a view of
+    row r, `rows[a:b]` a copy of rows a..b-1 [b - a, seq]."""
+
+    def __init__(self, columns: MdsColumns, starts: list[int], seq: int, dtype: np.dtype):
+        self.columns, self.starts, self.seq, self.dtype = columns, starts, seq, np.dtype(dtype)
+        self.shape = (len(starts), seq)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, r):
+        if isinstance(r, slice):
+            starts = self.starts[r]
+            rows = np.empty((len(starts), self.seq), self.dtype)
+            self.columns.copy_rows(starts, rows)
+            return rows
+        return np.frombuffer(self.columns.raw, self.dtype, self.seq, self.starts[r])
+
+
 def _stored(info: dict) -> StoredFile:
     return StoredFile(info["basename"], info["bytes"], info["hashes"].get("sha256"))
 
@@ -148,7 +169,6 @@ class MdsFormat(ShardFormat):
     name = "mds"
     entry_keys = ("samples", "raw_data", "zip_data", "column_names", "column_encodings",
                   "column_sizes")
-    streamed = True
     compressed = True
     default_compression = "zstd"
 
@@ -227,14 +247,6 @@ class MdsFormat(ShardFormat):
         """The decompressed shard (what the rows are read from, and its sha256)."""
         return _stored(self.entries[i]["raw_data"])
 
-    @staticmethod
-    def token_blocks(raw_path: Path, entry: dict, block_bytes: int = 1 << 20):
-        """(first row, rows) of a decompressed MDS shard's `tokens` column (`entry`: its
-        index.json entry), about `block_bytes` at a time, copied out of a read-only map of the
-        file: each block is valid until the next is taken."""
-        columns = MdsColumns(np.memmap(raw_path, np.uint8, "r"), entry)
-        return columns.row_blocks(*columns.row_starts("tokens"), block_bytes)
-
     def raw_bytes(self, i):
         return self.raw(i).bytes
 
@@ -250,6 +262,45 @@ class MdsFormat(ShardFormat):
         columns, starts, seq, dtype, segments = self._columns(i)
         return ShardBlocks(self.shard_file(i), len(starts), seq, dtype, segments,
                            columns.row_blocks(starts, seq, dtype, block_bytes))
+
+    def unpacked(self, i):
+        """The decompressed shard: what the rows are read from at random (a compressed shard
+        cannot be read at a row)."""
+        return [self.raw(i)]
+
+    def unpack(self, i, stored, out):
+        """Decompress the stored shard, a chunk at a time, into out[0]."""
+        entry, size = self.entries[i], self.entries[i]["raw_data"]["bytes"]
+        source, got = stored[0], 0
+        try:
+            with source.open("rb") as f, out[0].open("wb") as w:
+                reader = (zstandard.ZstdDecompressor().stream_reader(f) if entry["zip_data"]
+                          else f)
+                while chunk := reader.read(UNPACK_CHUNK):
+                    got += len(chunk)
+                    if got > size:
+                        break
+                    w.write(chunk)
+        except FileNotFoundError:
+            raise ShardError(source, "missing") from None
+        except zstandard.ZstdError as e:
+            raise ShardError(source, f"cannot be decompressed ({type(e).__name__}: {e})") from None
+        if got != size:
+            raise ShardError(source, f"decompresses to {'more than ' if got > size else ''}"
+                                     f"{got:,} bytes, index.json says {size:,}")
+
+    def read_rows(self, i, folder=None):
+        """The decompressed shard in `folder` memory-mapped: `tokens[r]` is a view of row r
+        in the map, `tokens[a:b]` a copy of rows a..b-1."""
+        path = Path(folder or self.folder) / self.raw(i).basename
+        try:
+            raw = np.memmap(path, np.uint8, "r")
+        except FileNotFoundError:
+            raise ShardError(path, "missing") from None
+        except (OSError, ValueError) as e:  # an empty file cannot be mapped
+            raise ShardError(path, f"unreadable ({e})") from None
+        columns, starts, seq, dtype, segments = self._columns(i, raw, path)
+        return Shard(self.shard_file(i), MappedRows(columns, starts, seq, dtype), segments)
 
     def _bytes(self, i: int) -> memoryview:
         """Shard i's (decompressed) bytes, in this thread's buffer."""
@@ -267,12 +318,13 @@ class MdsFormat(ShardFormat):
                              f"{size:,}")
         return buf
 
-    def _columns(self, i: int):
-        """(columns, where each row starts, seq, dtype, segments) of shard i, its bytes in this
-        thread's buffer (_bytes)."""
-        entry, path = self.entries[i], self.shard_file(i)
+    def _columns(self, i: int, raw=None, path: Path | None = None):
+        """(columns, where each row starts, seq, dtype, segments) of shard i: of its
+        decompressed bytes `raw` read from `path`, else of its file read into this thread's
+        buffer (_bytes)."""
+        entry, path = self.entries[i], path or self.shard_file(i)
         try:
-            columns = MdsColumns(self._bytes(i), entry)
+            columns = MdsColumns(self._bytes(i) if raw is None else raw, entry)
             if columns.n != entry["samples"]:
                 raise ShardError(path, f"holds {columns.n} rows, index.json says "
                                        f"{entry['samples']}")
