@@ -1,6 +1,6 @@
 """Object storage: the one layer every URL goes through (build inputs: read/remote_inputs.py; build
 outputs: store/remote_build.py + store/uploader.py; `pack stats`: stats/remote.py; the trainer's
-checkpoints: training/upload.py). Local paths never come here.
+shards: training/data.py, and checkpoints: training/upload.py). Local paths never come here.
 
     store = Store("s3://bucket/prefix")        # fsspec: s3fs, gcsfs, adlfs, memory, ...
     store.put_file(Path("shard.00000.mds.zstd"), "train/shard.00000.mds.zstd")
@@ -9,8 +9,6 @@ checkpoints: training/upload.py). Local paths never come here.
 Why fsspec: it is what pyarrow, Hugging Face datasets and most of this field read object
 stores with, one API over S3, GCS, Azure and an in-memory store (what the gs:// tests use),
 with range reads (a parquet file is read a row group at a time, never downloaded whole).
-mosaicml-streaming keeps its own downloader for the trainer's shard cache (training/data.py):
-both take the endpoint and credentials from the same standard environment.
 
 Endpoint and credentials come from the environment only (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...;
 S3_ENDPOINT_URL, mosaicml-streaming's variable, or AWS_ENDPOINT_URL for an S3-compatible
