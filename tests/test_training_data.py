@@ -225,6 +225,72 @@ def test_the_cache_never_removes_a_shard_in_use_and_drops_the_least_recent(tmp_p
     assert sorted(p.name for p in folder.iterdir()) == ["other", "s3.a", "s3.b"]
 
 
+def _gzip_tokens(build: Path) -> None:
+    """Turn a memmap build's splits into GzipTokens' (its tokens files gzip-compressed)."""
+    import gzip
+    import hashlib
+
+    for index_path in build.glob("*/index.json"):
+        index = json.loads(index_path.read_text())
+        for entry in index["shards"]:
+            path = index_path.parent / entry["tokens"]["basename"]
+            data = gzip.compress(path.read_bytes())
+            (path.parent / f"{path.name}.gz").write_bytes(data)
+            path.unlink()
+            entry["gz"] = {"basename": f"{path.name}.gz", "bytes": len(data),
+                           "sha256": hashlib.sha256(data).hexdigest()}
+        index_path.write_text(json.dumps({**index, "format": "gzip-test"}))
+
+
+def test_a_format_of_one_class_trains_with_no_change_to_the_trainer(
+        tmp_path, byte_tokenizer, memory_store, monkeypatch):
+    """A format the trainer has never heard of, registered in one line, whose shards are stored
+    compressed: read from a folder (unpacked into the cache) and from a URL, the same rows."""
+    import gzip
+    import shutil
+
+    from pipeline import formats
+    from pipeline.formats.base import StoredFile
+    from pipeline.formats.memmap import MemmapFormat
+
+    class GzipTokens(MemmapFormat):
+        name, compressed = "gzip-test", True
+
+        @classmethod
+        def claims(cls, index):
+            return index.get("format") == "gzip-test"
+
+        def stored(self, i):
+            gz = self.entries[i]["gz"]
+            return [StoredFile(gz["basename"], gz["bytes"], gz["sha256"]), self.unpacked(i)[1]]
+
+        def unpacked(self, i):
+            return MemmapFormat.stored(self, i)
+
+        def unpack(self, i, stored, out):
+            out[0].write_bytes(gzip.decompress(stored[0].read_bytes()))
+            if out[1] != stored[1]:
+                shutil.copyfile(stored[1], out[1])
+
+        def read_rows(self, i, folder=None):  # the unpacked files are memmap's
+            return MemmapFormat(folder or self.folder, self.index).read_shard(i)
+
+    monkeypatch.setattr(formats, "INDEXED", (GzipTokens, *formats.INDEXED))
+    plain = _build(tmp_path, byte_tokenizer, "memmap")
+    gz = Path(shutil.copytree(plain, tmp_path / "gz"))
+    _gzip_tokens(gz)
+    before = {p: p.read_bytes() for p in gz.rglob("*") if p.is_file()}
+    want = open_build(str(plain), tmp_path / "c0", "1gb")
+    local = open_build(str(gz), tmp_path / "c1", "1gb")
+    remote = open_build(_upload(gz, f"{memory_store}/gz"), tmp_path / "c2", "1gb")
+    assert type(local.train.format) is GzipTokens
+    for b in (local, remote):
+        _same_rows(b.train, want.train)
+        _same_rows(b.val, want.val)
+    assert before == {p: p.read_bytes() for p in gz.rglob("*") if p.is_file()}  # read in place
+    assert list((tmp_path / "c1").rglob("shard.*.tokens.npy"))  # unpacked into the cache
+
+
 def _shared_maps() -> int:
     """This process's shared anonymous mappings (the loader's slots: mmap(-1, ...), which
     /proc/self/maps shows as "/dev/zero (deleted)" with "s" in the permissions)."""

@@ -149,7 +149,7 @@ class ShardFormat:
         """Shard i for reading rows at random, its `unpacked` files in `folder` (default: the
         split's folder) memory-mapped, not read: `tokens[r]` is row r (a view), `tokens[a:b]`
         rows a..b-1, and a row costs only what it reads. A format whose `read_shard` maps its
-        files has nothing to add."""
+        files has nothing to add; one that unpacks reads its unpacked files here."""
         if folder is None or Path(folder) == self.folder:
             return self.read_shard(i)
         there = copy.copy(self)  # the same index, its files in `folder`
