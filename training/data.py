@@ -211,12 +211,13 @@ class Rows:
                                     "rebuild it")
                 generation = int(cache.generation[k])
                 shard = self._read_rows(k, cache.folder)
-        tokens = shard.tokens
-        if isinstance(tokens, np.ndarray):  # np.memmap's own indexing costs microseconds a row
+        # Plain ndarray views of maps: np.memmap's own indexing costs microseconds a row.
+        tokens, segments = shard.tokens, np.asarray(shard.segments)
+        if isinstance(tokens, np.ndarray):
             tokens = np.asarray(tokens)
         # Segments of row r: rows first[r] .. first[r + 1] of the segments (sorted by row).
-        first = np.searchsorted(shard.segments[:, 0], np.arange(len(tokens) + 1))
-        self._open[k] = entry = (tokens, shard.segments, first, generation)
+        first = np.searchsorted(segments[:, 0], np.arange(len(tokens) + 1))
+        self._open[k] = entry = (tokens, segments, first, generation)
         while len(self._open) > self.OPEN_SHARDS:
             self._open.popitem(last=False)
         return entry
