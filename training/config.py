@@ -23,9 +23,9 @@ class TrainConfig:
 
     shards: tuple[str, ...] = setting(
         help="Output directory of `pack build` (OUT, with train/ and val/), or its URL "
-        "(s3://, gs://, ...) for MDS builds, streamed through mosaicml-streaming into "
-        "--cache. Repeat it to train on a mixture, each as NAME=PATH (a bare path is named "
-        "by its folder).", multiple=True, metavar="[NAME=]PATH")
+        "(s3://, gs://, ...), its shards fetched into --cache as they are needed. Repeat it "
+        "to train on a mixture, each as NAME=PATH (a bare path is named by its folder).",
+        multiple=True, metavar="[NAME=]PATH")
     mix: str | None = setting(
         None, "Shares of a mixture's sources, NAME=WEIGHT,... (divided by their sum; an "
         "unnamed source gets 0) [each in proportion to its train rows].", metavar="SHARES")
