@@ -84,7 +84,7 @@ def plan(cfg: TrainConfig, say=print, world_size: int | None = None,
 def probe_cache(cfg: TrainConfig, procs: distributed.Processes):
     """--cache, or else a temporary folder for the rows the probe reads, so that a dry run
     leaves nothing behind. Under torchrun it is one folder for all the launch's processes:
-    mosaicml-streaming's first process on a machine fills it for the others."""
+    a shard one of them has put in (whole, by a rename) serves the others."""
     if cfg.cache:
         yield Path(cfg.cache)
         return
