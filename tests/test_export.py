@@ -15,10 +15,11 @@ from training.transformers_compat import import_transformers
 from training.zoo_cli import zoo
 
 
-@pytest.fixture
-def neox_run(tmp_path, shards):
-    run = tmp_path / "run"
-    train(config(shards, run, max_steps=2, save_every=2, workers=0), log=lambda m: None)
+@pytest.fixture(scope="module")
+def neox_run(tmp_path_factory, shards_once):
+    """A 2-step run on `shards`, trained once for the module's tests, which only read it."""
+    run = tmp_path_factory.mktemp("export") / "run"
+    train(config(shards_once, run, max_steps=2, save_every=2, workers=0), log=lambda m: None)
     return run
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import build_tree, make_texts, write_jsonl, write_parquet
+from conftest import build_tree, make_texts, write_byte_ranks, write_jsonl, write_parquet
 from longpack.errors import SettingsError
 from longpack.settings import to_flags
 from pipeline.build import build
@@ -21,11 +21,45 @@ from pipeline.distribute import tasks
 from pipeline.distribute.layout import SplitLayout
 from pipeline.distribute.plan import plan_shares
 
+# The corpora and tokenizers are made once for the module (no test changes them), so the
+# single-machine builds the tasked ones are compared with are made once too (`single`).
 
-@pytest.fixture
-def jsonl_corpus(tmp_path) -> Path:
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tasks")
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer(module_tmp) -> str:
+    return str(write_byte_ranks(module_tmp / "gpt2.tiktoken"))
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer_u32(module_tmp) -> str:
+    return str(write_byte_ranks(module_tmp / "cl100k_base.tiktoken"))
+
+
+@pytest.fixture(scope="module")
+def single(module_tmp):
+    """single(corpus, tokenizer, **settings): the tree of the single-machine build of those
+    settings, built the first time a test asks for it."""
+    trees = {}
+
+    def tree(corpus: Path, tokenizer: str, **kw) -> dict:
+        key = (str(corpus), tokenizer, tuple(sorted(kw.items())))
+        if key not in trees:
+            out = module_tmp / f"single-{len(trees)}"
+            build(settings(out, corpus, tokenizer, **kw), show_progress=False)
+            trees[key] = build_tree(out)
+        return trees[key]
+
+    return tree
+
+
+@pytest.fixture(scope="module")
+def jsonl_corpus(module_tmp) -> Path:
     """Five files of uneven size, a bad record and a skipped one among them."""
-    folder = tmp_path / "jsonl"
+    folder = module_tmp / "jsonl"
     folder.mkdir()
     texts = make_texts(900, seed=3)
     bounds = [0, 100, 400, 420, 700, 900]
@@ -37,10 +71,10 @@ def jsonl_corpus(tmp_path) -> Path:
     return folder
 
 
-@pytest.fixture
-def parquet_corpus(tmp_path) -> Path:
+@pytest.fixture(scope="module")
+def parquet_corpus(module_tmp) -> Path:
     """One large file of many row groups (tasks split it) and two small ones."""
-    folder = tmp_path / "parquet"
+    folder = module_tmp / "parquet"
     folder.mkdir()
     texts = make_texts(1200, seed=5)
     write_parquet(folder / "a.parquet", texts[:1000], row_group_size=40)
@@ -65,9 +99,14 @@ def run_tasks_in_order(cfg: BuildConfig, order: list[int]) -> dict:
 
 # -- byte-identical for any N -------------------------------------------------------------------
 
-@pytest.mark.parametrize("corpus_name", ["jsonl_corpus", "parquet_corpus"])
-@pytest.mark.parametrize("fmt,val,last_row", [("mds", 0.1, "pad"), ("memmap", 0.1, "drop"),
-                                              ("mds", 0.0, "drop")])
+@pytest.mark.parametrize("corpus_name,fmt,val,last_row", [
+    # one case in the quick loop; each of the others builds 14 times too (~6 s)
+    ("jsonl_corpus", "mds", 0.1, "pad"),
+    *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+        ("jsonl_corpus", "memmap", 0.1, "drop"), ("jsonl_corpus", "mds", 0.0, "drop"),
+        ("parquet_corpus", "mds", 0.1, "pad"), ("parquet_corpus", "memmap", 0.1, "drop"),
+        ("parquet_corpus", "mds", 0.0, "drop")]),
+])
 def test_tasks_finishing_in_any_order_give_the_single_machine_bytes(
         request, tmp_path, byte_tokenizer, corpus_name, fmt, val, last_row):
     corpus = request.getfixturevalue(corpus_name)
@@ -93,21 +132,20 @@ def test_bos_and_a_token_dtype_of_uint32_are_merged_alike(tmp_path, jsonl_corpus
     assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
 
 
-def test_tasks_run_as_separate_processes_through_the_command_line(tmp_path, jsonl_corpus,
+def test_tasks_run_as_separate_processes_through_the_command_line(single, tmp_path,
+                                                                  jsonl_corpus,
                                                                   byte_tokenizer):
-    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
     flags = to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer, tasks=3),
                      skip=("task_index",))
     procs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", *flags,
                                "--task-index", str(i), "--quiet"], env={
         **os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}) for i in range(3)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
-    assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
+    assert build_tree(tmp_path / "t") == single(jsonl_corpus, byte_tokenizer)
 
 
 def test_the_task_index_comes_from_a_slurm_array_or_longpack_environment(
-        tmp_path, jsonl_corpus, byte_tokenizer, monkeypatch):
-    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+        single, tmp_path, jsonl_corpus, byte_tokenizer, monkeypatch):
     args = ["build", *to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer),
                                skip=("tasks", "task_index"))]
     monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "2")
@@ -121,21 +159,21 @@ def test_the_task_index_comes_from_a_slurm_array_or_longpack_environment(
     monkeypatch.setenv("LONGPACK_TASK_INDEX", "0")
     r = CliRunner().invoke(pack, args)
     assert r.exit_code == 0 and "train" in r.output, r.output
-    assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
+    assert build_tree(tmp_path / "t") == single(jsonl_corpus, byte_tokenizer)
 
 
-def test_without_a_task_index_every_task_runs_here_in_turn(tmp_path, jsonl_corpus,
+def test_without_a_task_index_every_task_runs_here_in_turn(single, tmp_path, jsonl_corpus,
                                                             byte_tokenizer):
-    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
     flags = to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer, tasks=5))
     r = CliRunner().invoke(pack, ["build", *flags])
     assert r.exit_code == 0 and "900 documents" in r.output and " in 5 tasks, " in r.output, r.output
-    assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
+    assert build_tree(tmp_path / "t") == single(jsonl_corpus, byte_tokenizer)
 
 
 # -- nothing under OUT until the merge; merge by hand; what is missing ---------------------------
 
-def test_unfinished_tasks_leave_no_dataset_and_name_what_is_missing(tmp_path, jsonl_corpus,
+def test_unfinished_tasks_leave_no_dataset_and_name_what_is_missing(single, tmp_path,
+                                                                    jsonl_corpus,
                                                                     byte_tokenizer):
     out = tmp_path / "t"
     cfg = settings(out, jsonl_corpus, byte_tokenizer, tasks=4)
@@ -153,13 +191,13 @@ def test_unfinished_tasks_leave_no_dataset_and_name_what_is_missing(tmp_path, js
         assert tasks.run_task(cfg, i, merge=False) is None
     r = CliRunner().invoke(pack, ["merge", str(out)])
     assert r.exit_code == 0 and "900 documents" in r.output, r.output
-    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
-    assert build_tree(out) == build_tree(tmp_path / "single")
+    assert build_tree(out) == single(jsonl_corpus, byte_tokenizer)
     r = CliRunner().invoke(pack, ["stats", str(out), "--verify"])
     assert r.exit_code == 0, r.output
 
 
-def test_merge_per_task_places_in_parallel_and_the_last_one_merges(tmp_path, jsonl_corpus,
+def test_merge_per_task_places_in_parallel_and_the_last_one_merges(single, tmp_path,
+                                                                   jsonl_corpus,
                                                                    byte_tokenizer):
     out = tmp_path / "t"
     cfg = settings(out, jsonl_corpus, byte_tokenizer, tasks=3)
@@ -169,8 +207,7 @@ def test_merge_per_task_places_in_parallel_and_the_last_one_merges(tmp_path, jso
     for i, expect in ((2, "task 2's shards placed"), (0, "task 0's shards placed"), (1, "train")):
         r = CliRunner().invoke(pack, ["merge", str(out), "--task-index", str(i)])
         assert r.exit_code == 0 and expect in r.output, r.output
-    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
-    assert build_tree(out) == build_tree(tmp_path / "single")
+    assert build_tree(out) == single(jsonl_corpus, byte_tokenizer)
 
 
 # -- killed anywhere, re-run: the same bytes ------------------------------------------------------
@@ -204,8 +241,7 @@ pack(sys.argv[3:])
                                         ("index.json", 1), ("skipped.jsonl", 1),
                                         ("manifest.json", 1)])
 def test_a_task_killed_at_any_point_and_run_again_gives_the_same_bytes(
-        tmp_path, jsonl_corpus, byte_tokenizer, target, nth):
-    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
+        single, tmp_path, jsonl_corpus, byte_tokenizer, target, nth):
     out = tmp_path / "t"
     flags = to_flags(settings(out, jsonl_corpus, byte_tokenizer, tasks=3), skip=("task_index",))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
@@ -218,13 +254,13 @@ def test_a_task_killed_at_any_point_and_run_again_gives_the_same_bytes(
     assert not (out / "manifest.json").exists()
     r = CliRunner().invoke(pack, ["build", *flags, "--task-index", "2"])
     assert r.exit_code == 0 and "train" in r.output, r.output
-    assert build_tree(out) == build_tree(tmp_path / "single")
+    assert build_tree(out) == single(jsonl_corpus, byte_tokenizer)
 
 
 # -- refusals -------------------------------------------------------------------------------------
 
 def test_a_different_task_count_or_a_single_build_is_refused_into_a_tasked_build(
-        tmp_path, jsonl_corpus, byte_tokenizer):
+        single, tmp_path, jsonl_corpus, byte_tokenizer):
     out = tmp_path / "t"
     tasks.run_task(settings(out, jsonl_corpus, byte_tokenizer, tasks=3), 1)
     with pytest.raises(SettingsError, match="is being built in 3 tasks; run its tasks with "
@@ -238,8 +274,7 @@ def test_a_different_task_count_or_a_single_build_is_refused_into_a_tasked_build
     # --overwrite starts it again with the new count
     run_tasks_in_order(settings(out, jsonl_corpus, byte_tokenizer, tasks=2, overwrite=True),
                        [0, 1])
-    build(settings(tmp_path / "single", jsonl_corpus, byte_tokenizer), show_progress=False)
-    assert build_tree(out) == build_tree(tmp_path / "single")
+    assert build_tree(out) == single(jsonl_corpus, byte_tokenizer)
 
 
 @pytest.mark.parametrize("kw,message", [

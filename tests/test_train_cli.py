@@ -197,16 +197,20 @@ def test_console_and_records_say_progress_and_eta(tmp_path, shards):
     assert records[1]["eta_seconds"] > records[2]["eta_seconds"] > 0  # 2 steps left, then 1
 
 
-def test_eta_is_the_pace_after_the_first_step_times_the_steps_left():
-    import time
+def test_eta_is_the_pace_after_the_first_step_times_the_steps_left(monkeypatch):
+    import types
 
+    from training import loop
     from training.loop import Eta
 
+    now = [100.0]  # a clock the test moves: no sleep, no dependence on the machine's load
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     eta = Eta(total=10)
     assert eta.after(3) == {"progress": 0.4, "eta_seconds": None}  # resumed at step 3
-    time.sleep(0.2)
-    after = eta.after(5)  # 2 steps in ~0.2 s, 4 left
+    now[0] += 0.2
+    after = eta.after(5)  # 2 steps in 0.2 s, 4 left
     assert after["progress"] == 0.6 and 0.35 < after["eta_seconds"] < 0.8
+    assert after["eta_seconds"] == pytest.approx(0.4)
 
 
 def test_list_models_sizes_presets_at_the_build_vocabulary(shards):

@@ -24,10 +24,11 @@ from training.zoo_cli import zoo
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def neox_run(tmp_path, shards):
-    run = tmp_path / "run"
-    train(config(shards, run, max_steps=2, save_every=2, workers=0), log=lambda m: None)
+@pytest.fixture(scope="module")
+def neox_run(tmp_path_factory, shards_once):
+    """A 2-step run on `shards`, trained once for the module: a test that changes it copies it."""
+    run = tmp_path_factory.mktemp("zoo") / "run"
+    train(config(shards_once, run, max_steps=2, save_every=2, workers=0), log=lambda m: None)
     return run
 
 
@@ -37,6 +38,9 @@ def last_line(result) -> str:
 
 
 def test_zoo_eval_refuses_a_build_of_another_tokenizer(tmp_path, shards, neox_run):
+    import shutil
+
+    neox_run = Path(shutil.copytree(neox_run, tmp_path / "run"))  # its checkpoint is changed
     src = tmp_path / "rows.npy"
     np.save(src, np.random.default_rng(0).integers(0, 256, (8, 65)).astype(np.int64))
     other = tmp_path / "imported"
