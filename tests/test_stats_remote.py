@@ -33,7 +33,7 @@ def leftovers() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("longpack-stats.*")}
 
 
-@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.parametrize("fmt", ["mds", pytest.param("memmap", marks=pytest.mark.slow)])
 def test_the_report_of_a_build_in_a_bucket_is_the_local_one(tmp_path, s3, byte_tokenizer, fmt):
     out = make_build(tmp_path, byte_tokenizer, fmt)
     url = s3.upload_tree(out, "build")

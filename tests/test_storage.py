@@ -38,6 +38,7 @@ def test_missing_bucket_wrong_endpoint_and_no_credentials_are_one_line_each(s3, 
         f"endpoint {s3.endpoint}; create it or correct the URL")
 
     monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on port 9
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # one try says it: botocore's retries back off ~5 s
     with pytest.raises(StorageError) as caught:
         Store(s3.url("x")).check_writable()
     assert _one_line(caught).startswith(
