@@ -221,18 +221,28 @@ def test_resonance_long_convolution_is_linear_not_circular():
     assert fft_causal_conv(x, spec, L)[..., :-1].abs().max() < 1e-5
 
 
-def test_mixture_of_depths_trains_its_share_and_its_predictor():
+def mod_model():
     from archs.moe import DepthRouted
 
     torch.manual_seed(0)
     model = archs.build("moe-tiny", mod_capacity=0.25, n_layers=2, vocab_size=256)
     routed = model.blocks[1]
     assert isinstance(routed, DepthRouted)
+    return model, routed
+
+
+def test_mixture_of_depths_routes_its_share_of_each_sequence():
+    _, routed = mod_model()
     x = torch.randn(3, 32, 64)
     pos = torch.arange(32).expand(3, 32)
     out, stats = routed(x, pos, None)
     changed = (out != x).any(-1)
     assert changed.sum(1).tolist() == [8, 8, 8]  # exactly a quarter of each sequence
+
+
+@pytest.mark.slow  # 120 training steps
+def test_mixture_of_depths_trains_its_share_and_its_predictor():
+    model, _ = mod_model()
     data = real_text_bytes()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     bce = []

@@ -7,18 +7,31 @@ import random
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_train import weights
 
 from conftest import make_texts, write_jsonl
 from longpack.errors import DataError, SettingsError, TrainingError
 from pipeline.mixture import parse_sources, parse_stage, parse_weights
 from training.cli import train as train_cli
 from training.config import TrainConfig
-from training.loop import train
 from training.mixture import MixedOrder
 from training.sampler import GlobalOrder, batch_hash
 
 FP = ["a" * 16, "b" * 16, "c" * 16]
+
+
+# The sampler and the settings are pure units: this module imports torch only for the tests
+# that train (training.loop and test_train import it).
+
+def train(*args, **kw):
+    from training.loop import train
+
+    return train(*args, **kw)
+
+
+def weights(run):
+    from test_train import weights
+
+    return weights(run)
 
 
 def config(shards, out, **kw):
