@@ -2,13 +2,14 @@
 validation failure class produced on purpose, and the JSON keys."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_texts, write_jsonl
+from conftest import make_texts, write_byte_ranks, write_jsonl
 from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
@@ -25,15 +26,32 @@ def texts():
     return make_texts(400, seed=7)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _builds_made_once(tmp_path_factory):
+    """Where make_build keeps the one build of each (texts, format, settings) of the module."""
+    _BUILT["folder"] = tmp_path_factory.mktemp("stats-builds")
+    yield
+    _BUILT.clear()
+
+
+_BUILT: dict = {}
+
+
 def make_build(tmp_path, texts, fmt="mds", name="out", **kw):
-    src = tmp_path / "src"
-    src.mkdir(exist_ok=True)
-    write_jsonl(src / "d.jsonl", [{"text": t} for t in texts])
-    out = tmp_path / name
-    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(src / "d.jsonl"),),
-                      tokenizer=str(tmp_path / "gpt2.tiktoken"), seq=SEQ, format=fmt,
-                      val_fraction=0.2, shard_bytes=SEQ * 2 * 16, **kw), show_progress=False)
-    return out
+    """tmp_path/name: this test's copy of the build of `texts` (tests damage their copy); each
+    (texts, format, settings) is built once for the module (a build ~1 s, a copy ~10 ms)."""
+    key = repr((texts, fmt, sorted(kw.items())))
+    if key not in _BUILT:
+        at = _BUILT["folder"] / str(len(_BUILT))
+        src = at / "src"
+        src.mkdir(parents=True)
+        write_jsonl(src / "d.jsonl", [{"text": t} for t in texts])
+        build(BuildConfig(out=str(at / "out"), dataset="jsonl", inputs=(str(src / "d.jsonl"),),
+                          tokenizer=str(write_byte_ranks(at / "gpt2.tiktoken")), seq=SEQ,
+                          format=fmt, val_fraction=0.2, shard_bytes=SEQ * 2 * 16, **kw),
+              show_progress=False)
+        _BUILT[key] = at / "out"
+    return Path(shutil.copytree(_BUILT[key], tmp_path / name))
 
 
 def expected(texts, split):
