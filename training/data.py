@@ -204,13 +204,20 @@ class Rows:
         else:
             for j in [j for j, e in self._open.items() if e[3] != cache.generation[j]]:
                 del self._open[j]
+            sizes = [f.bytes for f in self.format.unpacked(k)]
             with cache.using(k):
-                problem = self._fill(k)  # it left the cache since it was checked
-                if problem:
-                    raise DataError(f"{problem} (fetched again after it left the cache); "
-                                    "rebuild it")
-                generation = int(cache.generation[k])
-                shard = self._read_rows(k, cache.folder)
+                for attempt in range(3):
+                    problem = self._fill(k)  # unless it is there: it may have left since
+                    if problem:
+                        raise DataError(f"{problem} (fetched again after it left the cache); "
+                                        "rebuild it")
+                    generation = int(cache.generation[k])
+                    try:
+                        shard = self._read_rows(k, cache.folder)
+                        break
+                    except DataError:  # removed just now by another rank's cache (torchrun)?
+                        if attempt == 2 or cache.holds(k, sizes):
+                            raise
         # Plain ndarray views of maps: np.memmap's own indexing costs microseconds a row.
         tokens, segments = shard.tokens, np.asarray(shard.segments)
         if isinstance(tokens, np.ndarray):
@@ -241,7 +248,7 @@ class Rows:
         unpacked, stored = fmt.unpacked(k), fmt.stored(k)
         if cache.holds(k, [f.bytes for f in unpacked]):
             return None
-        unpack = [f.basename for f in unpacked] != [f.basename for f in stored]
+        unpack = unpacked != stored  # else fetched as they are (never moved out of a build)
         cache.make_room(k, sum(f.bytes for f in stored) * bool(self.url)
                         + sum(f.bytes for f in unpacked) * unpack)
         cache.folder.mkdir(parents=True, exist_ok=True)
