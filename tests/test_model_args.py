@@ -47,7 +47,8 @@ def test_moe_with_multi_token_heads_and_mixture_of_depths_trains_and_exports(tmp
            "-> 2)" in more.output
 
 
-@pytest.mark.parametrize("model", ["resonance-tiny", "mamba-tiny", "hybrid-tiny"])
+@pytest.mark.parametrize("model", ["resonance-tiny", "mamba-tiny",
+                                   pytest.param("hybrid-tiny", marks=pytest.mark.slow)])
 def test_the_other_families_train_end_to_end(tmp_path, shards, model):
     run = tmp_path / "res"
     result = CliRunner().invoke(train_cli, args(shards, run, model))

@@ -23,6 +23,12 @@ from pipeline.distribute.task_stream import SEAL, seal
 TASKS = 3
 
 
+def slow(*case):
+    """A case of a parametrized damage for the whole suite only: the quick loop keeps one or two
+    of each kind (each case re-runs a task and merges, ~2 s)."""
+    return pytest.param(*case, marks=pytest.mark.slow)
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> dict:
     """The corpus, the single-machine build's files, and two states of a build in 3 tasks, all
@@ -100,10 +106,10 @@ def flip(path: Path, at: int) -> None:
 
 @pytest.mark.parametrize("state,name,at", [
     ("placed", "task.00002/train.tokens", -50),  # the last shard, which the merge cuts
-    ("unplaced", "task.00001/train.tokens", 0.5),  # read by the placement the merge does
+    slow("unplaced", "task.00001/train.tokens", 0.5),  # read by the placement the merge does
     ("unplaced", "task.00001/train.docs", 0.5),
-    ("unplaced", "task.00000/val.tokens", 0.3),
-    ("placed", "task.00001/skipped.jsonl", 0.5),
+    slow("unplaced", "task.00000/val.tokens", 0.3),
+    slow("placed", "task.00001/skipped.jsonl", 0.5),
 ])
 def test_a_byte_changed_in_a_task_file_is_refused_and_the_named_task_rewrites_it(
         made, tmp_path, state, name, at):
@@ -171,10 +177,10 @@ def _one_more_record(r):  # still JSON, still its shape: only the seal tells
 
 @pytest.mark.parametrize("text,change,says", [
     ("{not json", None, "not JSON"),
-    ("", None, "not JSON"),
-    ("[1, 2]", None, "not a JSON object"),
-    (None, _drop_counts, "no counts"),
-    (None, _tokens_as_text, "counts.splits.train.tokens is"),
+    slow("", None, "not JSON"),
+    slow("[1, 2]", None, "not a JSON object"),
+    slow(None, _drop_counts, "no counts"),
+    slow(None, _tokens_as_text, "counts.splits.train.tokens is"),
     (None, _one_more_record, "does not match its sha256"),
 ])
 def test_a_damaged_done_json_is_one_line_and_its_task_re_run_mends_it(
@@ -220,8 +226,8 @@ def _flip_a_hash(r):
 
 @pytest.mark.parametrize("text,change,says", [
     ("{\"train\": {", None, "not JSON"),
-    ('{"train": 5, "val": {}}', None, "train is 5, not dict"),
-    (None, _other_shards, "it lists other train shards than the"),
+    slow('{"train": 5, "val": {}}', None, "train is 5, not dict"),
+    slow(None, _other_shards, "it lists other train shards than the"),
     (None, _flip_a_hash, "does not match its sha256"),
 ])
 def test_a_damaged_placed_json_is_one_line_and_its_task_re_run_mends_it(
@@ -234,7 +240,7 @@ def test_a_damaged_placed_json_is_one_line_and_its_task_re_run_mends_it(
     rerun_and_merge(made, out, 0)
 
 
-@pytest.mark.parametrize("name", ["tasks.json", "fingerprint.json"])
+@pytest.mark.parametrize("name", ["tasks.json", slow("fingerprint.json")])
 def test_a_damaged_build_record_is_one_line_and_any_task_re_run_mends_it(made, tmp_path, name):
     out = copy_of(made, "placed", tmp_path)
     path = work(out, name)
@@ -247,8 +253,9 @@ def test_a_damaged_build_record_is_one_line_and_any_task_re_run_mends_it(made, t
 
 # -- 3. a placed shard removed or cut: no loop -------------------------------------------------------
 
-@pytest.mark.parametrize("how", ["removed", "cut"])
-@pytest.mark.parametrize("mend", ["task", "merge --task-index"])
+@pytest.mark.parametrize("how,mend", [("removed", "task"), slow("cut", "task"),
+                                      slow("removed", "merge --task-index"),
+                                      ("cut", "merge --task-index")])
 def test_a_placed_shard_removed_names_its_task_whose_re_run_places_it_again(
         made, tmp_path, how, mend):
     out = copy_of(made, "placed", tmp_path)
