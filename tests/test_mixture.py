@@ -318,6 +318,7 @@ def test_a_config_files_data_list_is_the_flags(tmp_path, two_builds):
     assert result.exit_code != 0 and "its name 'a=b' has characters" in result.output
 
 
+@pytest.mark.slow  # two runs, one through S3: mixtures and runs from a bucket each have quick tests
 def test_a_source_in_a_bucket_mixes_with_a_local_one(tmp_path, two_builds, s3):
     web, code = two_builds
     remote = s3.upload_tree(code, "builds/code")  # a real S3 server on 127.0.0.1
