@@ -53,9 +53,11 @@ def nanogpt_folder(tmp_path, rng, names=("train.bin", "val.bin"), sizes=(40, 9),
 # -- splits by name --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("names", [("train.bin", "val.bin"),  # nanoGPT
-                                   ("shakespeare_train_000001.bin",  # llm.c
-                                    "shakespeare_val_000000.bin"),
-                                   ("train.bin", "valid.bin")])  # fairseq
+                                   pytest.param(("shakespeare_train_000001.bin",  # llm.c
+                                                 "shakespeare_val_000000.bin"),
+                                                marks=pytest.mark.slow),
+                                   pytest.param(("train.bin", "valid.bin"),  # fairseq
+                                                marks=pytest.mark.slow)])
 def test_a_nanogpt_folder_gives_its_train_and_val_splits(tmp_path, byte_tokenizer, names):
     src, flats = nanogpt_folder(tmp_path, np.random.default_rng(3), names)
     out = tmp_path / "out"

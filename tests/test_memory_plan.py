@@ -212,7 +212,8 @@ def measured_peak(model, inputs, precision: str) -> tuple[int, int]:
 
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", [*FAMILIES[:-1],  # hybrid's blocks are mamba's and neox's
+                                  pytest.param(FAMILIES[-1], marks=pytest.mark.slow)])
 def test_the_activation_peak_is_the_measured_one(name, precision, checkpointing):
     """The peak the profiler measures on the CPU (over the micro-batch, made before), less the
     parameters' gradients allocated by then (the plan counts them whole, apart): within 5%
