@@ -1,16 +1,25 @@
-"""`pack build`: read -> tokenize -> split -> pack -> write shards, resumably.
+"""`pack build`: read -> tokenize -> split -> pack -> write, resumably; a build composed of
+parts, as datatrove composes its steps.
 
-    read_batches (read/inputs.py)      a reader thread: batches of texts from one file, in order
-      -> encode_batch (tokenize/encode.py) worker threads: hash, split, tokens + EOS    (--workers)
-      -> RowPacker (pack/packer.py)      main thread, one per split: rows of exactly --seq tokens
-      -> ShardSink (pack/writers.py)   main thread, one per split: write-ahead rows; a writer thread
-                                  turns them into finished shards in the background
-      -> checkpoint               every CHECKPOINT_SECONDS and after each finished shard:
-                                  the BuildState (build_state.py), written atomically
+    read_batches (read/inputs.py)         a reader thread: batches of texts from one file, in
+                                          order, over the build's share of the inputs
+      -> encode_batch (tokenize/encode.py) worker threads: hash, split, tokens + EOS (--workers)
+      -> Output.emit                      main thread: the documents of each split, in order, to
+                                          the output the caller passed in:
+           ShardOutput (pack/output.py)      rows of exactly --seq tokens (pack/packer.py) and
+                                             shards (pack/writers.py: a writer thread) in OUT
+           TaskOutput (distribute/task_build.py)  one task's documents, for the merge
+      -> checkpoint                       every CHECKPOINT_SECONDS and when the output asks: the
+                                          BuildState (build_state.py), written atomically
+
+    with Build(cfg) as build:                        # inputs, tokenizer, fingerprint
+        manifest = build.run(ShardOutput(cfg))       # or TaskOutput(...), or an uploading one
 
 Batches are submitted in order and consumed in order, at most 2 x workers ahead, so memory is
 bounded and the output is the same for any worker count. Re-running the same command resumes
-from the last checkpoint and produces the same bytes as an uninterrupted build.
+from the last checkpoint and produces the same bytes as an uninterrupted build. No part
+subclasses another or is changed from outside: what differs between a build, a task and an
+upload is the Output passed in (and a task's share of the inputs).
 """
 
 import contextlib
@@ -20,45 +29,74 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-from longpack.atomic import write_bytes, write_json, writing
+from longpack.atomic import write_bytes, writing
 from longpack.errors import InputError, TokenizerError
 from pipeline import manifest as manifest_mod
 from pipeline.build_state import BuildState
-from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.pack.packer import RowPacker
-from pipeline.pack.writers import ShardSink, shard_writer
+from pipeline.config import SPLITS, BuildConfig
+from pipeline.distribute.plan import Share, plan_shares
 from pipeline.progress import Progress
 from pipeline.read.catalog import file_format, get_dataset
-from pipeline.read.inputs import open_inputs, read_ahead, read_batches
+from pipeline.read.inputs import InputFiles, open_inputs, read_ahead, read_batches
 from pipeline.read.records import BLANK_LINE, Skip
-from pipeline.store.lock import OutputLock
-from pipeline.store.output_dir import (
-    CHECKPOINT,
-    Journal,
-    prepare_output,
-    refuse_tasked_build,
-    remove_work_files,
-)
+from pipeline.store.output_dir import CHECKPOINT
 from pipeline.tokenize.encode import EngineMismatch, encode_batch
 from pipeline.tokenize.split import Splitter
 from pipeline.tokenize.tokenizer import load_tokenizer
 
 CHECKPOINT_SECONDS = 10.0
+REPORT_SECONDS = 0.5  # how often `report` is told
 
 
 def build(cfg: BuildConfig, hub_client=None, show_progress: bool | None = None) -> dict:
-    return Build(cfg, hub_client, show_progress).run()
+    """A single-machine build of OUT (a local folder); its manifest."""
+    from pipeline.pack.output import ShardOutput
+
+    with Build(cfg, hub_client, show_progress) as b:
+        return b.run(ShardOutput(cfg))
+
+
+class Output(Protocol):
+    """Where a build's documents go: OUT's shards (pack/output.py: ShardOutput) or one task's
+    documents (distribute/task_build.py: TaskOutput). Build calls, in order: `held()` (the
+    output's lock, for the whole run), `begin` (the record of an output finished already, or
+    the BuildState to start or resume from), `open`, then `emit` per split and batch, `record`
+    into each checkpoint and `checkpointed` after it, `finish` (the last rows; each split's
+    index), `stop_writing`, `complete` (the record written last: manifest.json or done.json);
+    `abandon` after a failure, `close` at the end."""
+
+    work: Path  # the folder of the checkpoint
+    skip_path: Path  # skipped.jsonl
+
+    def held(self) -> contextlib.AbstractContextManager: ...
+    def begin(self, fingerprint: dict) -> dict | BuildState: ...
+    def open(self, state: BuildState, dtype: np.dtype) -> None: ...
+    def emit(self, split: str, tokens: np.ndarray, lengths: np.ndarray,
+             hashes: np.ndarray) -> None: ...
+    def record(self, state: BuildState) -> None: ...
+    def checkpointed(self) -> None: ...
+    def wants_checkpoint(self) -> bool: ...
+    def finish(self, counts: dict, eos_id: int) -> dict: ...
+    def stop_writing(self) -> None: ...
+    def complete(self, build: "Build", indexes: dict, timings: dict) -> dict: ...
+    def abandon(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class Build:
-    """One run of `pack build`: the settings and inputs in __init__, then `run`."""
+    """One run of `pack build` over the inputs (or one task's share of them: `task`): the
+    reader, the tokenizer and the split in __init__, then `run(output)`. Close it (a context
+    manager) to close the input files. `report(documents, tokens, bytes_done, bytes_total)`
+    is told how far it is, a few times a second (a launcher's aggregated progress)."""
 
-    def __init__(self, cfg: BuildConfig, hub_client=None, show_progress: bool | None = None):
+    def __init__(self, cfg: BuildConfig, hub_client=None, show_progress: bool | None = None,
+                 task: int | None = None, report=None):
         self.t_start, self.t0 = time.time(), time.monotonic()
-        self.cfg, self.show_progress = cfg, show_progress
+        self.cfg, self.show_progress, self.report = cfg, show_progress, report
         self.dataset = get_dataset(cfg.dataset)
         self.field = cfg.text_field or self.dataset.text_field
         self.tok = load_tokenizer(cfg.tokenizer, bos=cfg.bos, engine=cfg.tokenizer_engine)
@@ -67,41 +105,62 @@ class Build:
             # when first used; without it the pool takes every core whatever --workers says.
             os.environ.setdefault("RAYON_NUM_THREADS", str(cfg.workers))
         self.files, self.inputs = open_inputs(cfg, self.dataset, hub_client)
-        self.out = Path(cfg.out)
-        self.work = self.out / WORK_DIR
+        try:
+            self.share = self._share(task)
+        except BaseException:
+            self.files.close()
+            raise
         tokenizer_id = {k: v for k, v in self.tok.identity().items() if k != "source"}
         self.fingerprint = {"settings": cfg.output_settings(), "tokenizer": tokenizer_id,
                             "inputs": self.inputs, "format_version": manifest_mod.FORMAT_VERSION}
         self.splitter = Splitter(cfg.val_fraction, cfg.seed)
-        self.stop = None  # where reading ends (a task's share ends early: distribute/task_build.py)
-        self.publish = None  # called with each finished shard file (store/remote_build.py uploads it)
+        # set by run: the output, its state, this run's clock and counters
+        self.output: Output | None = None
+        self.state: BuildState | None = None
+        self.already_complete = self.resumed = False
+        self.tokens_at_start, self.bytes_done = 0, 0
+        self.t_first = self.t_last = None
+        self.last_checkpoint = self.last_report = 0.0
+        self.skip_path, self.skip_log = None, None
+        self.progress, self.inflight = None, deque()
 
-    def run(self) -> dict:
-        """Build (or resume, or find complete) OUT; returns its manifest."""
-        try:
-            with OutputLock(self.work):
-                refuse_tasked_build(self.out, self.cfg.overwrite)
-                found = prepare_output(self.out, self.fingerprint, self.cfg.overwrite)
-                self.already_complete = found == "complete"
-                if self.already_complete:  # nothing to do: the finished build's manifest
-                    return json.loads((self.out / "manifest.json").read_text())
-                self.journal = Journal(self.out)
-                try:
-                    return self._run(found or BuildState())
-                finally:
-                    self.journal.close()
-        finally:
-            self.files.close()
+    def _share(self, task: int | None) -> Share:
+        """The part of the inputs this build reads: all of them, or task `task`'s share of
+        cfg.tasks (distribute/plan.py)."""
+        if task is None:
+            return Share((0, 0), None, sum(size for _, size in self.files.files))
+        sources = self.files.paths if isinstance(self.files, InputFiles) else None
+        return plan_shares(self.files.files, self.cfg.tasks, self.field, sources)[task]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self.files.close()
+
+    def run(self, output: Output) -> dict:
+        """Build (or resume, or find complete) the output; returns its record (manifest)."""
+        self.output = output
+        with output.held():
+            found = output.begin(self.fingerprint)
+            self.already_complete = isinstance(found, dict)
+            if self.already_complete:  # nothing to do: the finished output's record
+                return found
+            try:
+                return self._run(found)
+            finally:
+                output.close()
 
     def _run(self, state: BuildState) -> dict:
         self.state, self.resumed = state, state.runs > 0
         state.runs += 1
         self.tokens_at_start = state.counts["tokens"]
-        self.t_first = self.t_last = None
-        self.sinks, self.skip_log = {}, None
-        self.writer = shard_writer()
         try:
-            self._open_outputs()
+            self.output.open(state, self.tok.dtype)
+            self._open_skip_log(self.output.skip_path)
             if not state.input_done:
                 self._read_all()
             indexes = self._finish()
@@ -111,23 +170,10 @@ class Build:
             self._abandon()
             raise
         finally:
-            self.writer.shutdown()
+            self.output.stop_writing()
         return self._write_manifest(indexes)
 
-    # -- outputs and checkpoints -------------------------------------------------------------
-    def _open_outputs(self):
-        """Packers, shard sinks and skipped.jsonl, each where the checkpoint left it."""
-        cfg, state, dtype = self.cfg, self.state, self.tok.dtype
-        self.packers = {s: RowPacker(cfg.seq, dtype, *state.carries.get(s, (None, None)))
-                        for s in SPLITS}
-        self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
-                                   cfg.shard_rows(dtype.itemsize), cfg.shard_compression(),
-                                   cfg.shard_bytes, self.journal.claim, self.writer,
-                                   state.sinks.get(s), self.publish)
-                      for s in SPLITS}
-        self.journal.claim(self.out / "skipped.jsonl")
-        self._open_skip_log(self.out / "skipped.jsonl")
-
+    # -- the skip log and checkpoints --------------------------------------------------------
     def _open_skip_log(self, path: Path):
         self.skip_path = path
         with writing(path):
@@ -140,16 +186,10 @@ class Build:
         with writing(self.skip_path):
             self.skip_log.flush()
         state.skip_log_bytes = self.skip_log.tell()
-        self._record_outputs()
-        write_bytes(self.work / CHECKPOINT, state.to_npz())
-        for sink in self.sinks.values():
-            sink.delete_obsolete()
+        self.output.record(state)  # waits for shards in flight
+        write_bytes(self.output.work / CHECKPOINT, state.to_npz())
+        self.output.checkpointed()
         self.last_checkpoint = time.monotonic()
-
-    def _record_outputs(self):
-        """Into the state: where each split's output stands."""
-        self.state.sinks = {s: self.sinks[s].state() for s in SPLITS}  # waits for shards in flight
-        self.state.carries = {s: (p.carry, p.carry_segments) for s, p in self.packers.items()}
 
     def _abandon(self) -> None:
         """After a failure, close every output file quietly: a full disk would refuse their
@@ -157,23 +197,21 @@ class Build:
         if self.skip_log is not None:
             with contextlib.suppress(OSError):
                 self.skip_log.close()
-        for sink in self.sinks.values():
-            sink.abandon()
+        self.output.abandon()
 
     # -- the loop ----------------------------------------------------------------------------
     def _read_all(self):
         cfg, c = self.cfg, self.state.counts
         self.bytes_done = self._bytes_before(self.state.cursor[0])
-        self.progress = Progress(self._bytes_total(), cfg.max_tokens,
+        self.progress = Progress(self.share.bytes, cfg.max_tokens,
                                  self.show_progress, (c["documents"], c["tokens"], self.bytes_done))
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
-        self.inflight = deque()
         if cfg.max_tokens and not cfg.inputs:  # settling packs on this thread between files
             batches = read_batches(self.files, self.field, self.state.cursor,
                                    self._prefetch_next, self._settle_before_download)
         else:
             batches = read_ahead(read_batches(self.files, self.field, self.state.cursor,
-                                              self._prefetch_next, stop=self.stop),
+                                              self._prefetch_next, stop=self.share.stop),
                                  2 * cfg.workers)
         try:
             exhausted = False
@@ -213,7 +251,7 @@ class Build:
         c = self.state.counts
         self._show_progress(c["documents"], c["tokens"], self.bytes_done + in_file)
         if not stop and (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
-                         or any(s.obsolete for s in self.sinks.values())):
+                         or self.output.wants_checkpoint()):
             self._checkpoint()
         return stop
 
@@ -256,18 +294,20 @@ class Build:
 
     def _emit(self, split: str, tokens: np.ndarray, lengths: np.ndarray, hashes: np.ndarray):
         """Documents of one split, whole and in order, to their output."""
-        rows, segments = self.packers[split].add(tokens, lengths, hashes)
-        self.sinks[split].append(rows, segments)
+        self.output.emit(split, tokens, lengths, hashes)
 
     def _show_progress(self, documents: int, tokens: int, bytes_done: int):
         self.progress.update(documents, tokens, bytes_done)
+        now = time.monotonic()
+        if self.report is not None and now - self.last_report >= REPORT_SECONDS:
+            self.last_report = now
+            self.report(documents, tokens, bytes_done, self.share.bytes)
 
     def _bytes_before(self, file_index: int) -> int:
-        """Input bytes of the files before `file_index` (progress)."""
-        return sum(s for _, s in self.files.files[:file_index])
-
-    def _bytes_total(self) -> int:
-        return sum(s for _, s in self.files.files)
+        """Input bytes of the share's files before `file_index` (progress)."""
+        files = self.files.files
+        return max(0, sum(s for _, s in files[:file_index])
+                   - sum(s for _, s in files[:self.share.start[0]]))
 
     def _skip(self, batch_file: int, n: int, skip: Skip):
         self.state.counts["skipped"][skip.reason] += skip.records
@@ -286,7 +326,8 @@ class Build:
         """Fetch the next hub file in the background unless the build may stop in this one
         (before the first file is done there is no tokens-per-byte estimate: no prefetch), nor
         past the end of a task's share."""
-        if self.stop and file_index + 1 >= self.stop[0] + (self.stop[1] > 0):
+        stop = self.share.stop
+        if stop and file_index + 1 >= stop[0] + (stop[1] > 0):
             return False
         if not self.cfg.max_tokens:
             return True
@@ -305,17 +346,11 @@ class Build:
 
     # -- the end -----------------------------------------------------------------------------
     def _finish(self) -> dict:
-        indexes = {}
-        for s in SPLITS:
-            rows, segments, padding, dropped = self.packers[s].finish(self.cfg.last_row,
-                                                                      self.tok.eos_id)
-            self.sinks[s].append(rows, segments)
-            cs = self.state.counts["splits"][s]
-            cs["padding_tokens"], cs["dropped_tokens"] = padding, dropped
-            indexes[s] = self.sinks[s].close()
-        return indexes
+        """The last rows of each split; each split's index."""
+        return self.output.finish(self.state.counts, self.tok.eos_id)
 
     def _write_manifest(self, indexes: dict) -> dict:
+        """The output's record, written last (manifest.json, or a task's done.json)."""
         t_end = time.time()
         loop = (self.t_last - self.t_first) if self.t_first and self.t_last else None
         new_tokens = self.state.counts["tokens"] - self.tokens_at_start
@@ -324,13 +359,10 @@ class Build:
                    "steady_seconds": loop, "tokens_this_run": new_tokens,
                    "steady_tokens_per_second": new_tokens / loop if loop else None,
                    "resumed": self.resumed, "runs": self.state.runs}
-        m = manifest_mod.make_manifest(self.cfg, self.fingerprint, self.tok.identity(),
-                                       self.tok.engine_identity(), self.inputs,
-                                       self.state.counts, indexes, self.out, timings)
-        self.journal.claim(self.out / "manifest.json")
-        write_json(self.out / "manifest.json", m, fsync=True)
-        remove_work_files(self.out)  # the lock goes last, when run() lets it go
-        return m
+        if self.report is not None:  # the whole share is behind it
+            c = self.state.counts
+            self.report(c["documents"], c["tokens"], self.share.bytes, self.share.bytes)
+        return self.output.complete(self, indexes, timings)
 
 
 class _Stop(Exception):

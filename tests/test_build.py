@@ -10,7 +10,7 @@ import pipeline.build as build_mod
 from conftest import make_texts, split_documents, write_jsonl, write_parquet
 from longpack.errors import InputError, SettingsError
 from pipeline.build import build
-from pipeline.config import BuildConfig
+from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.formats.shards import open_split
 from pipeline.tokenize.split import Splitter, doc_hash
 
@@ -154,12 +154,12 @@ def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_to
     for split in ("train", "val"):  # nothing half-done looks complete
         if where not in ("_write_manifest",):
             assert not (tmp_path / "resumed" / split / "index.json").exists() or where == "_finish"
-    had_checkpoint = (tmp_path / "resumed" / build_mod.WORK_DIR / "checkpoint.npz").exists()
+    had_checkpoint = (tmp_path / "resumed" / WORK_DIR / "checkpoint.npz").exists()
     out, m = run(tmp_path, corpus[0], "resumed", format=fmt)
     assert output_files(out) == output_files(clean)
     assert m["timings"]["resumed"] is had_checkpoint
     assert (out / "skipped.jsonl").read_bytes() == (clean / "skipped.jsonl").read_bytes()
-    assert not (out / build_mod.WORK_DIR).exists()
+    assert not (out / WORK_DIR).exists()
 
 
 def test_resume_does_not_redo_finished_work(tmp_path, corpus, byte_tokenizer, monkeypatch):

@@ -113,10 +113,12 @@ PAUSING_BUILD = """
 import sys, time
 from pathlib import Path
 import pipeline.build as build_mod
+import pipeline.pack.output as output_mod
 from pipeline.cli import pack
 
 ready, go, where = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-original = getattr(build_mod.Build if where == "_consume" else build_mod, where)
+owner = build_mod.Build if where == "_consume" else output_mod
+original = getattr(owner, where)
 
 def pause_once(*args):
     result = original(*args) if where == "remove_work_files" else None
@@ -126,7 +128,7 @@ def pause_once(*args):
             time.sleep(0.02)
     return original(*args) if where == "_consume" else result
 
-setattr(build_mod.Build if where == "_consume" else build_mod, where, pause_once)
+setattr(owner, where, pause_once)
 pack(sys.argv[4:])
 """
 

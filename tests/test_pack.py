@@ -138,7 +138,7 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
     the unfinished row's hashes."""
     import pipeline.build as build_mod
     from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from pipeline.config import WORK_DIR, BuildConfig
     from pipeline.formats.shards import open_split
 
     texts = make_texts(150, seed=5)
@@ -166,7 +166,7 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
             mp.setattr(build_mod.Build, "_consume", crash_at_the_fourth_batch)
             with pytest.raises(Crash):
                 run()
-        assert (tmp_path / "out" / build_mod.WORK_DIR / "checkpoint.npz").exists()
+        assert (tmp_path / "out" / WORK_DIR / "checkpoint.npz").exists()
     run()
     splitter = Splitter(0.1, seed=0)
     for split in ("train", "val"):

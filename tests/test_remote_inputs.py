@@ -16,6 +16,7 @@ from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
 from pipeline.distribute import tasks
+from pipeline.distribute.task_build import task_build
 
 
 def settings(out, inputs, tokenizer: str, dataset: str, **kw) -> BuildConfig:
@@ -123,7 +124,10 @@ def test_tasks_split_a_remote_parquet_file_at_its_row_groups(tmp_path, s3, byte_
     url = s3.upload_tree(folder, "pq")
     build(settings(tmp_path / "local", [folder], byte_tokenizer, "parquet"), show_progress=False)
     cfg = settings(tmp_path / "tasked", [url], byte_tokenizer, "parquet", tasks=3)
-    shares = [tasks.TaskBuild(cfg, i).share for i in range(3)]
+    shares = []
+    for i in range(3):
+        with task_build(cfg, i) as b:
+            shares.append(b.share)
     assert any(s.start[1] > 0 for s in shares)  # a share starts inside a.parquet
     for i in range(3):
         tasks.run_task(cfg, i, show_progress=False)

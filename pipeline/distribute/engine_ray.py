@@ -31,6 +31,13 @@ MAX_RETRIES = 3  # a task's worker process may die this many times before the bu
 POLL_SECONDS = 0.5
 
 
+def run(cfg: BuildConfig, how, show_progress: bool | None):
+    """--engine ray (launch.py): every task on the cluster at --ray-address, then the merge."""
+    from pipeline.distribute.launch import Outcome
+
+    return Outcome(build_with_ray(cfg, how.ray_address, show_progress))
+
+
 def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | None) -> dict:
     from pipeline.distribute import tasks
 

@@ -130,6 +130,13 @@ def _refuse_running_jobs(out: str) -> None:
                             f"stop them (scancel {ids}) first")
 
 
+def run(cfg: BuildConfig, how, show_progress: bool | None):
+    """--engine slurm (launch.py): the tasks and the merge submitted as array jobs."""
+    from pipeline.distribute.launch import Outcome
+
+    return Outcome(exit_code=build_with_slurm(cfg, how.slurm_option, how.wait, how.dry_run))
+
+
 def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry_run: bool,
                      poll_s: float = 5.0) -> int:
     """Submit the build's tasks and merge as Slurm array jobs (--dry-run: print them); with

@@ -31,7 +31,7 @@ from longpack.atomic import write_json, writing
 from pipeline.build import Build
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.distribute.plan import Share, plan_shares
+from pipeline.distribute.plan import Share
 from pipeline.distribute.task_stream import (
     BLOCK_BYTES,
     DOC_BYTES,
@@ -45,13 +45,11 @@ from pipeline.distribute.task_stream import (
     shape_error,
     stream_files,
 )
-from pipeline.read.inputs import InputFiles
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import CHECKPOINT
 
 DONE = "done.json"
 SKIP_LOG = "skipped.jsonl"
-REPORT_SECONDS = 0.5
 _NUMBER = (int, float)
 DONE_SHAPE = {  # what the merge reads of a done.json, and its types
     "task": int, "tasks": int, "skip_log_bytes": int,
@@ -78,32 +76,39 @@ class TaskProgress:
     bytes_total: int  # input bytes of this task's share
 
 
-class TaskBuild(Build):
-    def __init__(self, cfg: BuildConfig, index: int, hub_client=None,
-                 show_progress: bool | None = None, report=None):
-        super().__init__(cfg, hub_client, show_progress)
-        self.index, self.report, self.last_report = index, report, 0.0
-        self.folder = task_folder(self.out, index)
-        shares = plan_shares(self.files.files, cfg.tasks, self.field,
-                             self.files.paths if isinstance(self.files, InputFiles) else None)
-        self.share = shares[index]
-        self.stop = self.share.stop
+def task_build(cfg: BuildConfig, index: int, hub_client=None, show_progress: bool | None = None,
+               report=None) -> Build:
+    """The Build of task `index`: its share of the inputs; `report(TaskProgress)` is told how
+    far it is."""
+    told = None if report is None else (
+        lambda documents, tokens, done, total: report(TaskProgress(index, documents, tokens,
+                                                                   done, total)))
+    return Build(cfg, hub_client, show_progress, task=index, report=told)
 
-    def run(self) -> dict:
-        """Run (or resume) the task; returns its done.json record (once its files are checked,
-        when it is done)."""
-        try:
-            with OutputLock(self.folder, what=f"task {self.index} of {self.out}", parents=False):
-                done = self._intact_done()
-                self.already_complete = done is not None
-                if done is not None:
-                    return done
-                self.work = self.folder  # the checkpoint's folder
-                ckpt = self.folder / CHECKPOINT
-                return self._run(BuildState.read(ckpt) if ckpt.exists()
-                                 else BuildState(cursor=self.share.start))
-        finally:
-            self.files.close()
+
+class TaskOutput:
+    """Where task `index` of a build writes: its folder (above), its documents by split
+    (task_stream.py) rather than rows, which it cannot cut before the tasks ahead of it are
+    counted; done.json last. An Output of build.py."""
+
+    def __init__(self, cfg: BuildConfig, index: int, share: Share):
+        self.cfg, self.index, self.share = cfg, index, share
+        self.folder = self.work = task_folder(Path(cfg.out), index)
+        self.skip_path = self.folder / SKIP_LOG
+        self.streams: dict[str, TaskStream] = {}
+
+    def held(self) -> OutputLock:
+        return OutputLock(self.folder, what=f"task {self.index} of {self.cfg.out}",
+                          parents=False)
+
+    def begin(self, fingerprint: dict) -> dict | BuildState:
+        """done.json once its files are checked, if the task is done; else the state to run
+        from: its checkpoint, or the start of its share."""
+        done = self._intact_done()
+        if done is not None:
+            return done
+        ckpt = self.folder / CHECKPOINT
+        return BuildState.read(ckpt) if ckpt.exists() else BuildState(cursor=self.share.start)
 
     def _intact_done(self) -> dict | None:
         """done.json if the task is done and every file it recorded is as it wrote it; else
@@ -125,65 +130,53 @@ class TaskBuild(Build):
                     (self.folder / name).unlink(missing_ok=True)
             return None
 
-    # -- Build's steps, for a task -----------------------------------------------------------
-    def _open_outputs(self):
-        self.packers = {}
-        self.streams = {s: TaskStream(self.folder, s, self.tok.dtype, self.state.sinks.get(s))
+    def open(self, state: BuildState, dtype: np.dtype) -> None:
+        self.streams = {s: TaskStream(self.folder, s, dtype, state.sinks.get(s))
                         for s in SPLITS}
-        self._open_skip_log(self.folder / SKIP_LOG)
 
-    def _emit(self, split, tokens, lengths, hashes):
+    def emit(self, split, tokens, lengths, hashes) -> None:
         self.streams[split].append(tokens, lengths, hashes)
 
-    def _record_outputs(self):
-        self.state.sinks = {s: stream.state() for s, stream in self.streams.items()}
-        self.state.carries = {}
+    def record(self, state: BuildState) -> None:
+        state.sinks = {s: stream.state() for s, stream in self.streams.items()}
+        state.carries = {}
 
-    def _finish(self) -> dict:
+    def checkpointed(self) -> None:
+        pass
+
+    def wants_checkpoint(self) -> bool:
+        return False
+
+    def finish(self, counts: dict, eos_id: int) -> dict:
         for stream in self.streams.values():
             stream.close()
         return {}
 
-    def _abandon(self) -> None:
-        super()._abandon()
-        for stream in getattr(self, "streams", {}).values():
-            stream.abandon()
+    def stop_writing(self) -> None:
+        pass
 
-    def _bytes_before(self, file_index: int) -> int:
-        return max(0, super()._bytes_before(file_index) - super()._bytes_before(self.share.start[0]))
-
-    def _bytes_total(self) -> int:
-        return self.share.bytes
-
-    def _show_progress(self, documents: int, tokens: int, bytes_done: int):
-        super()._show_progress(documents, tokens, bytes_done)
-        now = time.monotonic()
-        if self.report is not None and now - self.last_report >= REPORT_SECONDS:
-            self.last_report = now
-            self.report(TaskProgress(self.index, documents, tokens, bytes_done, self.share.bytes))
-
-    def _write_manifest(self, indexes: dict) -> dict:
+    def complete(self, build, indexes: dict, timings: dict) -> dict:
         """done.json: what the merge needs of this task, and the checksums of its files (read
         back: their bytes as they are on disk), written last, sealed."""
-        c = self.state.counts
-        if self.report is not None:
-            self.report(TaskProgress(self.index, c["documents"], c["tokens"], self.share.bytes,
-                                     self.share.bytes))
-        t_end = time.time()
-        loop = (self.t_last - self.t_first) if self.t_first and self.t_last else None
         names = [*stream_files("train"), *stream_files("val"), SKIP_LOG]
-        record = {"task": self.index, "tasks": self.cfg.tasks, "share": share_record(self.share),
-                  "block_bytes": BLOCK_BYTES,
+        record = {"task": self.index, "tasks": self.cfg.tasks,
+                  "share": share_record(self.share), "block_bytes": BLOCK_BYTES,
                   "files": {name: file_checksums(self.folder / name) for name in names},
-                  "counts": c, "skip_log_bytes": self.skip_path.stat().st_size,
-                  "tokenizer": self.tok.identity(), "engine": self.tok.engine_identity(),
-                  "timings": {"started": self.t_start, "finished": t_end,
-                              "seconds": t_end - self.t_start, "steady_seconds": loop,
-                              "tokens_this_run": c["tokens"] - self.tokens_at_start,
-                              "resumed": self.resumed, "runs": self.state.runs}}
+                  "counts": build.state.counts, "skip_log_bytes": self.skip_path.stat().st_size,
+                  "tokenizer": build.tok.identity(), "engine": build.tok.engine_identity(),
+                  "timings": {k: timings[k] for k in ("started", "finished", "seconds",
+                                                      "steady_seconds", "tokens_this_run",
+                                                      "resumed", "runs")}}
         record = seal(record)
         write_json(self.folder / DONE, record, fsync=True)
         return record
+
+    def abandon(self) -> None:
+        for stream in self.streams.values():
+            stream.abandon()
+
+    def close(self) -> None:
+        pass
 
 
 def share_record(share: Share) -> dict:

@@ -17,17 +17,18 @@ from pathlib import Path
 from longpack.atomic import write_json
 from longpack.errors import SettingsError
 from longpack.settings import settings_of
+from pipeline.build import Build
 from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.distribute import merge as task_merge
 from pipeline.distribute.merge import TaskedBuild, TasksUnfinished, place
-from pipeline.distribute.task_build import TaskBuild, TaskProgress
+from pipeline.distribute.task_build import TaskOutput, TaskProgress, task_build
 from pipeline.distribute.task_stream import TaskDamaged, read_record, seal, shape_error
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import CHECKPOINT, FINGERPRINT, TASKS, prepare_output
 from pipeline.store.remote_build import FRESH, RemoteOut, staged
 
 __all__ = ["TaskProgress", "TasksUnfinished", "merge", "place_task", "prepare_tasks", "run_task",
-           "task_index_from_env", "task_status"]
+           "task_index_from_env", "tasks_from_env", "task_status"]
 
 merge = task_merge.merge
 
@@ -37,18 +38,15 @@ def prepare_tasks(cfg: BuildConfig, hub_client=None) -> dict | None:
     very build (nothing to do), else None. Idempotent: every task calls it too. An --out URL:
     the tasks run in its staging folder (remote_build.staged), which every task must see."""
     cfg, url = staged(cfg)
-    task = TaskBuild(cfg, 0, hub_client)
-    try:
-        return _prepare(task, url)
-    finally:
-        task.files.close()
+    with Build(cfg, hub_client) as build:
+        return _prepare(build, url)
 
 
-def _prepare(task: TaskBuild, url: str | None) -> dict | None:
+def _prepare(task: Build, url: str | None) -> dict | None:
     """Under the output's lock, held only for this: a build split into tasks has many writers,
     each task holding its own folder's lock while it runs. `url`: where the build goes (OUT is
     then its staging folder): checked, and recorded for the steps that upload."""
-    cfg, out = task.cfg, task.out
+    cfg, out = task.cfg, Path(task.cfg.out)
     work = out / WORK_DIR
     with OutputLock(work, wait=True):
         recorded = _read_record(work)  # present only while a build split into tasks is unfinished
@@ -118,17 +116,12 @@ def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
         raise SettingsError(f"--task-index {index} is not a task of --tasks {cfg.tasks} "
                             f"(0 to {cfg.tasks - 1})")
     cfg, url = staged(cfg)
-    task = TaskBuild(cfg, index, hub_client, show_progress, report)
-    try:
-        finished = _prepare(task, url)
-    except BaseException:
-        task.files.close()
-        raise
-    if finished is not None:
-        task.files.close()
-        return finished
-    task.run()
-    out = task.out
+    with task_build(cfg, index, hub_client, show_progress, report) as build:
+        finished = _prepare(build, url)
+        if finished is not None:
+            return finished
+        build.run(TaskOutput(cfg, index, build.share))
+    out = Path(cfg.out)
     if place:
         _place_ready(out, index)
     if merge and not TaskedBuild(out).missing():

@@ -33,6 +33,7 @@ from longpack.store import StorageError, Store, is_url, redact, staging_folder
 from pipeline.build import Build
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.formats import open_format
+from pipeline.pack.output import ShardOutput
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import FINGERPRINT, differences
 from pipeline.store.uploader import Uploader
@@ -189,24 +190,18 @@ class RemoteBuild:
         """Build (or resume, or find complete) the URL; returns its manifest."""
         remote = self.remote
         remote.store.check_writable()  # credentials, endpoint, bucket: before any work
-        with OutputLock(remote.staged.parent, what=f"the staging of {redact(remote.url)}"):
-            build = Build(self.local_cfg, show_progress=self.show_progress)
-            try:
-                found = remote.prepare(build.fingerprint, self.cfg.overwrite)
-            except BaseException:
-                build.files.close()  # Build.run closes them otherwise
-                raise
+        with OutputLock(remote.staged.parent, what=f"the staging of {redact(remote.url)}"), \
+                Build(self.local_cfg, show_progress=self.show_progress) as build:
+            found = remote.prepare(build.fingerprint, self.cfg.overwrite)
             if isinstance(found, dict):
-                build.files.close()
                 self.already_complete = True
                 remote.remove_staging()
                 return found
-            if found == FRESH:  # whatever is staged is of no use
-                build.cfg = dataclasses.replace(build.cfg, overwrite=True)
             uploader = remote.uploader()
             try:
-                build.publish = uploader.put
-                manifest = build.run()
+                # FRESH: whatever is staged is of no use
+                manifest = build.run(ShardOutput(self.local_cfg, overwrite=self.cfg.overwrite
+                                                 or found == FRESH, publish=uploader.put))
             finally:
                 uploader.close()
             remote.finish(manifest)
