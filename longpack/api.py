@@ -61,7 +61,7 @@ def merge(out) -> dict:
 def import_tokens(src, out, **settings) -> dict:
     """`pack import SRC --out OUT`: others' token rows (.npy, .pt, nanoGPT .bin) as a build;
     the manifest. Warnings go to `warn` (a callable; default: none)."""
-    from pipeline.adopt.import_tokens import ImportConfig
+    from pipeline.adopt.config import ImportConfig
     from pipeline.adopt.import_tokens import import_tokens as run_import
 
     warn = settings.pop("warn", lambda line: None)

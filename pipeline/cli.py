@@ -18,7 +18,7 @@ try:
 
     from longpack.cli import Command, Group
     from longpack.settings import click_options
-    from pipeline.adopt.import_tokens import ImportConfig
+    from pipeline.adopt.config import ImportConfig
     from pipeline.config import BuildConfig
     from pipeline.distribute.launch import LaunchConfig
 except KeyboardInterrupt:

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from longpack.errors import SettingsError
 from longpack.settings import setting, settings_of
 from longpack.store import is_url, refuse_unwritable
+from pipeline.formats import FORMATS
 from pipeline.read.catalog import DATASETS
 
 SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (MDS's default size)
 WORK_DIR = ".longpack-build"  # OUT/WORK_DIR exists only while a build is unfinished
 SPLITS = ("train", "val")  # OUT/train, OUT/val
-FORMATS = ("mds", "memmap")  # --format's choices: the names pipeline/formats/__init__.py registers
 TOKENIZER_ENGINES = ("auto", "fast", "reference")  # pipeline/tokenize/engines.py
 LAST_ROW_POLICIES = ("pad", "drop")
 ON_ERROR = ("skip", "fail")
@@ -44,7 +44,7 @@ class BuildConfig:
                        "when every token is a document (about 268 million); memmap: at most "
                        "2**32 (document starts are uint32).", role="output")
     format: str = setting("mds", "mds (mosaicml-streaming shards) or memmap (.npy arrays).",
-                          choices=FORMATS, role="output")
+                          choices=list(FORMATS), role="output")
     workers: int = setting(help="Tokenizer threads (the output does not depend on it).",
                            factory=lambda: os.cpu_count() or 1, show_default="all cores",
                            role="recorded")

@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 
 from longpack.errors import SettingsError
-from pipeline.adopt.import_tokens import ImportConfig
+from pipeline.adopt.config import ImportConfig
 from pipeline.adopt.readers import at_least
 from pipeline.cli import pack
 

@@ -13,7 +13,7 @@ from test_import import EOS, documents, rows_of, run
 from test_import_hostile import refused
 
 from longpack.errors import SettingsError
-from pipeline.adopt.import_tokens import ImportConfig
+from pipeline.adopt.config import ImportConfig
 from pipeline.cli import pack
 from training.cli import train as train_cli
 

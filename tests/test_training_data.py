@@ -275,7 +275,7 @@ def test_a_format_of_one_class_trains_with_no_change_to_the_trainer(
         def read_rows(self, i, folder=None):  # the unpacked files are memmap's
             return MemmapFormat(folder or self.folder, self.index).read_shard(i)
 
-    monkeypatch.setattr(formats, "INDEXED", (GzipTokens, *formats.INDEXED))
+    monkeypatch.setitem(formats.FORMATS, "gzip-test", GzipTokens)  # one registry line
     plain = _build(tmp_path, byte_tokenizer, "memmap")
     gz = Path(shutil.copytree(plain, tmp_path / "gz"))
     _gzip_tokens(gz)

@@ -46,17 +46,17 @@ start by the same command.
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from longpack.atomic import write_bytes, write_json, writing
 from longpack.errors import InputError, SettingsError
-from longpack.settings import setting, settings_of
-from pipeline.adopt.readers import BIN_DTYPES, SUFFIXES, at_least, read_blocks
+from longpack.settings import settings_of
+from pipeline.adopt.config import ImportConfig
+from pipeline.adopt.readers import SUFFIXES, at_least, read_blocks
 from pipeline.adopt.splits import HashSplit, split_files
-from pipeline.config import FORMATS, WORK_DIR
+from pipeline.config import WORK_DIR
 from pipeline.formats import get_format
 from pipeline.formats.base import rows_per_shard
 from pipeline.manifest import FORMAT_VERSION, longpack_version
@@ -68,44 +68,6 @@ BLOCK_ROWS = 4096  # rows checked and packed at a time
 # Without --tokenizer the vocabulary is the largest id + 1: above this it is no vocabulary but
 # bytes read as the wrong type (a trainer's int32 ids, an embedding of 2**31 rows).
 MAX_VOCAB = 2**31 - 1
-
-
-@dataclass(frozen=True)
-class ImportConfig:
-    """The settings of one `pack import`; each field is also its flag (longpack/settings.py)."""
-
-    src: str = setting(argument=True, role="output")
-    out: str = setting(help="Output directory.", role="run")
-    seq: int | None = setting(None, "Tokens per row (.bin: required; .npy/.pt: their width) "
-                              "[the files'].", min=2, role="output")
-    dtype: str | None = setting(None, ".bin: the token type, uint8 to uint64 or int8 to int64 "
-                                "(nanoGPT's GPT-2: uint16).", role="output")
-    eos_id: int | None = setting(None, "Documents end at this id (their starts are recorded) "
-                                 "[rows are documents].", min=0, role="output")
-    tokenizer: str | None = setting(None, "The tokenizer the ids are of, recorded (and its "
-                                    "vocabulary checked) [the largest id + 1].", role="output")
-    format: str = setting("mds", choices=FORMATS, role="output")
-    shard_bytes: int = setting(64 << 20, min=1, role="output")
-    overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
-                              show_default=False, role="once")
-    val_fraction: float = setting(0.0, "A source without a val split (no val.bin, val/): this "
-                                  "fraction of its documents (rows, without --eos-id) to val, "
-                                  "by stable hash, as pack build does.", role="output")
-    seed: int = setting(0, "Seed of --val-fraction's split.", role="output")
-
-    def __post_init__(self):
-        if self.seq is not None and self.seq < 2:
-            raise SettingsError(f"--seq {self.seq}: a row needs at least 2 tokens")
-        if self.dtype is not None and self.dtype not in BIN_DTYPES:
-            raise SettingsError(f"--dtype {self.dtype}: a .bin holds integer ids; use one of "
-                                f"{', '.join(BIN_DTYPES)}")
-        if self.eos_id is not None and self.eos_id < 0:
-            raise SettingsError(f"--eos-id {self.eos_id}: ids are not negative")
-        if self.shard_bytes < 1:
-            raise SettingsError(f"--shard-bytes must be positive (got {self.shard_bytes})")
-        if not 0.0 <= self.val_fraction < 1.0:  # NaN fails too
-            raise SettingsError(f"--val-fraction must be in [0, 1) (got {self.val_fraction})")
-        get_format(self.format)  # unknown: one line listing the formats
 
 
 class _Split:

@@ -17,7 +17,6 @@ import numpy as np
 from longpack.errors import InputError, SettingsError
 
 SUFFIXES = (".npy", ".pt", ".bin")
-BIN_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
 
 
 def read_blocks(path: Path, cfg):

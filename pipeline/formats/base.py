@@ -63,6 +63,7 @@ class ShardFormat:
     entry_keys: ClassVar[tuple[str, ...]] = ()  # what each index.json shard entry must have
     compressed: ClassVar[bool] = False  # its files may hold fewer bytes than the rows (raw_bytes)
     default_compression: ClassVar[str] = "none"  # --compression when not given
+    claims_any: ClassVar[bool] = False  # takes any index no other format claims: asked last
 
     def __init__(self, folder: Path, index: dict | None):
         self.folder, self.index = Path(folder), index

@@ -171,6 +171,7 @@ class MdsFormat(ShardFormat):
                   "column_sizes")
     compressed = True
     default_compression = "zstd"
+    claims_any = True  # any index.json with a list of shards: other tools' MDS too
 
     @classmethod
     def check_settings(cls, seq: int, shard_bytes: int, compression: str | None) -> None:
