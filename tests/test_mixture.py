@@ -3,12 +3,14 @@ O(1) positioning), the settings, and runs through `train` (resume, refusals, met
 
 import json
 import random
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_texts, write_jsonl
+from conftest import make_texts, write_byte_ranks, write_jsonl
 from longpack.errors import DataError, SettingsError, TrainingError
 from pipeline.mixture import parse_sources, parse_stage, parse_weights
 from training.cli import train as train_cli
@@ -181,10 +183,19 @@ def small_build(tmp_path, tokenizer, name, n_docs, seed, seq=65):
     return out
 
 
+@pytest.fixture(scope="module")
+def two_builds_once(tmp_path_factory):
+    """The two builds of `two_builds`, made once for the module: read them, never change them."""
+    tmp = tmp_path_factory.mktemp("mixture")
+    tokenizer = str(write_byte_ranks(tmp / "gpt2.tiktoken"))
+    return (small_build(tmp, tokenizer, "web", 200, seed=1),
+            small_build(tmp, tokenizer, "code", 30, seed=2))
+
+
 @pytest.fixture
-def two_builds(tmp_path, byte_tokenizer):
-    return (small_build(tmp_path, byte_tokenizer, "web", 200, seed=1),
-            small_build(tmp_path, byte_tokenizer, "code", 30, seed=2))
+def two_builds(tmp_path, two_builds_once):
+    """This test's copies of web (200 documents) and code (30), byte-tokenized."""
+    return tuple(Path(shutil.copytree(b, tmp_path / b.name)) for b in two_builds_once)
 
 
 def mixed(builds, out, **kw):
