@@ -2,10 +2,13 @@
 
     torchrun --standalone --nproc-per-node 2 tests/train_jobs.py JOBS.json
 
-JOBS.json is a list of {"config": TrainConfig's fields, "stop_at": step or null}; they run in
-order in the same processes, over one process group made here (train() uses a group it finds
-and leaves it). Each run's console lines go to OUT/console.txt (rank 0)."""
+JOBS.json is a list of {"config": TrainConfig's fields, "stop_at": step or null}, or of
+{"argv": the `train` command's arguments, "stdout": PATH}; they run in order in the same
+processes, over one process group made here (train() uses a group it finds and leaves it). Each
+config run's console lines go to OUT/console.txt (rank 0); each command's stdout to
+PATH.rank0, PATH.rank1, ... (what each process of `torchrun ... train ARGV` would print)."""
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -22,6 +25,14 @@ def main(path: str) -> None:
     dist.init_process_group("gloo")
     try:
         for job in json.loads(Path(path).read_text()):
+            if "argv" in job:
+                from training.cli import train as train_cli
+
+                with open(f"{job['stdout']}.rank{procs.rank}", "w") as out, \
+                        contextlib.redirect_stdout(out):
+                    train_cli.main(args=job["argv"], prog_name="train", standalone_mode=False)
+                dist.barrier()
+                continue
             cfg = TrainConfig(**job["config"])
             lines = []
             train(cfg, log=lines.append, stop_at=job.get("stop_at"))
