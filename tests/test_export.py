@@ -84,8 +84,9 @@ def test_zoo_list_is_the_presets_table(tmp_path):
     assert all(m["vocab_size"] == 1000 for m in listed)
 
 
-@pytest.mark.parametrize("name", ["gpt2.tiktoken", "cl100k_base.tiktoken",
-                                  "gpt-neox-tokenizer.json"])
+@pytest.mark.parametrize("name", [  # each ~4 s; the byte ranks named gpt2 are exported above
+    pytest.param("gpt2.tiktoken", marks=pytest.mark.slow), "cl100k_base.tiktoken",
+    "gpt-neox-tokenizer.json"])
 def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
     """The shipped tokenizers, cl100k_base's gap between its last rank and its special ids
     included."""
