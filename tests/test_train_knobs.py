@@ -265,7 +265,10 @@ def test_prefetch_is_how_many_batches_a_worker_builds_ahead(prefetch):
     order = GlobalOrder(len(rows), 1, seed=0, fingerprint="f")
     stream = batches(StepBatches(order, rows, 0, 1, 1, 1), 0, 50, workers=1, prefetch=prefetch)
     next(stream)  # the trainer holds one slot; the worker fills the others, then waits
-    time.sleep(0.5)
+    deadline = time.time() + 60  # however loaded the machine: wait for the slots to fill
+    while rows.reads.value < 1 + prefetch and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # and then a while in which a worker that did not wait would read on
     assert rows.reads.value == 1 + prefetch  # row 0, read once for the slots' layout
     stream.close()
     with pytest.raises(SettingsError, match="--prefetch must be at least 1"):
