@@ -6,16 +6,18 @@
     read/inputs      batches of texts from one file (the unit of work and of resumption)
       |  tokenize/encode (worker threads)      hash + split (tokenize/split), tokens + EOS
       v                                        (tokenize/tokenizer: fastokens or the reference)
-    pack/packer      rows of exactly --seq tokens + per-row document segments (pure)
+    pack/output      the build's Output: each split's documents to
+      |  pack/packer                           rows of exactly --seq tokens + segments (pure)
       |  pack/writers (a writer thread)        write-ahead partial files -> whole shards
       v
-    formats/         one class per shard format (formats/base: what each owns): mds (bytes:
-                     mds_write), memmap, npy; OUT/{train,val}/ shards + index.json
+    formats/         one class per shard format (formats/base: what each owns), one registry
+                     (formats/__init__): mds (bytes: mds_write), memmap, npy
     manifest.py      OUT/manifest.json, written last
 
-build.py runs the arrows and checkpoints its BuildState (build_state.py), holding OUT's lock
-(store/lock: one writer) and touching only files it can prove it wrote (store/output_dir);
-cli.py is the `pack` command, config.py its settings.
+build.py runs the arrows into the Output it is given (pack/output's ShardOutput, a task's
+TaskOutput in distribute/task_build) and checkpoints its BuildState (build_state.py); the
+output holds its folder's lock (store/lock: one writer) and touches only files it can prove it
+wrote (store/output_dir). cli.py is the `pack` command, config.py its settings.
 
 The sub-packages, by role:
     read/        input files and their records          tokenize/   tokenizers, hashing, split
