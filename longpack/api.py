@@ -20,16 +20,46 @@ from longpack.errors import LongpackError, SettingsError
 
 
 def _config(cls, settings: dict, command: str):
-    """cls(**settings), an unknown name refused in one line with the nearest known one."""
+    """cls(**settings): an unknown name refused in one line with the nearest known one, a value
+    of the wrong type in one line naming the setting; a path may be a Path, a list of them a
+    list or one path."""
     from longpack.settings import suggest
 
-    known = [f.name for f in dataclasses.fields(cls)]
-    for name in settings:
-        if name not in known:
-            near = suggest(name, known)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    given = {}
+    for name, value in settings.items():
+        if name not in fields:
+            near = suggest(name, list(fields))
             raise SettingsError(f"{name!r} is not a setting of {command}"
                                 + (f"; did you mean {near!r}?" if near else ""))
-    return cls(**settings)
+        given[name] = _typed(name, value, fields[name].type)
+    return cls(**given)
+
+
+def _typed(name: str, value, annotation):
+    """`value` as the setting's type takes it (Path -> str, a list or one item -> a tuple), or
+    SettingsError naming the setting and the type it takes."""
+    import os
+    import typing
+
+    kinds = set(typing.get_args(annotation)) or {annotation}
+    if value is None and type(None) in kinds:
+        return None
+    if typing.get_origin(annotation) is tuple:
+        items = [value] if isinstance(value, str | os.PathLike) else value
+        if not isinstance(items, list | tuple):
+            raise SettingsError(f"{name}: give a list of values, not {value!r}")
+        return tuple(_typed(name, v, str) for v in items)
+    if str in kinds and isinstance(value, os.PathLike):
+        return os.fspath(value)
+    wanted = [k for k in (bool, int, float, str) if k in kinds]
+    ok = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
+             or k is float and isinstance(value, int) and not isinstance(value, bool)
+             for k in wanted)
+    if wanted and not ok:
+        raise SettingsError(f"{name}={value!r}: {name} takes "
+                            f"{' or '.join(k.__name__ for k in wanted)}")
+    return float(value) if float in wanted and isinstance(value, int) else value
 
 
 def build(progress: bool = False, **settings) -> dict:
@@ -55,7 +85,7 @@ def merge(out) -> dict:
     manifest."""
     from pipeline.distribute import tasks
 
-    return tasks.merge(Path(out))
+    return tasks.merge(Path(_typed("out", out, str)))
 
 
 def import_tokens(src, out, **settings) -> dict:
@@ -65,7 +95,7 @@ def import_tokens(src, out, **settings) -> dict:
     from pipeline.adopt.import_tokens import import_tokens as run_import
 
     warn = settings.pop("warn", lambda line: None)
-    cfg = _config(ImportConfig, {"src": str(src), "out": str(out), **settings}, "pack import")
+    cfg = _config(ImportConfig, {"src": src, "out": out, **settings}, "pack import")
     return run_import(cfg, warn=warn)
 
 
@@ -75,7 +105,7 @@ def stats(path, verify: bool = False, throughput: float | None = None,
     ["checks"]["ok"] says whether the build is sound."""
     from pipeline.stats import report
 
-    return report.collect(path, verify, throughput, budget, eos_id)
+    return report.collect(_typed("path", path, str), verify, throughput, budget, eos_id)
 
 
 def train(resume: str = "auto", log=None, **settings) -> list[dict]:
@@ -94,4 +124,5 @@ def export(run, out, to: str = "hf", step: int | None = None, license: str | Non
     not be written)."""
     from training.export import export_run
 
-    return export_run(Path(run), Path(out), to, step, license, max_shard_size)[1]
+    run, out = Path(_typed("run", run, str)), Path(_typed("out", out, str))
+    return export_run(run, out, to, step, license, max_shard_size)[1]

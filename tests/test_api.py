@@ -20,7 +20,7 @@ def corpus(tmp_path):
 def test_build_and_stats_are_the_commands(tmp_path, byte_tokenizer):
     settings = dict(dataset="jsonl", inputs=[corpus(tmp_path)], tokenizer=byte_tokenizer,
                     seq=64, val_fraction=0.1)
-    manifest = longpack.build(out=str(tmp_path / "api"), **settings)
+    manifest = longpack.build(out=tmp_path / "api", **settings)  # a Path, as a user passes it
     r = CliRunner().invoke(pack, ["build", "--out", str(tmp_path / "cli"), "--dataset", "jsonl",
                                   "--input", settings["inputs"][0], "--tokenizer", byte_tokenizer,
                                   "--seq", "64", "--val-fraction", "0.1", "--quiet"])
@@ -47,6 +47,14 @@ def test_errors_are_exceptions_naming_the_fix(tmp_path, byte_tokenizer):
         longpack.stats(tmp_path / "missing")
     with pytest.raises(LongpackError, match="manifest.json not found"):
         longpack.train(shards=str(tmp_path / "missing"), out=str(tmp_path / "run"))
+    for bad, says in ((dict(seq="2048"), "seq='2048': seq takes int"),
+                      (dict(seq=True), "seq takes int"), (dict(inputs=5), "give a list"),
+                      (dict(val_fraction="x"), "val_fraction takes float"),
+                      (dict(seq=-3), "--seq must be at least 2")):
+        with pytest.raises(SettingsError, match=says):
+            longpack.build(out=tmp_path / "o", **bad)
+    with pytest.raises(SettingsError, match="path=None: path takes str"):
+        longpack.stats(None)
     assert not (tmp_path / "o").exists() and not (tmp_path / "run").exists()
 
 
