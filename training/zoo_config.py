@@ -1,0 +1,126 @@
+"""The settings of the `zoo` commands (list, export, eval, generate), validated once; their
+flags are these fields (longpack/settings.py). Loads no torch: `zoo --help` reads it."""
+
+import re
+from dataclasses import dataclass
+
+from longpack.errors import SettingsError
+from longpack.settings import setting
+
+EXPORTS = ("hf", "safetensors")  # zoo export --to
+SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*(kb|mb|gb|tb)?", re.IGNORECASE)
+UNITS = {None: 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # the hub's (decimal)
+
+
+def parse_size(value) -> int:
+    """Bytes, from a number or a number with KB, MB, GB or TB as the hub writes them;
+    SettingsError otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        size = value
+    else:
+        found = SIZE.fullmatch(str(value).strip())
+        size = int(float(found[1]) * UNITS[found[2] and found[2].lower()]) if found else 0
+    if size < 1:
+        raise SettingsError(f"--max-shard-size {value!r}: give a size such as 5GB, 500MB or a "
+                            "number of bytes")
+    return size
+
+
+def _size_flag(ctx, param, value: str | None) -> int | None:
+    """--max-shard-size's text: a usage error (exit 2) when it is no size."""
+    import click
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except SettingsError:
+        raise click.BadParameter(f"{value!r}: give a size such as 5GB, 500MB or a number of "
+                                 "bytes") from None
+
+
+def _at_least(flag: str, value, low, open_low: bool = False) -> None:
+    if value is not None and (value < low or open_low and value == low):
+        raise SettingsError(f"{flag} {value}: must be {'above' if open_low else 'at least'} "
+                            f"{low}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ListConfig:
+    vocab: int | None = setting(None, "Sizes at this vocabulary (a build's tokenizer "
+                                "vocab_size) [each preset's own].", min=1, metavar="V")
+    as_json: bool = setting(False, "Print JSON (what archs/presets.json holds).", flag="--json",
+                            switch=True, show_default=False)
+
+    def __post_init__(self):
+        _at_least("--vocab", self.vocab, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportConfig:
+    run: str = setting(argument=True)
+    step: int | None = setting(None, "The checkpoint of this step [the newest].")
+    to: str = setting(help="hf: a folder transformers loads and the hub takes (every family; "
+                      "GPT-NeoX as GPTNeoXForCausalLM, the others with their own code: "
+                      "trust_remote_code=True); safetensors: config.json + model.safetensors "
+                      "that archs.load reads.", choices=EXPORTS)
+    out: str = setting(help="Directory to write (new or empty).")
+    license: str | None = setting(None, "--to hf: the model card's license, as the hub names "
+                                  "them (apache-2.0, mit, cc-by-4.0, ...) [other: the weights' "
+                                  "terms follow the data's, yours to state].", metavar="ID")
+    max_shard_size: int | None = setting(None, "--to hf: largest safetensors file; past it the "
+                                         "weights are sharded with an index (e.g. 500MB) "
+                                         "[5GB].", metavar="SIZE", callback=_size_flag)
+
+    def __post_init__(self):
+        if self.to not in EXPORTS:
+            raise SettingsError(f"--to {self.to!r}: one of {', '.join(EXPORTS)}")
+        if self.max_shard_size is not None:
+            object.__setattr__(self, "max_shard_size", parse_size(self.max_shard_size))
+        if self.to == "safetensors" and (self.license or self.max_shard_size):
+            raise SettingsError("--license and --max-shard-size are --to hf's (a model card, "
+                                "sharded weights); --to safetensors writes one file for "
+                                "archs.load")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    run: str = setting(argument=True)
+    shards: str = setting(help="A build (its --out, or URL) with the run's tokenizer.")
+    split: str = setting("val", choices=["val", "train"])
+    step: int | None = setting(None, "The checkpoint of this step [the newest].")
+    batch_size: int = setting(8, min=1)
+    seq: int | None = setting(None, "Score samples of this many tokens, each row cut into "
+                              "windows as train --seq cuts them (a divisor of the build's "
+                              "rows) [the run's own --seq: the windows it trained on].", min=2)
+    limit: int | None = setting(None, "Only the first N samples of the split [all].", min=1)
+    cache: str | None = setting(None, "Shard cache for a build at a URL [a temporary folder].")
+    as_json: bool = setting(False, "Print the figures as JSON.", flag="--json", switch=True,
+                            show_default=False)
+
+    def __post_init__(self):
+        if self.split not in ("val", "train"):
+            raise SettingsError(f"--split {self.split!r}: val or train")
+        _at_least("--batch-size", self.batch_size, 1)
+        _at_least("--seq", self.seq, 2)
+        _at_least("--limit", self.limit, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateConfig:
+    run: str = setting(argument=True)
+    prompt: str = setting(help="Text to continue (encoded with the build's tokenizer).")
+    max_new_tokens: int = setting(50, min=1)
+    temperature: float = setting(0.0, "0: greedy.", min=0)
+    top_k: int | None = setting(None, min=1)
+    top_p: float | None = setting(None, min=0, max=1, min_open=True)
+    seed: int = setting(0)
+    step: int | None = setting(None, "The checkpoint of this step [the newest].")
+
+    def __post_init__(self):
+        _at_least("--max-new-tokens", self.max_new_tokens, 1)
+        _at_least("--temperature", self.temperature, 0)
+        _at_least("--top-k", self.top_k, 1)
+        _at_least("--top-p", self.top_p, 0, open_low=True)
+        if self.top_p is not None and self.top_p > 1:
+            raise SettingsError(f"--top-p {self.top_p}: must be at most 1")
