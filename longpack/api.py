@@ -118,11 +118,11 @@ def train(resume: str = "auto", log=None, **settings) -> list[dict]:
     return run_training(cfg, resume=resume, log=log or (lambda line: None))
 
 
-def export(run, out, to: str = "hf", step: int | None = None, license: str | None = None,
-           max_shard_size: int | str | None = None) -> list[str]:
-    """`zoo export RUN --to hf|safetensors --out OUT`; returns notes for the user (what could
-    not be written)."""
+def export(run, out, to: str = "hf", **settings) -> list[str]:
+    """`zoo export RUN --to hf|safetensors --out OUT` (step, license, max_shard_size as its
+    flags); returns notes for the user (what could not be written)."""
     from training.export import export_run
+    from training.zoo_config import ExportConfig
 
-    run, out = Path(_typed("run", run, str)), Path(_typed("out", out, str))
-    return export_run(run, out, to, step, license, max_shard_size)[1]
+    cfg = _config(ExportConfig, {"run": run, "out": out, "to": to, **settings}, "zoo export")
+    return export_run(cfg)[1]

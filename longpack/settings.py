@@ -24,7 +24,8 @@ ROLES = {
     "once": "this invocation only (--overwrite, --task-index): never repeated nor recorded",
 }
 _FORM = {"flag": None, "choices": None, "multiple": False, "switch": False,
-         "show_default": True, "metavar": None, "argument": False, "min": None}
+         "show_default": True, "metavar": None, "argument": False, "min": None, "max": None,
+         "min_open": False, "callback": None}
 
 
 def setting(default=dataclasses.MISSING, help: str = "", *, factory: Callable | None = None,
@@ -32,9 +33,9 @@ def setting(default=dataclasses.MISSING, help: str = "", *, factory: Callable | 
     """A dataclass field and its flag. `role`: one of ROLES. `form` (all optional): flag
     (default --field-name), choices, multiple (a repeatable flag, the field a tuple), switch (a
     bool given as a bare --flag, not --flag/--no-flag), show_default (True, False or the text
-    to show), metavar, argument (a positional argument, not a flag), min (the least number the
-    flag takes: click refuses less as a usage error; the dataclass checks it for every
-    caller)."""
+    to show), metavar, argument (a positional argument, not a flag), min / max / min_open (the
+    range of numbers the flag takes: click refuses others as a usage error; the dataclass
+    checks it for every caller), callback (click's: parses the flag's text)."""
     unknown = set(form) - set(_FORM)
     if unknown:
         raise TypeError(f"setting(): unknown {', '.join(sorted(unknown))}")
@@ -74,6 +75,8 @@ def _option(f: dataclasses.Field, option_class):
     flag = m["flag"] or "--" + f.name.replace("_", "-")
     required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     kw = {"help": m["help"] or None, "metavar": m["metavar"]}
+    if m["callback"] is not None:
+        kw["callback"] = m["callback"]
     if option_class is not None:
         kw["cls"] = option_class
     if required:
@@ -88,10 +91,14 @@ def _option(f: dataclasses.Field, option_class):
     if kind is bool:
         decls = [flag] if m["switch"] else [f"{flag}/--no-{flag[2:]}"]
         return click.option(*decls, f.name, is_flag=m["switch"] or None, **kw)
-    if m["choices"]:
+    if m["callback"] is not None:  # it parses the text
+        kw["type"] = click.STRING
+    elif m["choices"]:
         kw["type"] = click.Choice(m["choices"])
-    elif m["min"] is not None:
-        kw["type"] = (click.IntRange if kind is int else click.FloatRange)(min=m["min"])
+    elif m["min"] is not None or m["max"] is not None:
+        bounds = {"min": m["min"], "max": m["max"]}
+        kw["type"] = (click.IntRange(**bounds) if kind is int
+                      else click.FloatRange(**bounds, min_open=m["min_open"]))
     else:
         kw["type"] = kind
     return click.option(flag, f.name, multiple=m["multiple"], **kw)

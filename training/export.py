@@ -91,27 +91,20 @@ def _tokenizer(manifest: dict | None):
         return None
 
 
-def export_run(run: Path, out: Path, to: str = "hf", step: int | None = None,
-               license: str | None = None, max_shard_size: int | str | None = None):
-    """`zoo export`: RUN's model (its newest sound checkpoint, or step-N's) written to `out`,
-    a new or empty directory. Returns the model and notes for the user (what could not be
-    written)."""
+def export_run(cfg) -> tuple:
+    """`zoo export` (an ExportConfig, training/zoo_config.py): RUN's model (its newest sound
+    checkpoint, or step-N's) written to --out, a new or empty directory. Returns the model and
+    notes for the user (what could not be written)."""
     from training.hf_export import DEFAULT_LICENSE, export_hf
     from training.hf_folder import staged
-    from training.zoo_cli import EXPORTS
 
-    run, out = Path(run), Path(out)
-    if to not in EXPORTS:
-        raise TrainingError(f"--to {to!r}: one of {', '.join(EXPORTS)}")
-    if to == "safetensors" and (license or max_shard_size):
-        raise TrainingError("--license and --max-shard-size are --to hf's (a model card, "
-                            "sharded weights); --to safetensors writes one file for archs.load")
+    out = Path(cfg.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise TrainingError(f"--out {out} is not empty: choose a new or empty directory")
-    trained = load_run(run, step)
-    if to == "hf":
-        return trained.model, export_hf(trained, out, license or DEFAULT_LICENSE,
-                                        max_shard_size or "5GB")
+    trained = load_run(Path(cfg.run), cfg.step)
+    if cfg.to == "hf":
+        return trained.model, export_hf(trained, out, cfg.license or DEFAULT_LICENSE,
+                                        cfg.max_shard_size or "5GB")
     with staged(out) as folder:
         archs.save(trained.model, folder)
     return trained.model, []

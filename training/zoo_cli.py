@@ -12,14 +12,13 @@
 """
 
 import json
-import re
 from pathlib import Path
 
 import click
 
 from longpack.cli import Group
-
-EXPORTS = ("hf", "safetensors")  # zoo export --to
+from longpack.settings import click_options
+from training.zoo_config import EvalConfig, ExportConfig, GenerateConfig, ListConfig
 
 
 @click.group(cls=Group)
@@ -29,79 +28,37 @@ def zoo():
 
 
 @zoo.command("list")
-@click.option("--vocab", type=click.IntRange(min=1), default=None, metavar="V",
-              help="Sizes at this vocabulary (a build's tokenizer vocab_size) [each preset's own].")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (what archs/presets.json holds).")
-def list_presets(vocab, as_json):
+@click_options(ListConfig)
+def list_presets(**settings):
     """The presets with their true parameter counts and FLOPs/token."""
     import archs
     from archs.__main__ import table
 
+    cfg = ListConfig(**settings)
     try:
-        models = archs.list_models(vocab_size=vocab)
+        models = archs.list_models(vocab_size=cfg.vocab)
     except ValueError as e:  # a vocabulary no model takes (archs/limits.py VOCAB)
-        raise click.ClickException(f"--vocab {vocab}: {e}") from None
-    click.echo(json.dumps(models, indent=2) if as_json else table(models))
-
-
-SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*(kb|mb|gb|tb)?", re.IGNORECASE)
-UNITS = {None: 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # the hub's (decimal)
-
-
-def shard_size(ctx, param, value: str | None) -> int | None:
-    """--max-shard-size: bytes, or a number with KB, MB, GB or TB, as the hub writes them."""
-    if value is None:
-        return None
-    found = SIZE.fullmatch(value.strip())
-    size = int(float(found[1]) * UNITS[found[2] and found[2].lower()]) if found else 0
-    if size < 1:
-        raise click.BadParameter(f"{value!r}: give a size such as 5GB, 500MB or a number of "
-                                 "bytes")
-    return size
+        raise click.ClickException(f"--vocab {cfg.vocab}: {e}") from None
+    click.echo(json.dumps(models, indent=2) if cfg.as_json else table(models))
 
 
 @zoo.command()
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
-@click.option("--to", "to", type=click.Choice(EXPORTS), required=True,
-              help="hf: a folder transformers loads and the hub takes (every family; GPT-NeoX "
-              "as GPTNeoXForCausalLM, the others with their own code: trust_remote_code=True); "
-              "safetensors: config.json + model.safetensors that archs.load reads.")
-@click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="Directory to write (new or empty).")
-@click.option("--license", "license_", default=None, metavar="ID",
-              help="--to hf: the model card's license, as the hub names them (apache-2.0, mit, "
-              "cc-by-4.0, ...) [other: the weights' terms follow the data's, yours to state].")
-@click.option("--max-shard-size", callback=shard_size, default=None, metavar="SIZE",
-              help="--to hf: largest safetensors file; past it the weights are sharded with an "
-              "index (e.g. 500MB) [5GB].")
-def export(run, step, to, out, license_, max_shard_size):
+@click_options(ExportConfig)
+def export(**settings):
     """Write a trained run's model for use outside longpack."""
     from training.export import export_run
 
-    model, notes = export_run(run, out, to, step, license_, max_shard_size)
+    cfg = ExportConfig(**settings)
+    model, notes = export_run(cfg)
     for note in notes:
         click.echo(f"note: {note}", err=True)
-    click.echo(f"zoo export: {run} -> {out} ({to}, {model.num_params():,} parameters)")
+    click.echo(f"zoo export: {cfg.run} -> {cfg.out} ({cfg.to}, {model.num_params():,} "
+               "parameters)")
 
 
 @zoo.command("eval")
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--shards", required=True, help="A build (its --out, or URL) with the run's "
-              "tokenizer.")
-@click.option("--split", type=click.Choice(["val", "train"]), default="val", show_default=True)
-@click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--seq", type=click.IntRange(min=2), default=None,
-              help="Score samples of this many tokens, each row cut into windows as train "
-              "--seq cuts them (a divisor of the build's rows) [the run's own --seq: the "
-              "windows it trained on].")
-@click.option("--limit", type=click.IntRange(min=1), default=None,
-              help="Only the first N samples of the split [all].")
-@click.option("--cache", type=click.Path(path_type=Path), default=None,
-              help="Shard cache for an MDS build [a temporary folder].")
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def evaluate(run, shards, split, step, batch_size, seq, limit, cache, as_json):
+@click_options(EvalConfig)
+def evaluate(**settings):
     """A run's model on a build's split: token-weighted loss, perplexity and bits per byte,
     on samples of the run's --seq (or --seq)."""
     import math
@@ -112,7 +69,9 @@ def evaluate(run, shards, split, step, batch_size, seq, limit, cache, as_json):
     from training.evaluate import bits_per_byte, split_loss
     from training.export import load_run
 
-    trained = load_run(run, step)
+    cfg = EvalConfig(**settings)
+    run, shards, split, seq = Path(cfg.run), cfg.shards, cfg.split, cfg.seq
+    trained = load_run(run, cfg.step)
     model = trained.model
     manifest = read_manifest(shards)
     check_eval_build(trained, manifest, shards, split)
@@ -123,17 +82,17 @@ def evaluate(run, shards, split, step, batch_size, seq, limit, cache, as_json):
                             f"{trained.seq}); pass --seq with a divisor of "
                             f"{manifest['seq']}")
     with tempfile.TemporaryDirectory(prefix="longpack-eval.") as tmp:
-        build = open_build(shards, cache or Path(tmp), "100gb", seq=seq, manifest=manifest)
+        build = open_build(shards, Path(cfg.cache or tmp), "100gb", seq=seq, manifest=manifest)
         rows = build.train if split == "train" else build.val
-        n = min(len(rows), limit or len(rows))
-        loss_sum, targets = split_loss(model, rows, n, batch_size)
+        n = min(len(rows), cfg.limit or len(rows))
+        loss_sum, targets = split_loss(model, rows, n, cfg.batch_size)
     loss = loss_sum / targets if targets else float("nan")
     counts = build.manifest["splits"][split]
     result = {"run": str(run), "shards": shards, "split": split, "seq": build.seq, "rows": n,
               "targets": targets,
               "loss": loss, "perplexity": math.exp(min(loss, 50.0)),
               "bits_per_byte": bits_per_byte(loss, counts) if n == len(rows) else None}
-    if as_json:
+    if cfg.as_json:
         click.echo(json.dumps(result, indent=2))
         return
     bpb = result["bits_per_byte"]
@@ -167,17 +126,8 @@ def check_eval_build(trained, manifest: dict, shards: str, split: str) -> None:
 
 
 @zoo.command()
-@click.argument("run", type=click.Path(path_type=Path))
-@click.option("--prompt", required=True, help="Text to continue (encoded with the build's "
-              "tokenizer).")
-@click.option("--max-new-tokens", type=click.IntRange(min=1), default=50, show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="0: greedy.")
-@click.option("--top-k", type=click.IntRange(min=1), default=None)
-@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=None)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--step", type=int, default=None, help="The checkpoint of this step [the newest].")
-def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step):
+@click_options(GenerateConfig)
+def generate(**settings):
     """Continue a prompt with a trained run's model; prints the prompt and its continuation as
     it is generated (Ctrl+C stops it, keeping what was printed). An empty prompt starts a new
     document (after the tokenizer's EOS)."""
@@ -187,7 +137,9 @@ def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step)
     from training.export import load_run
     from training.generate import TextStream, context, stream
 
-    trained = load_run(run, step)
+    cfg = GenerateConfig(**settings)
+    run, prompt, max_new_tokens = Path(cfg.run), cfg.prompt, cfg.max_new_tokens
+    trained = load_run(run, cfg.step)
     tokenizer = trained.tokenizer
     if tokenizer is None:
         raise LongpackError(f"{run}: the build's tokenizer cannot be loaded here (its "
@@ -212,8 +164,8 @@ def generate(run, prompt, max_new_tokens, temperature, top_k, top_p, seed, step)
                    f"{limit:,} tokens and the prompt takes {len(ids):,}", err=True)
         max_new_tokens = limit - len(ids)
     allowed = torch.from_numpy(tokenizer.decodable())
-    tokens = stream(trained.model, ids, max_new_tokens, temperature, top_k, top_p, seed,
-                    tokenizer.eos_id, allowed)
+    tokens = stream(trained.model, ids, max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p,
+                    cfg.seed, tokenizer.eos_id, allowed)
     text = TextStream(tokenizer.decode)
     click.echo(prompt, nl=False)
     count = 0
