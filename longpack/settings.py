@@ -70,8 +70,9 @@ def _option(f: dataclasses.Field, option_class):
     import click  # here: a config module imports this file without needing click
 
     m = f.metadata
-    if m["argument"]:
-        return click.argument(f.name, metavar=m["metavar"] or f.name.upper())
+    if m["argument"]:  # multiple: one or more
+        return click.argument(f.name, metavar=m["metavar"] or f.name.upper(),
+                              nargs=-1 if m["multiple"] else 1, required=True)
     flag = m["flag"] or "--" + f.name.replace("_", "-")
     required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     kw = {"help": m["help"] or None, "metavar": m["metavar"]}

@@ -20,7 +20,8 @@ try:
     from longpack.settings import click_options
     from pipeline.adopt.config import ImportConfig
     from pipeline.config import BuildConfig
-    from pipeline.distribute.launch import LaunchConfig
+    from pipeline.distribute.launch import LaunchConfig, MergeConfig
+    from pipeline.stats.config import StatsConfig
 except KeyboardInterrupt:
     sys.stderr.write(STARTING + "\n")
     sys.exit(130)
@@ -99,16 +100,15 @@ def build(quiet, **settings):
 
 
 @pack.command(cls=_ResumableCommand)
-@click.argument("out", type=click.Path(path_type=Path))
-@click.option("--task-index", type=int, default=None, metavar="I",
-              help="Only place task I's shards (one such command per task, in parallel); the "
-              "last one to finish merges.")
+@click_options(MergeConfig)
 @click.option("--quiet", is_flag=True, help="No summary.")
-def merge(out, task_index, quiet):
+def merge(quiet, **settings):
     """Finish a build split into tasks (`pack build --tasks N`) once its tasks are done."""
     from pipeline.distribute import tasks
     from pipeline.manifest import summary
 
+    cfg = MergeConfig(**settings)
+    out, task_index = Path(cfg.out), cfg.task_index
     if task_index is not None:
         tasks.place_task(out, task_index)
         status = tasks.task_status(out)
@@ -140,32 +140,19 @@ def import_(quiet, **settings):
 
 
 @pack.command()
-@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
-@click.option("--verify", is_flag=True, help="Also check checksums, token ids, document starts and "
-                   "continued documents' hashes.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (docs/STATS.md).")
-@click.option("--decode", "decode", type=int, default=None, metavar="ROW",
-              help="Print row ROW of --split as text with document boundaries marked.")
-@click.option("--split", default="train", show_default=True, help="Split for --decode.")
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write document-length and token-frequency plots to this PNG.")
-@click.option("--throughput", type=float, default=None, metavar="TOKENS/S",
-              help="Training throughput, for a time estimate.")
-@click.option("--budget", type=float, default=None, metavar="TOKENS",
-              help="Training budget in tokens, for epochs and time.")
-@click.option("--eos-id", type=int, default=None,
-              help="EOS id for data without a manifest (plain .npy or other tools' MDS).")
-@click.option("--mix", default=None, metavar="NAME=WEIGHT,...",
-              help="Several builds: each one's share of the mixture, as train --mix takes them "
-              "(PATH may be NAME=PATH; a bare path is named by its folder) [each in proportion "
-              "to its train rows].")
-def stats(paths, verify, as_json, decode, split, plot, throughput, budget, eos_id, mix):
+@click_options(StatsConfig)
+def stats(**settings):
     """Validate a build and report what it holds and what it will train; given several builds,
     also what their mixture gives."""
     import json
 
     from pipeline.stats import report as stats_report
 
+    cfg = StatsConfig(**settings)
+    paths, verify, as_json, decode, split = cfg.paths, cfg.verify, cfg.as_json, cfg.decode, \
+        cfg.split
+    plot = None if cfg.plot is None else Path(cfg.plot)
+    throughput, budget, eos_id, mix = cfg.throughput, cfg.budget, cfg.eos_id, cfg.mix
     if len(paths) > 1:
         return _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id, mix)
     if mix is not None:

@@ -44,6 +44,16 @@ class LaunchConfig:
             raise SettingsError("--slurm-option, --wait and --dry-run need --engine slurm")
 
 
+@dataclass(frozen=True, kw_only=True)
+class MergeConfig:
+    """`pack merge OUT`'s settings."""
+
+    out: str = setting(argument=True)
+    task_index: int | None = setting(None, "Only place task I's shards (one such command per "
+                                     "task, in parallel); the last one to finish merges.",
+                                     metavar="I")
+
+
 @dataclass
 class Outcome:
     manifest: dict | None = None  # OUT is complete: its manifest
