@@ -18,7 +18,12 @@ from pipeline.tokenize.split import Splitter, doc_hash
 from pipeline.tokenize.tokenizer import Tokenizer, Unencodable
 
 # With the fast engine, documents whose hash is a multiple of this are also encoded by the
-# reference library and compared (~0.8% of documents, the same ones on every run).
+# reference library and compared (~0.8% of documents, the same ones on every run). Sized by
+# tools/bench_reference_sample.py (docs/BENCHMARKS.md): with tiktoken it costs ~1.7% of the
+# build's steady CPU (64 would be ~3.4%, over the 3% budget), and a wrong engine the load-time
+# check misses that changes 7% of documents is caught with 90% chance within ~4,250 documents
+# (rarer ones take N / p documents whatever N; ~N - 1 wrong documents are written before the
+# stop). With a tokenizer.json the reference (`tokenizers`) is ~7x slower: ~20-30% of the build.
 SAMPLE_EVERY = 128
 
 
