@@ -32,6 +32,16 @@ def torchrun_args(shards, out, *extra, batch=2) -> list[str]:
             "--eval-every", "3", "--workers", "1", "--log-every", "1", *extra]
 
 
+def torchrun(shards, out, *extra, batch=2) -> str:
+    """`train` in 2 processes, a launch of its own (other modules' 2-process runs): stdout."""
+    train_exe = str(Path(sys.executable).parent / "train")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           train_exe, *torchrun_args(shards, out, *extra, batch=batch)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory, shards_once):
     """The 2-process `train` runs of this module's tests, in one torchrun launch
