@@ -145,7 +145,10 @@ def test_ctrl_c_stops_an_unbounded_generation_cleanly(tmp_path, shards):
         [sys.executable, "-m", "training.zoo_cli", "generate", str(run), "--prompt", "alpha",
          "--max-new-tokens", str(10**12)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Ctrl+C as a terminal delivers it, whatever an earlier test of this process left: a
+        # child inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert len(proc.stdout.read(len("alpha") + 20)) == 25  # streamed: text before any end
         time.sleep(0.5)
