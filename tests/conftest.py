@@ -49,6 +49,20 @@ def no_streaming_shared_memory_left():
     clear_stale_locks()
 
 
+@pytest.fixture(autouse=True)
+def signal_handlers_restored():
+    """SIGINT and SIGTERM as they were before the test: code run in this process that sets them
+    (a loader worker's body ignores both) would leave every later child process ignoring Ctrl+C
+    (an ignored signal is inherited), and the tests that press it would wait in vain."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        if handler is not None and signal.getsignal(s) is not handler:
+            signal.signal(s, handler)
+
+
 @contextlib.contextmanager
 def one_thread_as_under_torchrun():
     """torchrun starts each process with OMP_NUM_THREADS=1, and one intra-op thread sums a
