@@ -68,12 +68,13 @@ def build(progress: bool = False, **settings) -> dict:
     is returned as it is, nothing written."""
     from pipeline.config import BuildConfig
     from pipeline.distribute.launch import LaunchConfig, launch
+    from pipeline.store.destination import Destination
 
     where = {f.name for f in dataclasses.fields(LaunchConfig)}
     how = _config(LaunchConfig, {k: v for k, v in settings.items() if k in where}, "pack build")
     cfg = _config(BuildConfig, {k: v for k, v in settings.items() if k not in where},
                   "pack build")
-    outcome = launch(cfg, how, show_progress=progress)
+    outcome = launch(cfg, how, progress, Destination.of(cfg))
     if outcome.exit_code or outcome.manifest is None:
         raise LongpackError(outcome.message or f"pack build of {cfg.out} did not complete "
                             f"(exit status {outcome.exit_code})")

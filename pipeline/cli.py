@@ -80,6 +80,7 @@ def build(quiet, **settings):
     from pipeline.distribute.launch import launch
     from pipeline.distribute.tasks import task_index_from_env, tasks_from_env
     from pipeline.manifest import already_complete, summary
+    from pipeline.store.destination import Destination
 
     how = {f.name: settings.pop(f.name) for f in dataclasses.fields(LaunchConfig)}
     # the environment is read here only: a Slurm array or LONGPACK_TASK_* give the task
@@ -88,7 +89,8 @@ def build(quiet, **settings):
     if settings["task_index"] is None:
         settings["task_index"] = task_index_from_env()
     cfg = BuildConfig(**settings)
-    outcome = launch(cfg, LaunchConfig(**how), show_progress=False if quiet else None)
+    # where the files are written and where they go: resolved here, once, and passed down
+    outcome = launch(cfg, LaunchConfig(**how), False if quiet else None, Destination.of(cfg))
     if outcome.message and not quiet:
         click.echo(outcome.message)
     if outcome.manifest is not None and not quiet:

@@ -1,5 +1,5 @@
 """Engines are a registry (pipeline/distribute/launch.py ENGINES): an engine is a module with
-run(cfg, how, show_progress) -> Outcome and one line there; `pack build --engine` offers
+run(cfg, how, dest, show_progress) -> Outcome and one line there; `pack build --engine` offers
 exactly the registered ones. This file is such a module itself."""
 
 from pipeline.config import BuildConfig
@@ -9,8 +9,8 @@ from pipeline.distribute.launch import LaunchConfig, Outcome, launch
 CALLS = []
 
 
-def run(cfg, how, show_progress):  # the engine this file registers as "echo"
-    CALLS.append((cfg.out, how.engine, show_progress))
+def run(cfg, how, dest, show_progress):  # the engine this file registers as "echo"
+    CALLS.append((cfg.out, how.engine, dest.local, dest.url, show_progress))
     return Outcome(message=f"echo built {cfg.out}")
 
 
@@ -19,7 +19,7 @@ def test_an_engine_is_a_module_and_one_registry_line(tmp_path, monkeypatch):
     cfg = BuildConfig(out=str(tmp_path / "o"), dataset="jsonl", inputs=("x.jsonl",))
     outcome = launch(cfg, LaunchConfig(engine="echo"), show_progress=False)
     assert outcome.message == f"echo built {tmp_path / 'o'}"
-    assert CALLS == [(str(tmp_path / "o"), "echo", False)]
+    assert CALLS == [(str(tmp_path / "o"), "echo", tmp_path / "o", None, False)]
 
 
 def test_the_engine_flag_offers_exactly_the_registered_engines():

@@ -3,20 +3,20 @@
 
 from pipeline.config import BuildConfig
 from pipeline.distribute.launch import LaunchConfig, Outcome
+from pipeline.store.destination import Destination
 
 
-def run(cfg: BuildConfig, how: LaunchConfig, show_progress: bool | None) -> Outcome:
+def run(cfg: BuildConfig, how: LaunchConfig, dest: Destination,
+        show_progress: bool | None) -> Outcome:
     """The build in this process, or its task --task-index, or every task in turn."""
     from pipeline.distribute import tasks
 
     index = cfg.task_index
-    if cfg.tasks == 1 and index in (None, 0) and not _is_tasked(cfg):
-        from longpack.store import is_url
-
-        if is_url(cfg.out):
+    if cfg.tasks == 1 and index in (None, 0) and not _is_tasked(cfg, dest):
+        if dest.url is not None:
             from pipeline.store.remote_build import RemoteBuild
 
-            remote = RemoteBuild(cfg, show_progress=show_progress)
+            remote = RemoteBuild(cfg, dest, show_progress=show_progress)
             manifest = remote.run()
             return Outcome(manifest, already_complete=remote.already_complete)
         from pipeline.build import Build
@@ -28,32 +28,26 @@ def run(cfg: BuildConfig, how: LaunchConfig, show_progress: bool | None) -> Outc
     if index is None:  # every task here, one after another
         manifest = None
         for i in range(cfg.tasks):
-            manifest = tasks.run_task(cfg, i, merge=how.merge, show_progress=show_progress)
+            manifest = tasks.run_task(cfg, i, merge=how.merge, show_progress=show_progress,
+                                      dest=dest)
         return Outcome(manifest, None if manifest else
-                       f"pack build: all {cfg.tasks} tasks done; `pack merge {_work_out(cfg)}` "
+                       f"pack build: all {cfg.tasks} tasks done; `pack merge {dest.local}` "
                        "merges them")
-    manifest = tasks.run_task(cfg, index, merge=how.merge, show_progress=show_progress)
+    manifest = tasks.run_task(cfg, index, merge=how.merge, show_progress=show_progress,
+                              dest=dest)
     if manifest is not None:
         return Outcome(manifest)
-    work = _work_out(cfg)
+    work = dest.local
     left = tasks.task_status(work)["missing"]
     return Outcome(message=f"pack build: task {index} of {cfg.tasks} done; " + (
         f"{len(left)} still to run ({', '.join(map(str, left[:20]))}{', ...' if len(left) > 20 else ''})"
         if left else f"all done: `pack merge {work}` merges them"))
 
 
-def _work_out(cfg: BuildConfig) -> str:
-    """Where the build's tasks work: --out, or the staging folder of an --out URL."""
-    from pipeline.store.remote_build import staged
-
-    return staged(cfg)[0].out
-
-
-def _is_tasked(cfg: BuildConfig) -> bool:
+def _is_tasked(cfg: BuildConfig, dest: Destination) -> bool:
     """A build started as tasks goes on as tasks, even with --tasks 1."""
-    from pathlib import Path
 
     from pipeline.config import WORK_DIR
     from pipeline.store.output_dir import TASKS
 
-    return (Path(_work_out(cfg)) / WORK_DIR / TASKS).is_file() and not cfg.overwrite
+    return (dest.local / WORK_DIR / TASKS).is_file() and not cfg.overwrite

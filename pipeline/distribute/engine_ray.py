@@ -25,26 +25,28 @@ from concurrent.futures import ThreadPoolExecutor
 from longpack.errors import LongpackError, SettingsError
 from pipeline.config import BuildConfig
 from pipeline.progress import Progress
-from pipeline.store.remote_build import staged
+from pipeline.store.destination import Destination
 
 MAX_RETRIES = 3  # a task's worker process may die this many times before the build stops
 POLL_SECONDS = 0.5
 
 
-def run(cfg: BuildConfig, how, show_progress: bool | None):
+def run(cfg: BuildConfig, how, dest: Destination, show_progress: bool | None):
     """--engine ray (launch.py): every task on the cluster at --ray-address, then the merge."""
     from pipeline.distribute.launch import Outcome
 
-    return Outcome(build_with_ray(cfg, how.ray_address, show_progress))
+    return Outcome(build_with_ray(cfg, how.ray_address, show_progress, dest))
 
 
-def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | None) -> dict:
+def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | None,
+                   dest: Destination | None = None) -> dict:
     from pipeline.distribute import tasks
 
+    dest = dest or Destination.of(cfg)
     ray = _import_ray()
     started_here = not ray.is_initialized()
     with ThreadPoolExecutor(1) as pool:  # checking OUT (the tokenizer's load) while connecting
-        prepared = pool.submit(tasks.prepare_tasks, cfg)
+        prepared = pool.submit(tasks.prepare_tasks, cfg, dest=dest)
         if started_here:
             _connect(ray, address)
         try:
@@ -61,10 +63,10 @@ def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | 
         _check_cpus(ray, cfg.workers)
         run = ray.remote(num_cpus=cfg.workers, max_retries=MAX_RETRIES, retry_exceptions=False,
                          num_returns="streaming")(_tokenize)
-        _wait(ray, {run.remote(cfg, i): i for i in range(cfg.tasks)},
+        _wait(ray, {run.remote(cfg, i, dest): i for i in range(cfg.tasks)},
               Progress(_input_bytes(cfg), None, show_progress))
         place = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False)(_place)
-        work = staged(cfg)[0].out  # --out, or the staging folder of an --out URL
+        work = str(dest.local)  # --out, or the staging folder of an --out URL
         placed = set(tasks.task_status(work)["placed"])
         _wait(ray, {place.remote(work, i): i for i in range(cfg.tasks) if i not in placed})
         return tasks.merge(work)
@@ -73,7 +75,7 @@ def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | 
             ray.shutdown()
 
 
-def _tokenize(cfg: BuildConfig, index: int):
+def _tokenize(cfg: BuildConfig, index: int, dest: Destination):
     """In a Ray worker: task `index` in a thread, its progress reports yielded as they come (a
     Ray streaming generator); its error, if any, raised at the end."""
     from pipeline.distribute.tasks import run_task
@@ -84,7 +86,7 @@ def _tokenize(cfg: BuildConfig, index: int):
     def work():
         try:
             run_task(cfg, index, report=reports.put, place=True, merge=False,
-                     show_progress=False)
+                     show_progress=False, dest=dest)
         except BaseException as e:  # raised below, in the task itself
             failed.append(e)
         finally:

@@ -26,7 +26,7 @@ from longpack.errors import SettingsError
 from longpack.settings import to_flags
 from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.distribute.slurm_wait import command, queued_jobs, wait_for_build
-from pipeline.store.remote_build import staged
+from pipeline.store.destination import Destination
 
 SLURM_DIR = "slurm"  # OUT/WORK_DIR/SLURM_DIR: the scripts and the logs
 # Set by the engine itself: a user's value would break the one-element-per-task layout, the
@@ -81,11 +81,12 @@ def _started(what: str, tasks: int) -> str:
             '$(date -u +%Y-%m-%dT%H:%M:%SZ)"')
 
 
-def scripts(cfg: BuildConfig, options: tuple[str, ...]) -> tuple[str, str]:
+def scripts(cfg: BuildConfig, options: tuple[str, ...], dest: Destination | None = None
+            ) -> tuple[str, str]:
     """(tasks.sbatch, merge.sbatch). --overwrite is not repeated: the launcher's prepare_tasks
     has already replaced the old build, and a requeued element must join the build under way."""
     pack, n, name = pack_command(), cfg.tasks, Path(cfg.out).absolute().name
-    work = staged(cfg)[0].out  # --out, or the staging folder of an --out URL
+    work = str((dest or Destination.of(cfg)).local)  # --out, or the staging folder of a URL
     # every setting but the once-only ones; --tasks goes last, beside the element's index
     flags = to_flags(cfg, skip=("tasks",), roles=("output", "recorded", "run"))
     build = " ".join(shlex.quote(part) for part in [pack, "build", *flags, "--tasks", str(n)])
@@ -130,20 +131,22 @@ def _refuse_running_jobs(out: str) -> None:
                             f"stop them (scancel {ids}) first")
 
 
-def run(cfg: BuildConfig, how, show_progress: bool | None):
+def run(cfg: BuildConfig, how, dest: Destination, show_progress: bool | None):
     """--engine slurm (launch.py): the tasks and the merge submitted as array jobs."""
     from pipeline.distribute.launch import Outcome
 
-    return Outcome(exit_code=build_with_slurm(cfg, how.slurm_option, how.wait, how.dry_run))
+    return Outcome(exit_code=build_with_slurm(cfg, how.slurm_option, how.wait, how.dry_run,
+                                              dest=dest))
 
 
 def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry_run: bool,
-                     poll_s: float = 5.0) -> int:
+                     poll_s: float = 5.0, dest: Destination | None = None) -> int:
     """Submit the build's tasks and merge as Slurm array jobs (--dry-run: print them); with
     `wait`, wait for the merge. The exit status for `pack build`."""
     check_options(options)
-    tasks_script, merge_script = scripts(cfg, options)
-    work = staged(cfg)[0].out
+    dest = dest or Destination.of(cfg)
+    tasks_script, merge_script = scripts(cfg, options, dest)
+    work = str(dest.local)
     folder = slurm_folder(work)
     if dry_run:
         click.echo(f"# {folder / 'tasks.sbatch'}   (sbatch --parsable tasks.sbatch)")
@@ -164,7 +167,7 @@ def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry
     from pipeline.distribute import tasks
     from pipeline.manifest import already_complete, summary
 
-    finished = tasks.prepare_tasks(cfg)
+    finished = tasks.prepare_tasks(cfg, dest=dest)
     if finished is not None:
         click.echo(already_complete(finished, cfg.out))
         click.echo(summary(finished, cfg.out))

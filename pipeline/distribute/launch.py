@@ -2,7 +2,7 @@
 turn), a Ray cluster (engine_ray.py) or a Slurm array job (engine_slurm.py). The flags here
 choose the machines, never the bytes: BuildConfig holds everything that shapes the output.
 
-An engine is a module with `run(cfg, how, show_progress) -> Outcome`, registered in ENGINES
+An engine is a module with `run(cfg, how, dest, show_progress) -> Outcome`, registered in ENGINES
 by name (loaded when chosen): adding one is its file and a line there, plus its options in
 LaunchConfig when it has any."""
 
@@ -62,6 +62,11 @@ class Outcome:
     already_complete: bool = False  # OUT was complete before: nothing was written
 
 
-def launch(cfg: BuildConfig, how: LaunchConfig, show_progress: bool | None) -> Outcome:
-    """Run the build where `how` says: its engine's run()."""
-    return importlib.import_module(ENGINES[how.engine]).run(cfg, how, show_progress)
+def launch(cfg: BuildConfig, how: LaunchConfig, show_progress: bool | None,
+           dest=None) -> Outcome:
+    """Run the build where `how` says: its engine's run(), writing to `dest` (a
+    store/destination.Destination, resolved by the command line; else from cfg)."""
+    from pipeline.store.destination import Destination
+
+    dest = dest or Destination.of(cfg)
+    return importlib.import_module(ENGINES[how.engine]).run(cfg, how, dest, show_progress)

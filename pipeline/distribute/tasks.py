@@ -23,9 +23,10 @@ from pipeline.distribute import merge as task_merge
 from pipeline.distribute.merge import TaskedBuild, TasksUnfinished, place
 from pipeline.distribute.task_build import TaskOutput, TaskProgress, task_build
 from pipeline.distribute.task_stream import TaskDamaged, read_record, seal, shape_error
+from pipeline.store.destination import Destination
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import CHECKPOINT, FINGERPRINT, TASKS, prepare_output
-from pipeline.store.remote_build import FRESH, RemoteOut, staged
+from pipeline.store.remote_build import FRESH, RemoteOut
 
 __all__ = ["TaskProgress", "TasksUnfinished", "merge", "place_task", "prepare_tasks", "run_task",
            "task_index_from_env", "tasks_from_env", "task_status"]
@@ -33,11 +34,13 @@ __all__ = ["TaskProgress", "TasksUnfinished", "merge", "place_task", "prepare_ta
 merge = task_merge.merge
 
 
-def prepare_tasks(cfg: BuildConfig, hub_client=None) -> dict | None:
+def prepare_tasks(cfg: BuildConfig, hub_client=None, dest: Destination | None = None
+                  ) -> dict | None:
     """Check OUT and record the tasks; the finished build's manifest if OUT already holds this
     very build (nothing to do), else None. Idempotent: every task calls it too. An --out URL:
-    the tasks run in its staging folder (remote_build.staged), which every task must see."""
-    cfg, url = staged(cfg)
+    the tasks run in its staging folder (`dest.local`), which every task must see."""
+    dest = dest or Destination.of(cfg)
+    cfg, url = dest.local_config(cfg), dest.url
     with Build(cfg, hub_client) as build:
         return _prepare(build, url)
 
@@ -106,7 +109,7 @@ def _repair_fingerprint(work: Path, fingerprint: dict) -> None:
 
 def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
              merge: bool = True, show_progress: bool | None = None,
-             hub_client=None) -> dict | None:
+             hub_client=None, dest: Destination | None = None) -> dict | None:
     """Task `index` of cfg.tasks (resumes from its checkpoint; when done, returns once it has
     checked its files and placement, redoing what is damaged).
     `report(TaskProgress)` is called as it goes. Then, with `place`, it places its shards (and
@@ -115,7 +118,8 @@ def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
     if not 0 <= index < cfg.tasks:
         raise SettingsError(f"--task-index {index} is not a task of --tasks {cfg.tasks} "
                             f"(0 to {cfg.tasks - 1})")
-    cfg, url = staged(cfg)
+    dest = dest or Destination.of(cfg)
+    cfg, url = dest.local_config(cfg), dest.url
     with task_build(cfg, index, hub_client, show_progress, report) as build:
         finished = _prepare(build, url)
         if finished is not None:

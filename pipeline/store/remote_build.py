@@ -29,11 +29,12 @@ import shutil
 from pathlib import Path
 
 from longpack.errors import SettingsError
-from longpack.store import StorageError, Store, is_url, redact, staging_folder
+from longpack.store import StorageError, Store, redact
 from pipeline.build import Build
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.formats import open_format
 from pipeline.pack.output import ShardOutput
+from pipeline.store.destination import Destination
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import FINGERPRINT, differences
 from pipeline.store.uploader import Uploader
@@ -42,15 +43,6 @@ MARKER = f"{WORK_DIR}/{FINGERPRINT}"
 _SPLIT = "|".join(SPLITS)
 _OWN = re.compile(rf"manifest\.json|skipped\.jsonl|({_SPLIT})/(index\.json|shard\.\d{{5,}}\.[a-z.]+)"
                   rf"|{re.escape(WORK_DIR)}/.+")
-
-
-def staged(cfg: BuildConfig) -> tuple[BuildConfig, str | None]:
-    """(the settings the build runs with, the URL its files go to): an --out URL becomes its
-    staging folder; a local --out stays (no URL)."""
-    if not is_url(cfg.out):
-        return cfg, None
-    out = staging_folder(cfg.out, cfg.staging) / "out"
-    return dataclasses.replace(cfg, out=str(out), staging=None), cfg.out.rstrip("/")
 
 
 @dataclasses.dataclass
@@ -180,10 +172,10 @@ class RemoteBuild:
     """`pack build --out URL` on one machine: the local build staged, its shards uploaded as
     the writer finishes them."""
 
-    def __init__(self, cfg: BuildConfig, show_progress: bool | None = None):
+    def __init__(self, cfg: BuildConfig, dest: Destination, show_progress: bool | None = None):
         self.cfg, self.show_progress = cfg, show_progress
-        self.local_cfg, url = staged(cfg)
-        self.remote = RemoteOut(url, Path(self.local_cfg.out))
+        self.local_cfg = dest.local_config(cfg)
+        self.remote = RemoteOut(dest.url, dest.local)
         self.already_complete = False
 
     def run(self) -> dict:
