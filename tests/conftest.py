@@ -63,6 +63,17 @@ def signal_handlers_restored():
             signal.signal(s, handler)
 
 
+def signals_as_from_a_shell():
+    """preexec_fn of a child that must take Ctrl+C as a command started from a shell does:
+    SIGINT and SIGTERM at their defaults and unblocked, whatever this test process holds (an
+    ignored or blocked signal is inherited, and Python then installs no KeyboardInterrupt)."""
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 @contextlib.contextmanager
 def one_thread_as_under_torchrun():
     """torchrun starts each process with OMP_NUM_THREADS=1, and one intra-op thread sums a

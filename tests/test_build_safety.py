@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_texts, write_jsonl
+from conftest import make_texts, signals_as_from_a_shell, write_jsonl
 from longpack.errors import SettingsError
 from pipeline.build import build
 from pipeline.cli import pack
@@ -325,7 +325,8 @@ def test_ctrl_c_in_the_first_second_exits_130_with_the_resume_hint(tmp_path, byt
     corpus = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(300)])
     args = cli_args(tmp_path, corpus)
     child = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "pipeline", *args],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=signals_as_from_a_shell)
     seen = []
     for line in child.stderr:
         seen.append(line)

@@ -16,6 +16,7 @@ import torch
 from click.testing import CliRunner
 from test_train import config
 
+from conftest import signals_as_from_a_shell
 from pipeline.cli import pack
 from training import checkpoint
 from training.loop import train
@@ -146,9 +147,7 @@ def test_ctrl_c_stops_an_unbounded_generation_cleanly(tmp_path, shards):
          "--max-new-tokens", str(10**12)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        # Ctrl+C as a terminal delivers it, whatever an earlier test of this process left: a
-        # child inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        preexec_fn=signals_as_from_a_shell)
     try:
         assert len(proc.stdout.read(len("alpha") + 20)) == 25  # streamed: text before any end
         time.sleep(0.5)
