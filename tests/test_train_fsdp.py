@@ -46,10 +46,10 @@ def two(shards, out, **kw) -> dict:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, module_shards):
+def runs(tmp_path_factory, shards_once):
     """The 2-process runs, in one launch; the single-process runs they are compared with."""
     tmp = tmp_path_factory.mktemp("fsdp")
-    shards = module_shards
+    shards = shards_once
     quiet = {"log": lambda m: None}
     # a single-process run stopped at step 3 (a whole checkpoint) for the 2-process --fsdp run
     # to resume
@@ -80,21 +80,6 @@ def runs(tmp_path_factory, module_shards):
         singles["mtp-mod"] = train(one(shards, tmp / "one-mtp-mod", model="moe-tiny",
                                        model_args=MTP_MOD), **quiet)
     return tmp, shards, singles
-
-
-@pytest.fixture(scope="module")
-def module_shards(tmp_path_factory):
-    from conftest import make_texts, write_byte_ranks, write_jsonl
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
-
-    tmp = tmp_path_factory.mktemp("fsdp-data")
-    write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(200)])
-    out = tmp / "mds"
-    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
-                      tokenizer=str(write_byte_ranks(tmp / "gpt2.tiktoken")), seq=65,
-                      val_fraction=0.05, shard_bytes=65 * 2 * 8), show_progress=False)
-    return out
 
 
 @pytest.mark.parametrize("model", FAMILIES)
@@ -182,7 +167,7 @@ def test_muon_on_sharded_parameters_is_muon_on_whole_ones():
         assert f"{preset} max diff 0.0" in r.stdout, r.stdout
 
 
-def test_a_two_process_fsdp_job_on_slurm_trains_and_resumes(slurm, tmp_path, module_shards):
+def test_a_two_process_fsdp_job_on_slurm_trains_and_resumes(slurm, tmp_path, shards_once):
     """docs/TRAIN.md's sbatch script (srun + torchrun), on the real one-node Slurm: a 2-process
     --fsdp run of 4 steps, then the same job with 6 resumes from its sharded checkpoint."""
     import socket
@@ -200,7 +185,7 @@ def test_a_two_process_fsdp_job_on_slurm_trains_and_resumes(slurm, tmp_path, mod
             f"#SBATCH --output={tmp_path}/slurm-{steps}.out\n"
             f"srun {sys.executable} -m torch.distributed.run --nnodes 1 --nproc-per-node 2 "
             f"--rdzv-id $SLURM_JOB_ID --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:{port} "
-            f"{train_exe} --shards {module_shards} --out {run} --fsdp --batch-size 2 "
+            f"{train_exe} --shards {shards_once} --out {run} --fsdp --batch-size 2 "
             f"--max-steps {steps} --warmup 1 --save-every 2 --workers 0 --log-every 1\n")
         r = subprocess.run(["sbatch", "--wait", str(script)], capture_output=True, text=True,
                            timeout=300)
@@ -216,10 +201,10 @@ def test_a_two_process_fsdp_job_on_slurm_trains_and_resumes(slurm, tmp_path, mod
     assert [r["step"] for r in records(run)] == list(range(6))
 
 
-def test_fsdp_with_compile_trains_as_without(tmp_path, module_shards):
+def test_fsdp_with_compile_trains_as_without(tmp_path, shards_once):
     """--compile over the sharded model (one process: a process group of one)."""
-    plain = train(one(module_shards, tmp_path / "plain", model="neox-tiny", max_steps=2,
+    plain = train(one(shards_once, tmp_path / "plain", model="neox-tiny", max_steps=2,
                       fsdp=True), log=lambda m: None)
-    compiled = train(one(module_shards, tmp_path / "compiled", model="neox-tiny", max_steps=2,
+    compiled = train(one(shards_once, tmp_path / "compiled", model="neox-tiny", max_steps=2,
                          fsdp=True, compile=True), log=lambda m: None)
     assert [r["loss"] for r in compiled] == pytest.approx([r["loss"] for r in plain], rel=1e-4)
