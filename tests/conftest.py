@@ -74,6 +74,19 @@ def signals_as_from_a_shell():
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
+def run_train_jobs(tmp: Path, jobs: list) -> None:
+    """Several `train` runs in one 2-process torchrun launch (tests/train_jobs.py: a launch
+    costs ~9 s here, mostly start-up), from tmp/jobs.json."""
+    import subprocess
+
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).with_name("train_jobs.py")), str(tmp / "jobs.json")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       cwd=Path(__file__).parents[1])
+    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+
+
 @contextlib.contextmanager
 def one_thread_as_under_torchrun():
     """torchrun starts each process with OMP_NUM_THREADS=1, and one intra-op thread sums a

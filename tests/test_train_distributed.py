@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_train import padded_build
 
-from conftest import one_thread_as_under_torchrun
+from conftest import one_thread_as_under_torchrun, run_train_jobs
 from training import checkpoint
 from training.config import TrainConfig
 from training.loop import train
@@ -69,12 +69,7 @@ def launched(tmp_path_factory, shards_once):
                                          mix["shards"][1], "--mix", mix["mix"], "--mix-stage",
                                          mix["mix_stages"][0])}
     jobs = [{"argv": argv, "stdout": str(tmp / f"{name}.stdout")} for name, argv in runs.items()]
-    (tmp / "jobs.json").write_text(json.dumps(jobs))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).with_name("train_jobs.py")), str(tmp / "jobs.json")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).parents[1])
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    run_train_jobs(tmp, jobs)
     out = {name: "".join((tmp / f"{name}.stdout.rank{rank}").read_text() for rank in (0, 1))
            for name in runs}
     return {name: (tmp / name, out[name]) for name in runs} | {"padded_build": padded,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import one_thread_as_under_torchrun
+from conftest import one_thread_as_under_torchrun, run_train_jobs
 from training import checkpoint
 from training.config import TrainConfig
 from training.export import load_run
@@ -69,12 +69,7 @@ def runs(tmp_path_factory, shards_once):
         {"config": two(shards, tmp / "bf16", model="moe-tiny", fsdp=True, precision="bf16",
                        activation_checkpointing=True, optimizer="muon")},
     ]
-    (tmp / "jobs.json").write_text(json.dumps(jobs))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).with_name("train_jobs.py")), str(tmp / "jobs.json")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).parents[1])
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    run_train_jobs(tmp, jobs)
     with one_thread_as_under_torchrun():
         singles = {m: train(one(shards, tmp / f"one-{m}", model=m), **quiet) for m in FAMILIES}
         singles["mtp-mod"] = train(one(shards, tmp / "one-mtp-mod", model="moe-tiny",
