@@ -15,22 +15,33 @@ CPU (what this 2-core machine can show):
      vocab 50257, batch 4 x 1024, a whole AdamW step, fp32 and bf16 autocast; each zoo family at
      the same width and depth (MoE: 4 experts, top 2, expert width 512 = the dense MLP's FLOPs),
      rounds alternating; target every family >= 1.0x the baseline's tokens/s.
-GPU (CUDA available; bf16 autocast, torch.compile):
+GPU (CUDA available; bf16 autocast):
   3. tokens/s and MFU, nominal (model.flops_per_token) and "useful" (attention FLOPs counted
      only within documents, from the mean document length --doc-len) against the device's peak
-     (--peak-tflops, default 989 = H100 SXM dense bf16): neox-350m at seq 2048; neox-1.2b on
-     document-masked 32k rows; resonance vs gpt-neox at 32k with equal width and depth.
-Targets (GPU, from the issue): neox >= 40% MFU at 2048 for >= 350M parameters; neox-1.2b on
-doc-masked 32k rows >= 35k tokens/s; resonance faster than gpt-neox at 32k. The script prints
-its figures and exits 0: a measuring tool, not a test.
+     (--peak-tflops, default 989 = H100 SXM dense bf16), torch.compile (the first step's time,
+     compilation included, is printed apart): neox-350m at seq 2048; neox-1.2b on
+     document-masked 32k rows and on whole 32k rows;
+  4. resonance and Mamba vs gpt-neox at equal width and depth (d 1024, 8 layers, vocab 50257,
+     batch 1, eager: one compilation per length would cost more than the scan) from 4k to 64k
+     (--gpu-scan-seqs): tokens/s, and each one's ratio to gpt-neox. A case that runs out of
+     memory is printed (and recorded) as such and the next one runs.
+Targets (GPU, issues 4 and 34): neox >= 40% MFU at 2048 for >= 350M parameters; neox-1.2b on
+doc-masked 32k rows >= 35k tokens/s; resonance faster than gpt-neox from 16k. The script prints
+its figures and exits 0: a measuring tool, not a test. --gpu-only runs the GPU sections alone;
+--json FILE appends one JSON object per GPU figure as it is measured (tools/gpu_suite.sh reads
+them); --device cpu --toy runs the same GPU cases at toy sizes on the CPU (the suite's
+--cpu-smoke, so that the GPU code cannot rot unrun).
 
     .venv/bin/python tools/bench_archs.py [--repeat 3] [--rounds 3] [--cpu-only] [--only-nano]
                                           [--families gpt-neox,moe,resonance] [--dtypes fp32,bf16]
                                           [--only-scan] [--scan-seqs 2048,4096,8192,16384,32768]
-                                          [--peak-tflops 989]
+                                          [--peak-tflops 989] [--gpu-only] [--json FILE]
+                                          [--gpu-scan-seqs 4096,8192,16384,32768,65536]
+                                          [--device cuda|cpu] [--toy] [--gpu-cases mfu_2k,docs_32k]
 """
 
 import argparse
+import json
 import math
 import time
 
@@ -42,8 +53,9 @@ import archs
 
 
 def step_time(model, batch: int, seq: int, device, doc_len: int | None, repeat: int,
-              autocast: bool) -> float:
-    """Best wall seconds of one training step (forward + loss + backward)."""
+              autocast: bool, warmup: list | None = None) -> float:
+    """Best wall seconds of one training step (forward + loss + backward); the warm-up step's
+    seconds (compilation included) are appended to `warmup` when it is given."""
     vocab = model.cfg.vocab_size
     x = torch.randint(0, vocab, (batch, seq), device=device)
     y = torch.randint(0, vocab, (batch, seq), device=device)
@@ -64,6 +76,8 @@ def step_time(model, batch: int, seq: int, device, doc_len: int | None, repeat: 
             torch.cuda.synchronize()
         if i:
             best = min(best, time.perf_counter() - t)
+        elif warmup is not None:
+            warmup.append(time.perf_counter() - t)
     return best
 
 
@@ -256,33 +270,109 @@ def useful_flops(model, seq: int, doc_len: int | None) -> float:
     return model.flops_per_token(seq) - 12 * c.n_layers * c.d_model * (seq - doc_len)
 
 
-def gpu_section(repeat: int, peak_tflops: float, doc_len: int):
-    dev = torch.device("cuda")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    print(f"\n== GPU {torch.cuda.get_device_name()}, bf16 autocast, torch.compile; peak "
-          f"{peak_tflops} TFLOP/s")
-    cases = [("neox-350m", 8, 2048, None), ("neox-1.2b", 1, 32768, doc_len),
-             ("neox-1.2b", 1, 32768, None),
-             ("resonance", 1, 32768, None), ("mamba", 1, 32768, None)]
-    for name, batch, seq, docs in cases:
-        torch.manual_seed(0)
-        overrides = {}
-        if name == "resonance":  # the same width and depth as neox-1.2b
-            overrides = dict(d_model=2048, n_layers=24, num_frequencies=256)
-        if name == "mamba":
-            overrides = dict(d_model=2048, n_layers=24)
-        model = archs.build(name, device=dev, **overrides)
-        model = torch.compile(model)
-        raw = model._orig_mod
-        t = step_time(model, batch, seq, dev, docs, repeat, True)
-        tps = batch * seq / t
-        nominal = tps * raw.flops_per_token(seq) / (peak_tflops * 1e12)
-        useful = tps * useful_flops(raw, seq, docs) / (peak_tflops * 1e12)
+GPU_SCAN_SHAPE = dict(d_model=1024, n_layers=8, vocab_size=50257)  # equal width and depth
+GPU_SCAN_EXTRA = {"gpt-neox": dict(n_heads=16, d_ff=4096), "resonance": {}, "mamba": {}}
+# (role, model, batch, seq, document length); a role names the figure in the suite's report
+GPU_CASES = [("mfu_2k", "neox-350m", 8, 2048, None), ("docs_32k", "neox-1.2b", 1, 32768, 2048),
+             ("whole_32k", "neox-1.2b", 1, 32768, None)]
+TOY_CASES = [("mfu_2k", "neox-tiny", 2, 128, None), ("docs_32k", "neox-tiny", 1, 512, 128),
+             ("whole_32k", "neox-tiny", 1, 512, None)]
+TOY_SCAN_SHAPE = dict(d_model=64, n_layers=2, vocab_size=512)
+TOY_SCAN_EXTRA = {"gpt-neox": dict(n_heads=4, d_ff=256), "resonance": {}, "mamba": {}}
+
+
+class CompiledLoss:
+    """The model with its loss compiled as the trainer compiles it (training.step.LossOf: the
+    loss as a module's forward). torch.compile(model) alone would compile forward only, and
+    model.loss, reached through it, would run eager."""
+
+    def __init__(self, model):
+        from training.step import LossOf
+
+        self.cfg, self.zero_grad = model.cfg, model.zero_grad
+        self.loss = torch.compile(LossOf(model))
+
+
+def record(json_path, **fields) -> None:
+    """One figure, appended to --json as a line as soon as it is measured (a run cut short by
+    a time limit keeps what it measured)."""
+    if json_path:
+        with open(json_path, "a") as f:
+            f.write(json.dumps(fields) + "\n")
+
+
+def gpu_section(repeat: int, peak_tflops: float, doc_len: int, device: str = "cuda",
+                toy: bool = False, scan_seqs=(4096, 8192, 16384, 32768, 65536),
+                json_path=None, roles=None):
+    """The GPU cases (see the docstring), on `device`; `toy`: the same cases at toy sizes and
+    uncompiled (the CPU smoke run)."""
+    dev = torch.device(device)
+    compiled = dev.type == "cuda" and not toy
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    where = torch.cuda.get_device_name() if dev.type == "cuda" else "CPU"
+    print(f"\n== GPU cases on {where}{' (toy sizes)' if toy else ''}, bf16 autocast"
+          f"{', torch.compile' if compiled else ', eager'}; peak {peak_tflops} TFLOP/s", flush=True)
+    cases = TOY_CASES if toy else [(role, name, batch, seq, docs and doc_len)
+                                   for role, name, batch, seq, docs in GPU_CASES]
+    for role, name, batch, seq, docs in cases:
+        if roles is not None and role not in roles:
+            continue
         label = f"{name} seq {seq}" + (f" docs of {docs}" if docs else "")
-        print(f"  {label:<34}{raw.num_params():>15,} params {tps:>10,.0f} tokens/s  MFU "
-              f"{100 * nominal:5.1f}% nominal, {100 * useful:5.1f}% useful")
-        del model, raw
-        torch.cuda.empty_cache()
+        try:
+            torch.manual_seed(0)
+            raw = archs.build(name, device=dev, max_seq=seq)
+            model = CompiledLoss(raw) if compiled else raw
+            warm = []
+            t = step_time(model, batch, seq, dev, docs, repeat, True, warm)
+        except torch.OutOfMemoryError as e:
+            print(f"  {label:<34} out of memory", flush=True)
+            record(json_path, case="mfu", role=role, model=name, batch=batch, seq=seq,
+                   doc_len=docs, error=f"out of memory: {str(e).splitlines()[0][:200]}")
+            continue
+        finally:
+            model = raw = None
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        tps = batch * seq / t
+        built = archs.build(name, device="meta", max_seq=seq)
+        nominal = tps * built.flops_per_token(seq) / (peak_tflops * 1e12)
+        useful = tps * useful_flops(built, seq, docs) / (peak_tflops * 1e12)
+        print(f"  {label:<34}{built.num_params():>15,} params {tps:>10,.0f} tokens/s  MFU "
+              f"{100 * nominal:5.1f}% nominal, {100 * useful:5.1f}% useful; first step "
+              f"{warm[0]:.1f} s", flush=True)
+        record(json_path, case="mfu", role=role, model=name, batch=batch, seq=seq, doc_len=docs,
+               params=built.num_params(), tokens_per_s=tps, mfu_nominal=nominal,
+               mfu_useful=useful, first_step_seconds=warm[0], compiled=compiled)
+    gpu_scan(dev, repeat, scan_seqs, toy, json_path)
+
+
+def gpu_scan(dev, repeat: int, seqs, toy: bool, json_path) -> None:
+    """Resonance and Mamba against gpt-neox at equal width and depth, eager, batch 1."""
+    shape, extra = (TOY_SCAN_SHAPE, TOY_SCAN_EXTRA) if toy else (GPU_SCAN_SHAPE, GPU_SCAN_EXTRA)
+    print(f"  scan, eager, batch 1, {shape}: tokens/s", flush=True)
+    for seq in seqs:
+        rates = {}
+        for family in ("gpt-neox", "resonance", "mamba"):
+            try:
+                torch.manual_seed(0)
+                model = archs.build(family, device=dev, max_seq=max(seqs), **shape,
+                                    **extra[family])
+                rates[family] = seq / step_time(model, 1, seq, dev, None, repeat, True)
+                record(json_path, case="scan", family=family, seq=seq,
+                       tokens_per_s=rates[family])
+            except torch.OutOfMemoryError as e:
+                record(json_path, case="scan", family=family, seq=seq,
+                       error=f"out of memory: {str(e).splitlines()[0][:200]}")
+            finally:
+                model = None
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+        line = ", ".join(f"{f} {rates[f]:>9,.0f}" if f in rates else f"{f} out of memory"
+                         for f in ("gpt-neox", "resonance", "mamba"))
+        ratios = "".join(f", {f}/neox {rates[f] / rates['gpt-neox']:.2f}x"
+                         for f in ("resonance", "mamba") if f in rates and "gpt-neox" in rates)
+        print(f"    seq {seq:>6}: {line}{ratios}", flush=True)
 
 
 def main():
@@ -301,6 +391,16 @@ def main():
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--doc-len", type=int, default=2048,
                     help="document length of the doc-masked GPU rows")
+    ap.add_argument("--gpu-only", action="store_true", help="only the GPU cases and scan")
+    ap.add_argument("--gpu-scan-seqs", default="4096,8192,16384,32768,65536",
+                    help="row lengths of the GPU scan (resonance and Mamba vs gpt-neox)")
+    ap.add_argument("--json", default=None, metavar="FILE",
+                    help="append each GPU figure to FILE as a JSON line")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="where the GPU cases run (cpu: with --toy, the suite's smoke run)")
+    ap.add_argument("--toy", action="store_true", help="the GPU cases at toy sizes")
+    ap.add_argument("--gpu-cases", default=",".join(c[0] for c in GPU_CASES),
+                    help="which GPU cases run (the scan always does)")
     args = ap.parse_args()
     families, dtypes = args.families.split(","), args.dtypes.split(",")
     for value, choices, flag in ((families, FAMILIES_AT_NANO, "--families"),
@@ -310,6 +410,13 @@ def main():
     if args.repeat < 1 or args.rounds < 1:
         ap.error("--repeat and --rounds must be at least 1")
     seqs = [int(s) for s in args.scan_seqs.split(",")]
+    gpu_seqs = [int(s) for s in args.gpu_scan_seqs.split(",")]
+    if args.gpu_only:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            ap.error("--gpu-only: no CUDA device (--device cpu --toy runs the cases on the CPU)")
+        gpu_section(args.repeat, args.peak_tflops, args.doc_len, args.device, args.toy,
+                    gpu_seqs, args.json, args.gpu_cases.split(","))
+        return
     if args.only_nano:
         nano_section(args.repeat, args.rounds, families, dtypes)
         return
@@ -320,7 +427,8 @@ def main():
     scan_section(args.repeat, args.rounds, seqs)
     nano_section(args.repeat, args.rounds, families, dtypes)
     if torch.cuda.is_available() and not args.cpu_only:
-        gpu_section(args.repeat, args.peak_tflops, args.doc_len)
+        gpu_section(args.repeat, args.peak_tflops, args.doc_len, scan_seqs=gpu_seqs,
+                    json_path=args.json, roles=args.gpu_cases.split(","))
     else:
         print("\n(no CUDA device: GPU figures not measured)")
 

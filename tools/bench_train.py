@@ -28,7 +28,11 @@ table and exits 0: a measuring tool, not a test.
 
     .venv/bin/python tools/bench_train.py [--models neox-tiny,moe-tiny] [--seq 512] [--batch 4]
         [--steps 40] [--warmup 5] [--format mds|memmap] [--workers 2] [--precision fp32]
-        [--compile] [--work DIR]
+        [--compile] [--work DIR] [--shards BUILD] [--json FILE]
+
+--shards BUILD trains on that build instead of the shared corpus (its rows' length is --seq:
+tools/gpu_suite.sh builds one, since ../shared does not travel to a lent GPU machine); --json
+FILE appends each model's row of the table to FILE as a JSON line.
 
 --upload instead measures what uploading checkpoints costs the steps (issue 16's target: a step
 during an upload within 5% of a step without one): the first model trains with a checkpoint
@@ -67,7 +71,7 @@ def run(cfg, synthetic: bool) -> list[dict]:
 
     real_batches = loop.batches
     if synthetic:
-        def prebuilt(dataset, start, end, workers):
+        def prebuilt(dataset, start, end, workers, prefetch=None):  # loop.batches' arguments
             ready = [dataset[k] for k in range(start * dataset.grad_accum,
                                                end * dataset.grad_accum)]
             yield from ready
@@ -148,6 +152,10 @@ def main():
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=gpu)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--shards", type=Path, default=None,
+                    help="a build to train on (rows of --seq) instead of the shared corpus")
+    ap.add_argument("--json", type=Path, default=None, metavar="FILE",
+                    help="append each model's row to FILE as a JSON line")
     ap.add_argument("--upload", action="store_true", help="instead: the cost to the steps of "
                     "uploading checkpoints in the background (see the docstring)")
     ap.add_argument("--save-every", type=int, default=20, help="--upload: steps between "
@@ -159,10 +167,11 @@ def main():
     from training.config import TrainConfig
     from training.metrics import peak_flops
 
-    shards = build_shared_corpus(work, args.seq, (args.format,))[args.format]
+    shards = args.shards or build_shared_corpus(work, args.seq, (args.format,))[args.format]
     if args.upload:
         return upload_overlap(args, shards, work)
-    vocab = json.loads((shards / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+    manifest = json.loads((shards / "manifest.json").read_text())
+    vocab, args.format = manifest["tokenizer"]["vocab_size"], manifest["format"]
     device = torch.device("cuda" if gpu else "cpu")
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peak_flops(device)
     rows = []
@@ -190,6 +199,13 @@ def main():
         rows.append((name, model.num_params(), tokens / times["real"], flops,
                      flops / peak if peak else None, times["real"] / times["synthetic"],
                      max(shares)))
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(dict(zip(("model", "params", "tokens_per_s", "flops_per_s",
+                                             "mfu", "real_over_synthetic", "data_share"),
+                                            rows[-1]), seq=args.seq, batch=args.batch,
+                                        precision=args.precision, compile=args.compile,
+                                        steps=args.steps)) + "\n")
 
     print(f"\nbench_train on {torch.cuda.get_device_name() if gpu else 'CPU'}: seq {args.seq}, "
           f"batch {args.batch}, {args.precision}{', compiled' if args.compile else ''}, "
