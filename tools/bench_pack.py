@@ -223,12 +223,13 @@ def tiktoken_encoder(workers: int):
 
 def sample_check_encoder(workers: int):
     """What the fast engine's build adds to check itself: the reference re-encodes the sampled
-    documents (doc_hash % SAMPLE_EVERY == 0), as tokenize/encode.py does, on the same threads."""
-    from pipeline.tokenize.encode import SAMPLE_EVERY
+    documents (doc_hash % SAMPLE_EVERY["tiktoken"] == 0), as tokenize/encode.py does, on the same
+    threads."""
+    from pipeline.tokenize.engines import SAMPLE_EVERY
     from pipeline.tokenize.split import doc_hash
 
     encode = tiktoken_encoder(workers)
-    return lambda texts: encode([t for t in texts if doc_hash(t) % SAMPLE_EVERY == 0])
+    return lambda texts: encode([t for t in texts if doc_hash(t) % SAMPLE_EVERY["tiktoken"] == 0])
 
 
 def fast_encoder(tokenizer: Path, workers: int):

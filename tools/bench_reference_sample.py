@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """How many documents the fast engine's reference sample needs to catch a wrong engine, and what
-the sample costs (issue 33): the figures SAMPLE_EVERY in pipeline/tokenize/encode.py is chosen from.
+the sample costs (issue 33): the figures SAMPLE_EVERY in pipeline/tokenize/engines.py is chosen from.
 
-A build with the fast engine re-encodes the documents whose hash % SAMPLE_EVERY == 0 with the
+A build with the fast engine re-encodes the documents whose hash % SAMPLE_EVERY[library] == 0 with the
 reference library and stops at the first difference. This script injects divergences the way a
 real one would look -- "wrong engines" built from the correct tokenizer with one plausible bug:
 
@@ -66,7 +66,7 @@ from pipeline.tokenize.tokenizer import load_tokenizer  # noqa: E402
 FINEWEB = SHARED / "data" / "fineweb-edu-sample"
 DOLMA = SHARED / "data" / "dolma-sample"
 TOKENIZERS = SHARED / "tokenizers"
-SAMPLE_EVERY = (64, 128, 256, 512, 1024)  # the N compared (powers of two, as encode.py's)
+SAMPLE_EVERY = (64, 128, 256, 512, 1024, 2048)  # the N compared (powers of two, as engines.py's)
 WITHIN = 2000  # "the first few thousand documents"
 THREADS = 2
 
@@ -446,7 +446,7 @@ def measure_cost(texts, hashes, copies: int, repeat: int, hf: bool) -> list[dict
     """The sample check's CPU at each N against the build's CPU, on `copies` copies of the
     FineWeb-Edu sample (a longer build: start-up weighs less; the copies' documents repeat, so
     the hash picks the same ones in each)."""
-    from pipeline.tokenize.encode import SAMPLE_EVERY as CURRENT
+    from pipeline.tokenize.engines import SAMPLE_EVERY as CURRENT_BY_LIBRARY
 
     print(f"\nCPU of the sample check against pack build's: the FineWeb-Edu sample x {copies} "
           f"({copies * len(texts)} docs), --workers 2, fast engine, best of {repeat} by CPU")
@@ -464,12 +464,13 @@ def measure_cost(texts, hashes, copies: int, repeat: int, hf: bool) -> list[dict
                 continue
             spec = str(TOKENIZERS / (f"{name}-tokenizer.json" if name == "gpt-neox"
                                      else f"{name}.tiktoken"))
+            current = CURRENT_BY_LIBRARY["tokenizers" if name == "gpt-neox" else "tiktoken"]
             sample = sample_cpu(spec, texts, hashes, repeat)
             full = build_cpu(spec, fmt, Path(inputs), repeat)
             fixed = build_cpu(spec, fmt, Path(inputs), repeat, limit_docs=1)
             ref_all = copies * sample["all"]["cpu"]
             # The build ran the check at encode.py's N (its realized CPU): take it out.
-            steady = full["cpu"] - fixed["cpu"] - copies * sample[CURRENT]["cpu"]
+            steady = full["cpu"] - fixed["cpu"] - copies * sample[current]["cpu"]
             shares = {e: {"expected": (ref_all / e) / (steady + ref_all / e),
                           "realized": copies * sample[e]["cpu"]
                           / (steady + copies * sample[e]["cpu"])} for e in SAMPLE_EVERY}
@@ -480,10 +481,10 @@ def measure_cost(texts, hashes, copies: int, repeat: int, hf: bool) -> list[dict
                   f"   {' ' * 33}{cells}")
             out.append({"tokenizer": name, "format": fmt, "copies": copies, "build": full,
                         "fixed": fixed, "steady_cpu": steady, "reference_all_cpu": ref_all,
-                        "sample": sample, "shares": shares, "current": CURRENT})
+                        "sample": sample, "shares": shares, "current": current})
     print("CPU seconds. build: pack build's process CPU; fixed: a one-document build's (start-up "
-          "and finish); steady: build - fixed - the check it ran (at N = "
-          f"{CURRENT}); ref all: the reference library on every document (one thread for "
+          "and finish); steady: build - fixed - the check it ran (at engines.py's N: "
+          f"{CURRENT_BY_LIBRARY}); ref all: the reference library on every document (one thread for "
           "tiktoken). Share at N: expected, (ref all / N) / (steady + ref all / N), the hash "
           "picking 1/N of the text; in brackets, as the real hash picks on this sample "
           "(encode.py's pick and first_mismatch, timed).")

@@ -17,15 +17,6 @@ from pipeline.tokenize.engines import first_mismatch
 from pipeline.tokenize.split import Splitter, doc_hash
 from pipeline.tokenize.tokenizer import Tokenizer, Unencodable
 
-# With the fast engine, documents whose hash is a multiple of this are also encoded by the
-# reference library and compared (~0.8% of documents, the same ones on every run). Sized by
-# tools/bench_reference_sample.py (docs/BENCHMARKS.md): with tiktoken it costs ~1.7% of the
-# build's steady CPU (64 would be ~3.4%, over the 3% budget), and a wrong engine the load-time
-# check misses that changes 7% of documents is caught with 90% chance within ~4,250 documents
-# (rarer ones take N / p documents whatever N; ~N - 1 wrong documents are written before the
-# stop). With a tokenizer.json the reference (`tokenizers`) is ~7x slower: ~20-30% of the build.
-SAMPLE_EVERY = 128
-
 
 @dataclass
 class EncodedBatch:
@@ -91,7 +82,8 @@ def _encode(tok: Tokenizer, texts: list, text_hashes: list, numbers: list, slots
             for column in (texts, text_hashes, numbers, slots):
                 del column[e.index]
     if tok.engine is not tok.reference:
-        picks = [i for i, h in enumerate(text_hashes) if h % SAMPLE_EVERY == 0]
+        every = tok.reference.sample_every  # engines.SAMPLE_EVERY: sized per library
+        picks = [i for i, h in enumerate(text_hashes) if h % every == 0]
         bad = first_mismatch(tok.reference, texts, ids, offsets, picks)
         if bad is not None:
             raise EngineMismatch(numbers[bad], texts[bad], tok)

@@ -52,6 +52,18 @@ def concat_ids(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return ids, offsets
 
 
+# With the fast engine, documents whose hash is a multiple of the reference's `sample_every` are
+# also encoded by the reference library and compared (the same ones on every run), sized by
+# tools/bench_reference_sample.py (docs/BENCHMARKS.md) to cost under 3% of the build's CPU:
+# - tiktoken, 1 in 128 (~0.8% of documents): ~1.7% of the steady CPU (1 in 64 would be ~3.4%).
+#   A wrong engine the load-time check misses that changes 7% of documents is caught with 90%
+#   chance within ~4,250 documents (rarer ones take N / p documents whatever N; ~N - 1 wrong
+#   documents are written before the stop).
+# - Hugging Face `tokenizers`, 1 in 2048: it is ~7x slower than tiktoken, so 1 in 128 cost 18-30%
+#   of the build; 1 in 2048 is ~1.1-1.9% (1 in 1024 up to ~3.8%).
+SAMPLE_EVERY = {"tiktoken": 128, "tokenizers": 2048}
+
+
 class ReferenceEngine:
     name = "reference"
 
@@ -59,6 +71,7 @@ class ReferenceEngine:
         self.impl, self.kind = impl, kind
         self.library = "tiktoken" if kind == "tiktoken" else "tokenizers"
         self.version = package_version(self.library)
+        self.sample_every = SAMPLE_EVERY[self.library]
 
     def encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self.kind == "tiktoken":
