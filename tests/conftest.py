@@ -130,6 +130,29 @@ def write_byte_ranks(path: Path) -> Path:
     return path
 
 
+def write_byte_tokenizer_json(path: Path) -> Path:
+    """A Hugging Face tokenizer.json of the 256 single bytes (GPT-2's byte-level alphabet, no
+    merges) and <|endoftext|> = 256: a vocabulary of 257, so a zoo model trained on its build
+    is mostly its layers, not a 50,257-row embedding and head (a tiny run ~5x faster, its
+    checkpoints ~50x smaller than at GPT-2's vocabulary)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    shifted = iter(range(256, 512))  # the other bytes stand in as the next code points
+    alphabet = {b: chr(b) if b in printable else chr(next(shifted)) for b in range(256)}
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": True}
+    path.write_text(json.dumps({
+        "version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+        "added_tokens": [{"id": 256, "content": "<|endoftext|>", "single_word": False,
+                          "lstrip": False, "rstrip": False, "normalized": False, "special": True}],
+        "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {alphabet[b]: b for b in range(256)}, "merges": []}}))
+    return path
+
+
 @pytest.fixture
 def byte_tokenizer(tmp_path) -> str:
     """Named gpt2.tiktoken, so it takes GPT-2's pattern and <|endoftext|> = 50256 (uint16)."""
@@ -192,20 +215,40 @@ def split_documents(out: Path, split: str, eos_id: int) -> list[np.ndarray]:
     return np.split(stream, cuts)[:-1]
 
 
-@pytest.fixture(scope="session")
-def shards_once(tmp_path_factory) -> Path:
-    """The small MDS build of `shards`, made once per test run: read it, never change it (a
-    module-scoped fixture that trains on it shares it; a test takes `shards`, its own copy)."""
+def small_build(tmp: Path, tokenizer: Path) -> Path:
+    """tmp/mds: 200 short documents in 65-token MDS rows, several shards, a val split."""
     from pipeline.build import build
     from pipeline.config import BuildConfig
 
-    tmp = tmp_path_factory.mktemp("shards")
     write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(200)])
-    out = tmp / "mds"
-    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
-                      tokenizer=str(write_byte_ranks(tmp / "gpt2.tiktoken")), seq=65,
-                      val_fraction=0.05, shard_bytes=65 * 2 * 8), show_progress=False)
-    return out
+    build(BuildConfig(out=str(tmp / "mds"), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
+                      tokenizer=str(tokenizer), seq=65, val_fraction=0.05,
+                      shard_bytes=65 * 2 * 8), show_progress=False)
+    return tmp / "mds"
+
+
+@pytest.fixture(scope="session")
+def shards_once(tmp_path_factory) -> Path:
+    """The small build of `shards`, made once per test run: read it, never change it (a
+    module-scoped fixture that trains on it shares it; a test takes `shards`, its own copy).
+    Its tokenizer is the 257-entry byte-level one (write_byte_tokenizer_json): the trainer's
+    tests train on it, fast."""
+    tmp = tmp_path_factory.mktemp("shards")
+    return small_build(tmp, write_byte_tokenizer_json(tmp / "bytes-tokenizer.json"))
+
+
+@pytest.fixture(scope="session")
+def gpt2_vocab_shards_once(tmp_path_factory) -> Path:
+    """The same documents built with `byte_tokenizer` (GPT-2's vocabulary of 50,257), once per
+    test run, for what is sized by the vocabulary of a real tokenizer. Read it, never change it."""
+    tmp = tmp_path_factory.mktemp("gpt2_vocab_shards")
+    return small_build(tmp, write_byte_ranks(tmp / "gpt2.tiktoken"))
+
+
+def vocab_of(build: Path) -> int:
+    """The vocabulary a build was tokenized with (its manifest's), which the trainer sizes a
+    model at."""
+    return json.loads((Path(build) / "manifest.json").read_text())["tokenizer"]["vocab_size"]
 
 
 @pytest.fixture
@@ -270,8 +313,10 @@ def s3(_moto_server, tmp_path, monkeypatch, request) -> S3Bucket:
                        "AWS_DEFAULT_REGION": "us-east-1",
                        # nothing of this machine's own AWS setup
                        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
-                       "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials")
-                       }.items():
+                       "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+                       # without credentials botocore would ask the instance-metadata address
+                       # (off the loopback) for some, and wait a second or two for no answer
+                       "AWS_EC2_METADATA_DISABLED": "true"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     monkeypatch.delenv("AWS_PROFILE", raising=False)

@@ -258,6 +258,7 @@ def test_mixture_of_depths_trains_its_share_and_its_predictor():
     assert sum(bce[-10:]) / 10 < 0.8 * sum(bce[:10]) / 10  # it learns what the top-k picks
 
 
+@pytest.mark.slow
 def test_flex_attention_path_matches_the_cpu_path():
     """The CUDA path (FlexAttention) runs forward on CPU too: check its document mask here."""
     import warnings
@@ -289,6 +290,7 @@ def test_neox_1_2b_is_1_414_billion_parameters():
     assert archs.build("neox-1.2b", device="meta").num_params() == 1_414_455_296
 
 
+@pytest.mark.slow
 def test_registry_lists_presets_and_names_the_choices():
     names = [m["name"] for m in archs.list_models()]
     assert "neox-tiny" in names and "neox-1.2b" in names
@@ -339,6 +341,7 @@ def test_presets_json_is_what_python_m_archs_prints():
     assert json.loads(out) == json.loads(table), "re-run: python -m archs --json > archs/presets.json"
 
 
+@pytest.mark.slow
 def test_train_list_models_prints_the_presets():
     from click.testing import CliRunner
 
@@ -348,10 +351,9 @@ def test_train_list_models_prints_the_presets():
     assert r.exit_code == 0 and "neox-1.2b" in r.output and "1,414,455,296" in r.output
 
 
-@pytest.mark.parametrize("name", [  # graph capture takes 2-4 s a family: two in the quick loop
-    "neox-tiny", "resonance-tiny",
-    *(pytest.param(name, marks=pytest.mark.slow) for name in ("moe-tiny", "mamba-tiny",
-                                                              "hybrid-tiny"))])
+@pytest.mark.parametrize("name", ["neox-tiny", "resonance-tiny", "moe-tiny", "mamba-tiny",
+                                  "hybrid-tiny"])
+@pytest.mark.slow  # graph capture takes 2-4 s a family
 def test_models_run_under_torch_compile(name):
     import warnings
 

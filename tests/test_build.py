@@ -86,6 +86,7 @@ def test_segments_agree_with_eos_positions(tmp_path, corpus, byte_tokenizer):
 
 
 @pytest.mark.parametrize("fmt", ["mds", pytest.param("memmap", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_output_is_byte_identical_for_any_worker_count(tmp_path, corpus, byte_tokenizer, fmt):
     a, _ = run(tmp_path, corpus[0], "w1", workers=1, format=fmt)
     b, _ = run(tmp_path, corpus[0], "w3", workers=3, format=fmt)
@@ -94,6 +95,7 @@ def test_output_is_byte_identical_for_any_worker_count(tmp_path, corpus, byte_to
     assert len(output_files(a)) > 4
 
 
+@pytest.mark.slow
 def test_mds_and_memmap_hold_the_same_rows(tmp_path, corpus, byte_tokenizer):
     a, _ = run(tmp_path, corpus[0], "mds", format="mds")
     b, _ = run(tmp_path, corpus[0], "mm", format="memmap")
@@ -129,11 +131,11 @@ def crash_on_call(monkeypatch, owner, name, k):
     monkeypatch.setattr(owner, name, wrapper)
 
 
-@pytest.mark.parametrize("fmt", ["mds", pytest.param("memmap", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("fmt", ["mds", "memmap"])
 @pytest.mark.parametrize("where,k", [
-    ("_consume", 2), pytest.param("_consume", 5, marks=pytest.mark.slow), ("_checkpoint", 3),
-    ("_finish", 1),
+    ("_consume", 2), ("_consume", 5), ("_checkpoint", 3), ("_finish", 1),
     ("_write_manifest", 1), ("finish_shard", 4), ("write_bytes", 6)])
+@pytest.mark.slow
 def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_tokenizer,
                                                        monkeypatch, fmt, where, k):
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
@@ -179,6 +181,7 @@ def test_rerun_of_a_finished_build_is_a_no_op(tmp_path, corpus, byte_tokenizer):
     assert m1 == m2
 
 
+@pytest.mark.slow
 def test_different_settings_into_an_existing_output_are_refused(tmp_path, corpus, byte_tokenizer):
     out, _ = run(tmp_path, corpus[0])
     with pytest.raises(SettingsError, match="different settings.*seq.*--overwrite"):

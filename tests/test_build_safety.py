@@ -71,6 +71,7 @@ def test_the_cli_names_the_first_foreign_path_in_one_line(tmp_path, corpus):
     assert (out / "val" / "a.txt").exists()
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_a_previous_build_but_never_a_foreign_file(tmp_path, corpus):
     out = tmp_path / "out"
     build(settings(tmp_path, corpus), show_progress=False)
@@ -150,6 +151,7 @@ def start_paused(tmp_path, args, where) -> subprocess.Popen:
 
 @pytest.mark.parametrize("where", ["_consume",
                                    pytest.param("remove_work_files", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path, corpus, where):
     """Paused mid-build, and paused after the work folder is emptied (all but the lock): both
     times a second `pack build` process is refused in one line naming the first one's PID."""
@@ -173,6 +175,7 @@ def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path, corpus, w
     assert tree(out) == tree(tmp_path / "clean")
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_killed_build_is_not_stale(tmp_path, corpus):
     args = cli_args(tmp_path, corpus)
     first = start_paused(tmp_path, args, "_consume")
@@ -205,6 +208,7 @@ pack(sys.argv[2:])
 
 @pytest.mark.parametrize("target", ["shard.00002.mds.zstd", "index.json", "manifest.json",
                                     "checkpoint.npz"])
+@pytest.mark.slow
 def test_a_resumed_build_removes_the_temp_file_of_a_killed_write(tmp_path, corpus, target):
     args = cli_args(tmp_path, corpus)
     killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, target, *args],
@@ -280,6 +284,7 @@ def test_a_full_disk_then_a_read_only_one_end_in_one_line_and_the_build_resumes(
     pytest.param("replace", "first", marks=SLOW), ("replace", "middle"),
     pytest.param("replace", "last", marks=SLOW), pytest.param("fsync", "first", marks=SLOW),
     pytest.param("fsync", "last", marks=SLOW)])
+@pytest.mark.slow
 def test_a_write_failing_at_any_step_is_one_line_and_the_build_resumes(
         tmp_path, corpus, monkeypatch, call, at, error):
     """The k-th rename into place (the fingerprint first, shards and checkpoints, manifest.json
@@ -317,6 +322,7 @@ def test_a_write_failing_at_any_step_is_one_line_and_the_build_resumes(
 @pytest.mark.parametrize("after_import", [pytest.param("click", marks=SLOW), "numpy",
                                           pytest.param("pipeline.build", marks=SLOW),
                                           pytest.param("tiktoken", marks=SLOW)])
+@pytest.mark.slow
 def test_ctrl_c_in_the_first_second_exits_130_with_the_resume_hint(tmp_path, byte_tokenizer,
                                                                    after_import):
     """A real SIGINT, sent as soon as the child reports (-X importtime) that it has imported a

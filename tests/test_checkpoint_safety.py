@@ -36,6 +36,7 @@ def seal(step_dir):
 
 
 @pytest.mark.parametrize("sharded", [False, True])
+@pytest.mark.slow
 def test_a_checkpoint_whose_pickle_would_run_code_is_refused_unrun(tmp_path, shards, sharded):
     run = tmp_path / "run"
     train(config(shards, run, max_steps=2, save_every=2, warmup=0, workers=0, fsdp=sharded),

@@ -34,10 +34,11 @@ def corpus(tmp_path: Path, files: int = 4, docs: int = 300, repeat: int = 1) -> 
     return folder
 
 
-def settings(tmp_path: Path, inputs: Path, tokenizer: str, out: str, **kw) -> BuildConfig:
+def settings(tmp_path: Path, inputs: Path, tokenizer: str, out: str, rows_per_shard: int = 6,
+             **kw) -> BuildConfig:
     return BuildConfig(out=str(tmp_path / out), dataset="jsonl", inputs=(str(inputs),),
                        tokenizer=tokenizer, seq=128, val_fraction=0.1,
-                       shard_bytes=128 * 2 * 6, workers=1, **kw)
+                       shard_bytes=128 * 2 * rows_per_shard, workers=1, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +100,12 @@ def test_a_worker_killed_mid_task_is_retried_and_the_bytes_are_the_same(tmp_path
                                                                         ray_cluster):
     from pipeline.distribute.engine_ray import build_with_ray
 
+    # Long tasks (a window to kill one in), in large shards: ~40,000 shards of 6 rows would
+    # take ~1 ms each to write, 45 s of a single build, and as long to place.
     inputs = corpus(tmp_path, files=2, docs=2000, repeat=12)
-    build(settings(tmp_path, inputs, byte_tokenizer, "single"), show_progress=False)
-    cfg = settings(tmp_path, inputs, byte_tokenizer, "ray", tasks=2)
+    build(settings(tmp_path, inputs, byte_tokenizer, "single", rows_per_shard=64),
+          show_progress=False)
+    cfg = settings(tmp_path, inputs, byte_tokenizer, "ray", rows_per_shard=64, tasks=2)
     result = {}
     thread = threading.Thread(target=lambda: result.update(m=build_with_ray(cfg, ray_cluster,
                                                                             False)))

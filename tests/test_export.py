@@ -23,6 +23,7 @@ def neox_run(tmp_path_factory, shards_once):
     return run
 
 
+@pytest.mark.slow
 def test_a_trained_gpt_neox_loads_in_transformers_with_the_same_logits(tmp_path, shards,
                                                                     neox_run):
     pytest.importorskip("transformers")
@@ -76,6 +77,7 @@ def test_export_refuses_what_it_cannot_write(tmp_path, neox_run):
     assert (tmp_path / "full" / "x").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_zoo_list_is_the_presets_table(tmp_path):
     result = CliRunner().invoke(zoo, ["list", "--vocab", "1000", "--json"])
     assert result.exit_code == 0
@@ -84,9 +86,9 @@ def test_zoo_list_is_the_presets_table(tmp_path):
     assert all(m["vocab_size"] == 1000 for m in listed)
 
 
-@pytest.mark.parametrize("name", [  # each ~4 s; the byte ranks named gpt2 are exported above
-    pytest.param("gpt2.tiktoken", marks=pytest.mark.slow), "cl100k_base.tiktoken",
-    "gpt-neox-tokenizer.json"])
+@pytest.mark.parametrize("name", ["gpt2.tiktoken", "cl100k_base.tiktoken",
+                                  "gpt-neox-tokenizer.json"])
+@pytest.mark.slow  # each ~4 s
 def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
     """The shipped tokenizers, cl100k_base's gap between its last rank and its special ids
     included."""
@@ -163,6 +165,7 @@ def test_capacity_bound_moe_generates_by_recomputation():
     assert out == expect
 
 
+@pytest.mark.slow
 def test_greedy_generation_is_transformers_greedy_generation(tmp_path, neox_run):
     pytest.importorskip("transformers")
     transformers = import_transformers()

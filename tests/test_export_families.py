@@ -253,6 +253,7 @@ def byte_run(tmp_path, byte_tokenizer):
 
 
 @pytest.mark.parametrize("preset", ["moe-tiny", "mamba-tiny"])
+@pytest.mark.slow
 def test_an_exported_folder_loads_with_its_own_code(tmp_path, byte_run, preset):
     """In this process, as a quick check; the standalone process is the slow tests'."""
     transformers = import_transformers()

@@ -113,6 +113,7 @@ def test_the_report_judges_every_target_and_keeps_a_failed_steps_log(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: the run would start")
+@pytest.mark.slow
 def test_a_gpu_run_without_a_gpu_stops_after_env_with_a_report(tmp_path):
     r = suite("--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"))
     assert r.returncode == 2 and "no CUDA device here" in r.stderr and "--cpu-smoke" in r.stderr

@@ -32,6 +32,7 @@ def run(*args) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+@pytest.mark.slow
 def test_a_seed_style_npy_folder_is_stats_verified_and_trained_on(tmp_path, byte_tokenizer):
     rng = np.random.default_rng(0)
     src = tmp_path / "seed"
@@ -113,6 +114,7 @@ def test_without_a_tokenizer_the_vocabulary_is_the_largest_id_and_it_says_so(tmp
 
 
 @pytest.mark.parametrize("encoding", ["ndarray:int32", "bytes"])
+@pytest.mark.slow
 def test_an_llm_foundry_mds_dataset_is_imported(tmp_path, byte_tokenizer, encoding):
     """llm-foundry's convert scripts write `tokens` as ndarray:int32, or (older ones) as the
     bytes of int64 ids: streaming's own MDSWriter writes both here."""

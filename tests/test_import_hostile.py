@@ -98,6 +98,7 @@ def test_at_least_is_exact_for_64_bit_ids():
     assert not at_least(s, 2**63).any() and at_least(s, -(2**64)).all()
 
 
+@pytest.mark.slow
 def test_an_mds_tokens_column_of_huge_int64_is_refused_naming_its_row(tmp_path):
     from pipeline import import_streaming
 

@@ -58,6 +58,7 @@ def nanogpt_folder(tmp_path, rng, names=("train.bin", "val.bin"), sizes=(40, 9),
                                                 marks=pytest.mark.slow),
                                    pytest.param(("train.bin", "valid.bin"),  # fairseq
                                                 marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_a_nanogpt_folder_gives_its_train_and_val_splits(tmp_path, byte_tokenizer, names):
     src, flats = nanogpt_folder(tmp_path, np.random.default_rng(3), names)
     out = tmp_path / "out"
@@ -149,6 +150,7 @@ def packed_source(tmp_path, rng, n_rows=300, seq=64):
     return src, rows
 
 
+@pytest.mark.slow
 def test_val_fraction_moves_whole_documents_the_same_way_every_time(tmp_path, byte_tokenizer):
     src, rows = packed_source(tmp_path, np.random.default_rng(5))
     flags = ["--tokenizer", byte_tokenizer, "--val-fraction", 0.1, "--shard-bytes", 64 * 2 * 32]

@@ -179,6 +179,7 @@ CONFIGS = [(name, {}) for name in FAMILIES] + [
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("name, overrides", CONFIGS)
+@pytest.mark.slow
 def test_the_activation_formula_is_what_autograd_saves(name, overrides, precision):
     """Every family, fp32 and bf16 (autocast: its bf16 weight copies too), with and without
     documents, two shapes: within 10% of the saved tensors' bytes (within 2% but where a merge
@@ -211,9 +212,9 @@ def measured_peak(model, inputs, precision: str) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("name", [*FAMILIES[:-1],  # hybrid's blocks are mamba's and neox's
-                                  pytest.param(FAMILIES[-1], marks=pytest.mark.slow)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.slow
 def test_the_activation_peak_is_the_measured_one(name, precision, checkpointing):
     """The peak the profiler measures on the CPU (over the micro-batch, made before), less the
     parameters' gradients allocated by then (the plan counts them whole, apart): within 5%

@@ -74,6 +74,7 @@ def test_a_build_without_train_rows_is_refused_in_one_line(tmp_path, train_only)
     assert "the build has no train rows (manifest.json splits: val)" in result.output
 
 
+@pytest.mark.slow
 def test_a_build_whose_val_split_has_no_rows(tmp_path, byte_tokenizer):
     from conftest import make_texts, write_jsonl
     from pipeline.build import build

@@ -74,6 +74,7 @@ def test_each_source_goes_through_every_row_once_per_epoch():
     assert order.epochs_before(50) == pytest.approx([200 / 1000, 200 / 100])
 
 
+@pytest.mark.slow
 def test_a_step_is_the_same_however_it_is_reached():
     """Steps are drawn a block at a time: a step asked for alone, far on or at a block's edge,
     holds what the run reaching it in turn gives, and source k's rows in it are the next ones of
@@ -260,6 +261,7 @@ def test_a_mixture_of_tokenizers_or_lengths_is_one_line(tmp_path, byte_tokenizer
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
+@pytest.mark.slow
 def test_max_epochs_stops_the_run_and_the_dry_run_says_what_each_source_gives(
         tmp_path, two_builds, byte_tokenizer):
     web = two_builds[0]
@@ -308,6 +310,7 @@ def test_a_resume_past_a_lowered_max_epochs_is_refused_and_a_finished_one_is_com
     assert "code reached --max-epochs at step 4: the run is complete" in said
 
 
+@pytest.mark.slow
 def test_a_config_files_data_list_is_the_flags(tmp_path, two_builds):
     web, code = two_builds
     (tmp_path / "c.toml").write_text(

@@ -90,6 +90,7 @@ def test_types_follow_the_annotation_not_the_default():
 
 
 @pytest.mark.parametrize("name", list(archs.PRESETS))
+@pytest.mark.slow
 def test_presets_are_valid_and_footprint_counts_what_build_makes(name):
     model = archs.build(name, device="meta")  # the 5B presets too: meta allocates nothing
     tensors = [*model.parameters(), *model.buffers()]
@@ -220,22 +221,24 @@ def test_a_model_table_in_a_config_file_is_refused_the_same_way(tmp_path, table,
      r"micro-batch of 1,000,000,000 x 64 tokens\) and cpu has [\d,.]+ GiB of memory: choose a "
      r"smaller model, --batch-size or --seq"),
 ])
-def test_train_refuses_a_run_past_the_devices_memory_before_allocating(tmp_path, shards, args,
-                                                                       says, dry):
+@pytest.mark.slow
+def test_train_refuses_a_run_past_the_devices_memory_before_allocating(
+        tmp_path, gpt2_vocab_shards_once, args, says, dry):
     start = time.perf_counter()
-    result, out = run_train(tmp_path, shards, *args, *(["--dry-run"] * dry))
+    result, out = run_train(tmp_path, gpt2_vocab_shards_once, *args, *(["--dry-run"] * dry))
     assert time.perf_counter() - start < 5
     assert re.search(says, one_line_error(result)), result.output
     assert not out.exists()  # a refused run leaves nothing
 
 
-def test_the_trainer_counts_gradients_and_optimizer_state_not_only_weights(tmp_path, shards,
-                                                                           monkeypatch):
+def test_the_trainer_counts_gradients_and_optimizer_state_not_only_weights(
+        tmp_path, gpt2_vocab_shards_once, monkeypatch):
     """Room for the weights (archs.build's check) is not room to train: 16 bytes a
     parameter, the loss's logits and the blocks' inputs must fit."""
     weights = archs.footprint("neox-tiny", vocab_size=50257)["bytes"]
     monkeypatch.setattr(archs, "device_memory", lambda device: 3 * weights)
     assert archs.build("neox-tiny", vocab_size=50257) is not None
+    shards = gpt2_vocab_shards_once  # read only: the runs are refused before they write
     result, out = run_train(tmp_path, shards, "--dry-run")
     assert "6,532,992 parameters at the build's vocabulary of 50,257; training needs at least " \
         in one_line_error(result)

@@ -84,6 +84,7 @@ def test_every_parameter_has_its_role(name, overrides):
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 @pytest.mark.parametrize("name, overrides", MODELS, ids=[m[0] + ("+options" if m[1] else "")
                                                          for m in MODELS])
+@pytest.mark.slow
 def test_optimizer_groups_follow_the_roles(name, overrides, optimizer):
     """Every parameter in exactly one group, with the decay and optimizer of its role."""
     model = archs.build(name, device="meta", **overrides)

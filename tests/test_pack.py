@@ -42,6 +42,7 @@ def pack_all(docs, seq, cuts, last_row="pad"):
 
 @settings(max_examples=200, deadline=None)
 @given(docs_strategy(), st.integers(2, 50), st.lists(st.integers(0, 30), max_size=5))
+@pytest.mark.slow
 def test_rows_hold_every_token_in_order_and_segments_mark_documents(lengths, seq, cuts):
     docs = make_docs(lengths)
     rows, segs, padding, dropped = pack_all(docs, seq, [c for c in cuts if c < len(docs)])
@@ -129,6 +130,7 @@ class Crash(Exception):
 @pytest.mark.parametrize("fmt", ["mds", "memmap"])
 @pytest.mark.parametrize("seq", [64, 8192])
 @pytest.mark.parametrize("interrupted", [False, True])
+@pytest.mark.slow
 def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_tokenizer,
                                                                  monkeypatch, fmt, seq,
                                                                  interrupted):

@@ -64,6 +64,7 @@ def run_remote(cfg: BuildConfig) -> tuple[dict, bool]:
 
 
 @pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.slow
 def test_a_build_into_s3_holds_the_bytes_of_a_local_build(tmp_path, s3, corpus, byte_tokenizer,
                                                           fmt):
     build(settings(tmp_path / "local", corpus, byte_tokenizer, format=fmt), show_progress=False)
@@ -85,6 +86,7 @@ def test_a_build_into_s3_holds_the_bytes_of_a_local_build(tmp_path, s3, corpus, 
     assert not any((tmp_path / "staging").iterdir())
 
 
+@pytest.mark.slow
 def test_the_staging_disk_holds_a_few_shards_however_slow_the_store(tmp_path, s3, corpus,
                                                                     byte_tokenizer, monkeypatch):
     """The real server made slow (a delay before each upload): the writer waits for the
@@ -154,6 +156,7 @@ def test_kill_9_mid_upload_resumes_to_the_same_bytes_without_sending_again(tmp_p
     assert not any((tmp_path / "stg").iterdir())
 
 
+@pytest.mark.slow
 def test_what_the_build_refuses_to_touch_in_the_bucket(tmp_path, s3, corpus, byte_tokenizer):
     s3.client.put_object(Bucket=s3.name, Key="mine/notes.txt", Body=b"a user's file")
     with pytest.raises(SettingsError, match=rf"{s3.url('mine')} is not empty and holds no "
@@ -184,6 +187,7 @@ def _one_line(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_bad_urls_credentials_endpoints_and_buckets_are_one_line_before_any_work(
         tmp_path, s3, corpus, byte_tokenizer, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -222,6 +226,7 @@ def test_gs_and_other_fsspec_stores_go_through_the_same_layer(tmp_path, corpus, 
     store.remove(list(store.sizes()))
 
 
+@pytest.mark.slow
 def test_a_failing_upload_stops_the_build_with_one_line(tmp_path, s3, corpus, byte_tokenizer,
                                                        monkeypatch):
     """The bucket removed mid-build: the build stops naming it; once it is back, the same
@@ -247,7 +252,8 @@ def test_a_failing_upload_stops_the_build_with_one_line(tmp_path, s3, corpus, by
     assert bucket_tree(s3, "gone") == build_tree(tmp_path / "local")
 
 
-@pytest.mark.parametrize("order", [[0, 1, 2], pytest.param([2, 0, 1], marks=pytest.mark.slow)])
+@pytest.mark.parametrize("order", [[0, 1, 2], [2, 0, 1]])
+@pytest.mark.slow
 def test_a_build_split_into_tasks_lands_in_s3_as_the_single_build(tmp_path, s3, corpus,
                                                                   byte_tokenizer, order):
     """Tasks stage in --staging (every task sees it); each places its shards straight into the

@@ -51,6 +51,7 @@ def jsonl_corpus(tmp_path):
     return folder
 
 
+@pytest.mark.slow
 def test_a_build_from_a_bucket_is_the_build_from_the_same_local_files(tmp_path, s3,
                                                                       jsonl_corpus,
                                                                       byte_tokenizer):
@@ -74,6 +75,7 @@ def test_a_build_from_a_bucket_is_the_build_from_the_same_local_files(tmp_path, 
     assert [i["path"] for i in m["inputs"]] == [f"{url}/a.jsonl", f"{url}/c.jsonl.zst"]
 
 
+@pytest.mark.slow
 def test_a_replaced_object_changes_the_build(tmp_path, s3, jsonl_corpus, byte_tokenizer):
     url = s3.upload_tree(jsonl_corpus, "corpus")
     cfg = settings(tmp_path / "out", [url], byte_tokenizer, "jsonl")
@@ -95,6 +97,7 @@ def big_parquet(tmp_path):
     return path
 
 
+@pytest.mark.slow
 def test_parquet_is_read_by_range_never_fetched_whole(tmp_path, s3, big_parquet, byte_tokenizer,
                                                       monkeypatch):
     from s3fs.core import S3File
@@ -115,6 +118,7 @@ def test_parquet_is_read_by_range_never_fetched_whole(tmp_path, s3, big_parquet,
     assert 0 < sum(fetched) < 0.6 * size, (sum(fetched), size)
 
 
+@pytest.mark.slow
 def test_tasks_split_a_remote_parquet_file_at_its_row_groups(tmp_path, s3, byte_tokenizer):
     folder = tmp_path / "pq"
     folder.mkdir()
@@ -134,6 +138,7 @@ def test_tasks_split_a_remote_parquet_file_at_its_row_groups(tmp_path, s3, byte_
     same_but_inputs(build_tree(tmp_path / "tasked"), build_tree(tmp_path / "local"))
 
 
+@pytest.mark.slow
 def test_missing_bucket_or_files_are_one_line(tmp_path, s3, byte_tokenizer):
     runner = CliRunner()
     base = ["build", "--dataset", "jsonl", "--tokenizer", byte_tokenizer, "--seq", "128"]

@@ -126,6 +126,7 @@ def test_huggingface_tokenizer_build_of_dolma(tmp_path, shared):
     assert np.concatenate(docs).max() < tok.vocab_size
 
 
+@pytest.mark.slow
 def test_damaged_real_files_are_counted_and_the_rest_is_kept(tmp_path, shared):
     import shutil
 

@@ -70,6 +70,7 @@ def expected(texts, split):
 
 
 @pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.slow
 def test_figures_match_an_independent_computation(tmp_path, byte_tokenizer, texts, fmt):
     out = make_build(tmp_path, texts, fmt)
     r = collect(out, verify=True)
@@ -114,6 +115,7 @@ def test_without_verify_token_counts_come_from_every_8th_row(tmp_path, byte_toke
     assert (fast["min_id"], fast["max_id"]) == (10, EOS)  # the id range uses every token
 
 
+@pytest.mark.slow
 def test_recommendations_follow_from_the_train_tokens(tmp_path, byte_tokenizer, texts):
     out = make_build(tmp_path, texts)
     r = collect(out, throughput=1000.0, budget=1e6)["recommendations"]
@@ -228,6 +230,7 @@ def continued_rows(tokens: np.ndarray, before: int | None) -> list[int]:
 
 
 @pytest.mark.parametrize("across_shards", [False, True])
+@pytest.mark.slow
 def test_a_continued_row_with_another_documents_hash_fails_verify(tmp_path, byte_tokenizer,
                                                                   texts, across_shards):
     """A row that opens with a continuation must carry the hash of the previous row's last
@@ -337,6 +340,7 @@ def failed_cleanly(r) -> str:
     (b"[1, 2]", "has no list of shards: not an MDS or longpack-memmap index"),
     (b'{"shards": [{"samples": 3}]}', "shard 0 of its mds index has no raw_data, zip_data, "
                                       "column_names, column_encodings, column_sizes")])
+@pytest.mark.slow
 def test_an_index_json_that_cannot_be_used_is_named(tmp_path, byte_tokenizer, texts, content,
                                                     what):
     out = make_build(tmp_path, texts)
@@ -352,6 +356,7 @@ def test_an_index_json_that_cannot_be_used_is_named(tmp_path, byte_tokenizer, te
 
 @pytest.mark.parametrize("fmt", ["mds", "memmap"])
 @pytest.mark.parametrize("verify", [[], ["--verify"]])
+@pytest.mark.slow
 def test_a_build_without_its_manifest_is_a_problem_not_a_crash(tmp_path, byte_tokenizer, texts,
                                                                fmt, verify):
     out = make_build(tmp_path, texts, fmt)
@@ -445,6 +450,7 @@ def test_decode_marks_document_boundaries(tmp_path, byte_tokenizer, texts):
     assert run_stats(out, "--decode", "99999").exit_code == 1
 
 
+@pytest.mark.slow
 def test_plot_writes_a_png(tmp_path, byte_tokenizer, texts):
     pytest.importorskip("matplotlib")
     out = make_build(tmp_path, texts)
@@ -550,6 +556,7 @@ def test_an_mds_shard_whose_header_disagrees_with_its_index_is_named(tmp_path):
 
 
 @pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.slow
 def test_shards_read_one_after_another_on_a_thread_keep_their_own_rows(
         tmp_path, byte_tokenizer, texts, compression, no_streaming_shared_memory_left):
     """Each thread decodes its shards in one reused buffer: what a read returns must not change
@@ -699,6 +706,7 @@ def test_find_rare_is_flatnonzero_of_equal(length, dtype):
 
 
 @pytest.mark.parametrize("compression", ["zstd", "none"])
+@pytest.mark.slow
 def test_every_format_is_read_one_thread_per_core_and_the_report_does_not_depend_on_it(
         tmp_path, byte_tokenizer, texts, monkeypatch, compression):
     """One read plan for compressed and raw shards alike (item 7 of issue 14: the per-format

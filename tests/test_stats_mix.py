@@ -51,6 +51,7 @@ def stats(*args):
     return result.exit_code, result.output
 
 
+@pytest.mark.slow
 def test_mix_gives_shares_tokens_before_repeat_epochs_and_the_warning(builds):
     web, code = train_split(builds["web"])["tokens"], train_split(builds["code"])["tokens"]
     shares = {"web": 0.7, "code": 0.3}

@@ -33,7 +33,8 @@ def leftovers() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("longpack-stats.*")}
 
 
-@pytest.mark.parametrize("fmt", ["mds", pytest.param("memmap", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.slow
 def test_the_report_of_a_build_in_a_bucket_is_the_local_one(tmp_path, s3, byte_tokenizer, fmt):
     out = make_build(tmp_path, byte_tokenizer, fmt)
     url = s3.upload_tree(out, "build")
@@ -52,6 +53,7 @@ def test_the_report_of_a_build_in_a_bucket_is_the_local_one(tmp_path, s3, byte_t
     assert leftovers() == before  # nothing kept
 
 
+@pytest.mark.slow
 def test_verify_names_a_damaged_object_and_a_missing_one(tmp_path, s3, byte_tokenizer):
     out = make_build(tmp_path, byte_tokenizer, "mds")
     url = s3.upload_tree(out, "build")
@@ -68,6 +70,7 @@ def test_verify_names_a_damaged_object_and_a_missing_one(tmp_path, s3, byte_toke
     assert code == 1 and f"train/{last}: missing" in text
 
 
+@pytest.mark.slow
 def test_an_unfinished_build_and_an_empty_prefix_are_one_line(s3):
     s3.client.put_object(Bucket=s3.name, Key="half/.longpack-build/fingerprint.json", Body=b"{}")
     code, text = stats(s3.url("half"))

@@ -30,6 +30,7 @@ def _one_line(caught) -> str:
     return text
 
 
+@pytest.mark.slow
 def test_missing_bucket_wrong_endpoint_and_no_credentials_are_one_line_each(s3, monkeypatch):
     with pytest.raises(StorageError) as caught:
         Store("s3://no-such-bucket/x").check_writable()
@@ -82,6 +83,7 @@ def test_a_store_whose_library_is_missing_names_the_extra():
                                  "'longpack[gcs]'")
 
 
+@pytest.mark.slow
 def test_aws_endpoint_url_names_the_server_as_s3_endpoint_url_does(s3, monkeypatch):
     monkeypatch.delenv("S3_ENDPOINT_URL")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)

@@ -111,6 +111,7 @@ def flip(path: Path, at: int) -> None:
     slow("unplaced", "task.00000/val.tokens", 0.3),
     slow("placed", "task.00001/skipped.jsonl", 0.5),
 ])
+@pytest.mark.slow
 def test_a_byte_changed_in_a_task_file_is_refused_and_the_named_task_rewrites_it(
         made, tmp_path, state, name, at):
     out = copy_of(made, state, tmp_path)
@@ -122,6 +123,7 @@ def test_a_byte_changed_in_a_task_file_is_refused_and_the_named_task_rewrites_it
     rerun_and_merge(made, out, task_named(message))
 
 
+@pytest.mark.slow
 def test_a_cut_token_file_names_its_task_and_its_re_run_mends_it(made, tmp_path):
     out = copy_of(made, "unplaced", tmp_path)
     path = work(out, "task.00002/train.tokens")
@@ -256,6 +258,7 @@ def test_a_damaged_build_record_is_one_line_and_any_task_re_run_mends_it(made, t
 @pytest.mark.parametrize("how,mend", [("removed", "task"), slow("cut", "task"),
                                       slow("removed", "merge --task-index"),
                                       ("cut", "merge --task-index")])
+@pytest.mark.slow
 def test_a_placed_shard_removed_names_its_task_whose_re_run_places_it_again(
         made, tmp_path, how, mend):
     out = copy_of(made, "placed", tmp_path)
@@ -276,6 +279,7 @@ def test_a_placed_shard_removed_names_its_task_whose_re_run_places_it_again(
         assert build_tree(out) == made["want"]
 
 
+@pytest.mark.slow
 def test_a_placed_shard_with_a_byte_changed_is_placed_again_by_its_task(made, tmp_path):
     """The merge only stats placed shards (their sha256 is in the index, which `pack stats
     --verify` checks); a task run again checks their bytes too."""
@@ -289,6 +293,7 @@ def test_a_placed_shard_with_a_byte_changed_is_placed_again_by_its_task(made, tm
 
 # -- 4. the single-machine build meets a damaged record of a tasked build -------------------------
 
+@pytest.mark.slow
 def test_a_single_build_over_a_damaged_tasked_build_is_one_line(made, tmp_path):
     out = copy_of(made, "placed", tmp_path)
     work(out, "tasks.json").write_text("{cut")

@@ -100,13 +100,10 @@ def run_tasks_in_order(cfg: BuildConfig, order: list[int]) -> dict:
 # -- byte-identical for any N -------------------------------------------------------------------
 
 @pytest.mark.parametrize("corpus_name,fmt,val,last_row", [
-    # one case in the quick loop; each of the others builds 14 times too (~6 s)
-    ("jsonl_corpus", "mds", 0.1, "pad"),
-    *(pytest.param(*case, marks=pytest.mark.slow) for case in [
-        ("jsonl_corpus", "memmap", 0.1, "drop"), ("jsonl_corpus", "mds", 0.0, "drop"),
-        ("parquet_corpus", "mds", 0.1, "pad"), ("parquet_corpus", "memmap", 0.1, "drop"),
-        ("parquet_corpus", "mds", 0.0, "drop")]),
-])
+    ("jsonl_corpus", "mds", 0.1, "pad"), ("jsonl_corpus", "memmap", 0.1, "drop"),
+    ("jsonl_corpus", "mds", 0.0, "drop"), ("parquet_corpus", "mds", 0.1, "pad"),
+    ("parquet_corpus", "memmap", 0.1, "drop"), ("parquet_corpus", "mds", 0.0, "drop")])
+@pytest.mark.slow  # each case builds 14 times (~6 s)
 def test_tasks_finishing_in_any_order_give_the_single_machine_bytes(
         request, tmp_path, byte_tokenizer, corpus_name, fmt, val, last_row):
     corpus = request.getfixturevalue(corpus_name)
@@ -122,6 +119,7 @@ def test_tasks_finishing_in_any_order_give_the_single_machine_bytes(
         assert build_tree(out) == want, f"{n} tasks finishing in order {order}"
 
 
+@pytest.mark.slow
 def test_bos_and_a_token_dtype_of_uint32_are_merged_alike(tmp_path, jsonl_corpus,
                                                           byte_tokenizer_u32):
     kw = dict(bos=False, shard_bytes=128 * 4 * 3)
@@ -132,6 +130,7 @@ def test_bos_and_a_token_dtype_of_uint32_are_merged_alike(tmp_path, jsonl_corpus
     assert build_tree(tmp_path / "t") == build_tree(tmp_path / "single")
 
 
+@pytest.mark.slow
 def test_tasks_run_as_separate_processes_through_the_command_line(single, tmp_path,
                                                                   jsonl_corpus,
                                                                   byte_tokenizer):
@@ -144,6 +143,7 @@ def test_tasks_run_as_separate_processes_through_the_command_line(single, tmp_pa
     assert build_tree(tmp_path / "t") == single(jsonl_corpus, byte_tokenizer)
 
 
+@pytest.mark.slow
 def test_the_task_index_comes_from_a_slurm_array_or_longpack_environment(
         single, tmp_path, jsonl_corpus, byte_tokenizer, monkeypatch):
     args = ["build", *to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer),
@@ -162,6 +162,7 @@ def test_the_task_index_comes_from_a_slurm_array_or_longpack_environment(
     assert build_tree(tmp_path / "t") == single(jsonl_corpus, byte_tokenizer)
 
 
+@pytest.mark.slow
 def test_without_a_task_index_every_task_runs_here_in_turn(single, tmp_path, jsonl_corpus,
                                                             byte_tokenizer):
     flags = to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer, tasks=5))
@@ -172,6 +173,7 @@ def test_without_a_task_index_every_task_runs_here_in_turn(single, tmp_path, jso
 
 # -- nothing under OUT until the merge; merge by hand; what is missing ---------------------------
 
+@pytest.mark.slow
 def test_unfinished_tasks_leave_no_dataset_and_name_what_is_missing(single, tmp_path,
                                                                     jsonl_corpus,
                                                                     byte_tokenizer):
@@ -196,6 +198,7 @@ def test_unfinished_tasks_leave_no_dataset_and_name_what_is_missing(single, tmp_
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.slow
 def test_merge_per_task_places_in_parallel_and_the_last_one_merges(single, tmp_path,
                                                                    jsonl_corpus,
                                                                    byte_tokenizer):
@@ -259,6 +262,7 @@ def test_a_task_killed_at_any_point_and_run_again_gives_the_same_bytes(
 
 # -- refusals -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_different_task_count_or_a_single_build_is_refused_into_a_tasked_build(
         single, tmp_path, jsonl_corpus, byte_tokenizer):
     out = tmp_path / "t"

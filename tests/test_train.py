@@ -8,7 +8,7 @@ import torch
 from click.testing import CliRunner
 
 import archs
-from conftest import write_jsonl
+from conftest import vocab_of, write_jsonl
 from longpack.errors import SettingsError, TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
@@ -226,7 +226,7 @@ def test_dry_run_prints_the_plan_and_trains_nothing(tmp_path, shards):
                                        "--dry-run"])
     assert r.exit_code == 0, r.output
     assert "nothing is trained" in r.output and "256 tokens/step x 391 steps" in r.output
-    params = archs.build("neox-tiny", vocab_size=50257, device="meta").num_params()
+    params = archs.build("neox-tiny", vocab_size=vocab_of(shards), device="meta").num_params()
     assert "ETA" in r.output and f"{params:,} parameters" in r.output
     assert not (tmp_path / "r").exists()
 

@@ -3,6 +3,7 @@
 import pytest
 from click.testing import CliRunner
 
+from conftest import vocab_of
 from training.cli import train as train_cli
 from training.config import TrainConfig
 from training.loop import train
@@ -213,6 +214,7 @@ def test_eta_is_the_pace_after_the_first_step_times_the_steps_left(monkeypatch):
     assert after["eta_seconds"] == pytest.approx(0.4)
 
 
+@pytest.mark.slow
 def test_list_models_sizes_presets_at_the_build_vocabulary(shards):
     import archs
 
@@ -221,9 +223,10 @@ def test_list_models_sizes_presets_at_the_build_vocabulary(shards):
 
     at_build = run_cli("--list-models", "--shards", shards)
     assert at_build.exit_code == 0, at_build.output
-    tiny = archs.build("neox-tiny", device="meta", vocab_size=50257)  # the byte build's vocab
-    assert row(at_build.output, "neox-tiny")[2:4] == ["50,257", f"{tiny.num_params():,}"]
-    assert f"at the vocabulary of {shards}: 50,257" in at_build.output
+    vocab = vocab_of(shards)
+    tiny = archs.build("neox-tiny", device="meta", vocab_size=vocab)  # the build's vocab
+    assert row(at_build.output, "neox-tiny")[2:4] == [f"{vocab:,}", f"{tiny.num_params():,}"]
+    assert f"at the vocabulary of {shards}: {vocab:,}" in at_build.output
     own = run_cli("--list-models")
     assert row(own.output, "neox-tiny")[2] == f"{archs.config('neox-tiny').vocab_size:,}"
     assert "each preset at its own vocabulary" in own.output

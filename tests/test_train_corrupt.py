@@ -280,6 +280,7 @@ def test_verdicts_are_shared_by_the_workers_and_the_trainer(tmp_path, byte_token
     assert b.train.unchecked() == 0
 
 
+@pytest.mark.slow
 def test_workers_check_the_shards_of_their_next_items_ahead(tmp_path, byte_tokenizer):
     """While the trainer holds a batch, the workers (blocked on full slots) check ahead: more
     shards are checked than the rows they could have read."""

@@ -49,10 +49,10 @@ def launched(tmp_path_factory, shards_once):
     they resume: name -> (its --out, the stdout of both processes)."""
     from test_mixture import small_build
 
-    from conftest import write_byte_ranks
+    from conftest import write_byte_tokenizer_json
 
     tmp = tmp_path_factory.mktemp("ddp")
-    tokenizer = str(write_byte_ranks(tmp / "gpt2.tiktoken"))
+    tokenizer = str(write_byte_tokenizer_json(tmp / "bytes-tokenizer.json"))  # shards_once's
     code = small_build(tmp, tokenizer, "code", 30, seed=2)
     mix = dict(shards=(f"web={shards_once}", f"code={code}"), mix="web=0.5,code=0.5",
                mix_stages=("4:code=1",))

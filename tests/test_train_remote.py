@@ -18,7 +18,7 @@ import torch
 from click.testing import CliRunner
 from test_train import config, weights
 
-from conftest import make_texts, write_jsonl
+from conftest import make_texts, write_byte_tokenizer_json, write_jsonl
 from longpack import StorageError, Store, TrainingError
 from training import checkpoint
 from training.cli import train as train_cli
@@ -73,6 +73,7 @@ def test_a_run_into_a_bucket_resumes_bitwise_on_a_fresh_machine(tmp_path, shards
     assert [json.loads(line)["step"] for line in lines] == list(range(8))
 
 
+@pytest.mark.slow
 def test_upload_next_to_a_local_out_and_resume_from_a_checkpoint_url(tmp_path, shards, s3):
     run = tmp_path / "run"
     train(config(shards, run, max_steps=4, save_every=2, workers=0, upload=s3.url("r")),
@@ -111,6 +112,7 @@ def _one_line(result) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_bad_bucket_endpoint_or_credentials_stop_the_run_before_a_step(tmp_path, shards, s3,
                                                                        monkeypatch):
     def args(out, *extra):
@@ -131,6 +133,7 @@ def test_bad_bucket_endpoint_or_credentials_stop_the_run_before_a_step(tmp_path,
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # refused at once: botocore's retries add ~10 s
     line = _one_line(runner.invoke(train_cli, args(tmp_path / "c", "--upload", s3.url("x"))))
     assert "the endpoint http://127.0.0.1:9 cannot be reached" in line
     assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
@@ -253,7 +256,7 @@ def losses(run: Path) -> list[float]:
 
 
 @pytest.fixture
-def memmap_shards(tmp_path, byte_tokenizer) -> Path:
+def memmap_shards(tmp_path) -> Path:
     """A memmap build: two processes of one run on this machine that each take themselves for
     the first of their machine (LOCAL_RANK 0) would share mosaicml-streaming's shared memory
     names over an MDS build; machines of their own would not."""
@@ -262,12 +265,14 @@ def memmap_shards(tmp_path, byte_tokenizer) -> Path:
 
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])
     out = tmp_path / "memmap"
+    tokenizer = write_byte_tokenizer_json(tmp_path / "bytes-tokenizer.json")
     build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
-                      tokenizer=byte_tokenizer, seq=65, val_fraction=0.05, format="memmap",
-                      compression=None, shard_bytes=65 * 2 * 8), show_progress=False)
+                      tokenizer=str(tokenizer), seq=65, val_fraction=0.05, format="memmap",
+                      compression=None, shard_bytes=65 * 2 * 40), show_progress=False)
     return out
 
 
+@pytest.mark.slow
 def test_a_memmap_build_in_a_bucket_gives_the_rows_of_the_local_folder(tmp_path, memmap_shards,
                                                                        s3):
     """Any format trains from a URL: a memmap build on S3 gives the rows of the same build read

@@ -92,6 +92,7 @@ def _same_rows(a, b):
             assert np.array_equal(np.asarray(x), np.asarray(y)), i
 
 
+@pytest.mark.slow
 def test_mds_and_memmap_give_the_rows_the_build_wrote_through_one_reader(
         tmp_path, byte_tokenizer, no_streaming_shared_memory_left):
     mds, memmap = (_build(tmp_path, byte_tokenizer, f) for f in ("mds", "memmap"))
@@ -299,6 +300,7 @@ def _shared_maps() -> int:
 
 
 @pytest.mark.parametrize("fmt", ["memmap", "mds"])
+@pytest.mark.slow
 def test_worker_processes_deliver_what_the_trainer_would_build_in_order(tmp_path, byte_tokenizer,
                                                                         fmt):
     b = open_build(str(_build(tmp_path, byte_tokenizer, fmt)), tmp_path / "cache", "1gb")
@@ -317,6 +319,7 @@ def test_worker_processes_deliver_what_the_trainer_would_build_in_order(tmp_path
     assert _shared_maps() == before and not multiprocessing.active_children()
 
 
+@pytest.mark.slow
 def test_a_killed_worker_is_reported_not_waited_for(tmp_path, byte_tokenizer):
     import multiprocessing
     import os
@@ -366,6 +369,7 @@ def _running(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads process states from /proc")
+@pytest.mark.slow
 def test_workers_exit_when_the_trainer_is_killed(tmp_path, byte_tokenizer):
     import os
     import signal

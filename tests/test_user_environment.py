@@ -36,6 +36,7 @@ def plain_python(code: str, cwd) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_streaming_imports_with_torchvision(tmp_path):
     out = plain_python("import sys, streaming, torchvision\n"
                        "from streaming import MDSWriter, StreamingDataset\n"
