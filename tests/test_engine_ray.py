@@ -71,9 +71,10 @@ def test_a_ray_build_on_an_existing_cluster_is_byte_identical(tmp_path, byte_tok
     from pipeline.distribute.engine_ray import build_with_ray
 
     inputs = corpus(tmp_path, docs=1000, repeat=4)
-    build(settings(tmp_path, inputs, byte_tokenizer, "single"), show_progress=False)
-    m = build_with_ray(settings(tmp_path, inputs, byte_tokenizer, "ray", tasks=3), ray_cluster,
-                       True)
+    build(settings(tmp_path, inputs, byte_tokenizer, "single", rows_per_shard=64),
+          show_progress=False)
+    m = build_with_ray(settings(tmp_path, inputs, byte_tokenizer, "ray", rows_per_shard=64,
+                                tasks=3), ray_cluster, True)
     assert m["timings"]["tasks"] == 3
     assert build_tree(tmp_path / "ray") == build_tree(tmp_path / "single")
     # one bar, fed by the three tasks' reports: it counts documents of more than one task

@@ -104,7 +104,7 @@ if [[ $mode == gpu ]]; then
     seq=2048 tokens=2000000 flex_seqs=4096,32768 doc=2048 size=()
     limits=(env=60 corpus=60 zoo=60 flex=75 archs=180 loader=110 memory=75 resume=90
             torchrun=60 tests=150)
-    zoo_args=(--compile-families neox-tiny)
+    zoo_args=(--compile-families neox-tiny,moe-tiny)
     archs_args=(--gpu-only --repeat 2 --gpu-cases mfu_2k,docs_32k
                 --gpu-scan-seqs 4096,8192,16384,32768,65536)
     loader_args=(--models neox-350m --seq 2048 --batch 8 --steps 15 --warmup 3 --repeat 1
@@ -123,7 +123,7 @@ else
     seq=128 tokens=150000 flex_seqs=256,512 doc=64 size=(--smoke)
     limits=(env=120 corpus=120 zoo=120 flex=120 archs=120 loader=120 memory=120 resume=120
             torchrun=120 tests=180)
-    zoo_args=(--compile-families neox-tiny)
+    zoo_args=(--compile-families neox-tiny,moe-tiny)
     archs_args=(--gpu-only --device cpu --toy --repeat 1 --gpu-scan-seqs 256,512)
     loader_args=(--models neox-tiny --seq 128 --batch 2 --steps 3 --warmup 1 --repeat 1
                  --workers 1 --precision fp32 --no-compile)
