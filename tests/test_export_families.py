@@ -18,7 +18,6 @@ from click.testing import CliRunner
 from test_train import config
 
 import archs
-from conftest import make_texts, write_byte_ranks, write_jsonl
 from training.export import TrainedRun, load_run
 from training.generate import generate
 from training.hf_export import export_hf
@@ -78,18 +77,10 @@ json.dump(results, open(f"{out}/results.json", "w"))
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory) -> Path:
-    """conftest's `shards` build, once for the module: a byte tokenizer, 65-token rows."""
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
-
-    root = tmp_path_factory.mktemp("build")
-    tokenizer = write_byte_ranks(root / "gpt2.tiktoken")
-    write_jsonl(root / "d.jsonl", [{"text": t} for t in make_texts(200)])
-    build(BuildConfig(out=str(root / "mds"), dataset="jsonl", inputs=(str(root / "d.jsonl"),),
-                      tokenizer=str(tokenizer), seq=65, val_fraction=0.05,
-                      shard_bytes=65 * 2 * 8), show_progress=False)
-    return root / "mds"
+def build(shards_once) -> Path:
+    """conftest's `shards` build (a 257-entry byte-level tokenizer.json, 65-token rows), read
+    only: the families train on it in seconds."""
+    return shards_once
 
 
 def standalone(folders: dict[str, dict], tmp: Path) -> dict:
@@ -113,14 +104,14 @@ def standalone(folders: dict[str, dict], tmp: Path) -> dict:
 @pytest.fixture(scope="module")
 def families(tmp_path_factory, build):
     """Every preset trained 2 steps and exported with `zoo export --to hf` (Mamba's weights in
-    5 MB shards, with a license), the variants exported from built models; then all of them
+    100 kB shards, with a license), the variants exported from built models; then all of them
     loaded by one standalone process. name -> (TrainedRun, folder, the child's result)."""
     root = tmp_path_factory.mktemp("families")
     trained, folders = {}, {}
     for preset in PRESETS:
         run, out = root / "runs" / preset, root / "hf" / preset
         train(config(build, run, model=preset, max_steps=2, save_every=2, workers=0))
-        extra = ["--max-shard-size", "5MB", "--license", "apache-2.0"] if preset == "mamba-tiny" \
+        extra = ["--max-shard-size", "100KB", "--license", "apache-2.0"] if preset == "mamba-tiny" \
             else []
         result = CliRunner().invoke(zoo, ["export", str(run), "--to", "hf", "--out", str(out),
                                           *extra])
@@ -138,7 +129,7 @@ def families(tmp_path_factory, build):
                                    base.checkpoint)
         folders[name] = root / "hf" / name
         assert export_hf(trained[name], folders[name]) == []
-    ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(0)).tolist()
     jobs = {str(folders[n]): {"ids": ids, "prompts": PROMPTS, "new": NEW,
                               "beams": n == "hybrid-tiny"} for n in folders}
     results = standalone(jobs, root)
@@ -165,7 +156,7 @@ def test_a_standalone_transformers_gives_archs_logits(families, name):
     trained, folder, result = families[name]
     assert result["class"] == ("GPTNeoXForCausalLM" if name == "neox-tiny"
                                else "LongpackForCausalLM")
-    ids = torch.randint(0, 512, (2, 40), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(0))  # the build's
     with torch.no_grad():
         ours = trained.model(ids)
     assert (result["logits"] - ours).abs().max().item() <= 1e-4
@@ -224,13 +215,13 @@ def test_the_folder_is_what_the_hub_takes(families, name):
         assert fact in text, fact
     if name == "moe-tiny":
         assert f"{trained.model.active_params():,} per token" in text
-    if name == "mamba-tiny":  # 13 MB of weights in shards of 5 MB, and their index
+    if name == "mamba-tiny":  # 0.29 MB of weights in shards of 100 kB, and their index
         index = json.loads((folder / "model.safetensors.index.json").read_text())
         shards = sorted(set(index["weight_map"].values()))
         assert len(shards) > 1 and not (folder / "model.safetensors").exists()
-        for shard in shards:  # at most 5 MB, but for a larger tensor alone in its shard
+        for shard in shards:  # at most 100 kB, but for a larger tensor alone in its shard
             held = [k for k, v in index["weight_map"].items() if v == shard]
-            assert (folder / shard).stat().st_size <= 5_000_000 or len(held) == 1
+            assert (folder / shard).stat().st_size <= 100_000 or len(held) == 1
     if name != "neox-tiny":  # archs' own files, byte for byte
         for file, source in shipped_files().items():
             assert (folder / file).read_bytes() == source.read_bytes(), file

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_texts, write_byte_ranks, write_jsonl
+from conftest import make_texts, write_byte_tokenizer_json, write_jsonl
 from longpack.errors import DataError, SettingsError, TrainingError
 from pipeline.mixture import parse_sources, parse_stage, parse_weights
 from training.cli import train as train_cli
@@ -188,14 +188,15 @@ def small_build(tmp_path, tokenizer, name, n_docs, seed, seq=65):
 def two_builds_once(tmp_path_factory):
     """The two builds of `two_builds`, made once for the module: read them, never change them."""
     tmp = tmp_path_factory.mktemp("mixture")
-    tokenizer = str(write_byte_ranks(tmp / "gpt2.tiktoken"))
+    tokenizer = str(write_byte_tokenizer_json(tmp / "bytes-tokenizer.json"))  # trains fast
     return (small_build(tmp, tokenizer, "web", 200, seed=1),
             small_build(tmp, tokenizer, "code", 30, seed=2))
 
 
 @pytest.fixture
 def two_builds(tmp_path, two_builds_once):
-    """This test's copies of web (200 documents) and code (30), byte-tokenized."""
+    """This test's copies of web (200 documents) and code (30), byte-tokenized (a vocabulary of
+    257: conftest.write_byte_tokenizer_json)."""
     return tuple(Path(shutil.copytree(b, tmp_path / b.name)) for b in two_builds_once)
 
 
@@ -263,9 +264,10 @@ def test_a_mixture_of_tokenizers_or_lengths_is_one_line(tmp_path, byte_tokenizer
 
 @pytest.mark.slow
 def test_max_epochs_stops_the_run_and_the_dry_run_says_what_each_source_gives(
-        tmp_path, two_builds, byte_tokenizer):
+        tmp_path, two_builds):
     web = two_builds[0]
-    code = small_build(tmp_path, byte_tokenizer, "tiny", 3, seed=4)  # a few rows
+    tokenizer = str(write_byte_tokenizer_json(tmp_path / "bytes-tokenizer.json"))  # web's
+    code = small_build(tmp_path, tokenizer, "tiny", 3, seed=4)  # a few rows
     code_rows = json.loads((code / "manifest.json").read_text())["splits"]["train"]["rows"]
     args = ["--shards", f"web={web}", "--shards", f"code={code}", "--mix", "web=1,code=1",
             "--batch-size", "4", "--max-steps", "40", "--warmup", "1", "--model", "neox-tiny",

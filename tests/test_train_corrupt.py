@@ -15,7 +15,7 @@ import pytest
 import zstandard
 from click.testing import CliRunner
 
-from conftest import make_texts, write_jsonl
+from conftest import make_texts, write_byte_tokenizer_json, write_jsonl
 from longpack.atomic import sha256_file
 from longpack.errors import DataError
 from pipeline.build import build
@@ -102,10 +102,10 @@ def test_a_build_on_s3_gives_the_rows_of_the_local_folder(tmp_path, byte_tokeniz
 
 
 @pytest.mark.slow
-def test_train_from_s3_in_a_fresh_process_matches_the_local_folder(tmp_path, byte_tokenizer, s3):
+def test_train_from_s3_in_a_fresh_process_matches_the_local_folder(tmp_path, s3):
     """`train` as the README runs it: a new interpreter, where torchvision cannot load next to
     a CPU torch (streaming must be imported through pipeline/formats/streaming_compat.py)."""
-    out = make_build(tmp_path, byte_tokenizer)
+    out = make_build(tmp_path, str(write_byte_tokenizer_json(tmp_path / "bytes-tokenizer.json")))
     url = s3.upload_tree(out, "prefix")
     runs = {}
     for name, shards in (("s3", url), ("local", str(out))):
