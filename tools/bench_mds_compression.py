@@ -78,12 +78,33 @@ def measure_level(shards: list[bytes], level: int, repeat: int) -> dict:
     return best
 
 
+def positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number from 1")
+    return n
+
+
+def zstd_levels(text: str) -> list[int]:
+    """--levels: comma-separated zstd levels, each 1 to 22 (what --compression zstd:LEVEL takes)."""
+    try:
+        levels = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give levels as 1,3,9") from None
+    if not levels or any(not 1 <= x <= 22 for x in levels):
+        raise argparse.ArgumentTypeError(f"{text!r}: each level is 1 to 22")
+    return levels
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--copies", type=int, default=4, help="copies of the FineWeb-Edu sample")
-    ap.add_argument("--levels", default="1,2,3,4,6,9,19")
-    ap.add_argument("--repeat", type=int, default=3, help="best of N by CPU")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--copies", type=positive, default=4, help="copies of the FineWeb-Edu sample")
+    ap.add_argument("--levels", type=zstd_levels, default="1,2,3,4,6,9,19")
+    ap.add_argument("--repeat", type=positive, default=3, help="best of N by CPU")
+    ap.add_argument("--workers", type=positive, default=2)
     ap.add_argument("--builds", action="store_true",
                     help="also time pack build end to end at each level")
     ap.add_argument("--json", type=Path, help="write the figures here too")
@@ -91,7 +112,7 @@ def main() -> int:
     if not GPT2.is_file() or not FINEWEB.is_dir():
         print(f"needs ../shared (the FineWeb-Edu sample and gpt2.tiktoken) at {SHARED}")
         return 2
-    levels = [int(x) for x in args.levels.split(",")]
+    levels = args.levels
     watch = CpuWatch()
     work = Path(tempfile.mkdtemp(prefix="bench_mdsz."))
     try:
