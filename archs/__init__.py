@@ -97,13 +97,13 @@ def build(name: str, device: str | torch.device | None = None, **overrides) -> t
     allocated."""
     cfg = config(name, **overrides)
     family = name if name in FAMILIES else PRESETS[name]
-    if torch.device(device or "cpu").type != "meta":
-        size = footprint(name, **overrides)
-        refuse_unfit(name, overrides, size["params"], size["bytes"], "its weights", device)
-    if torch.device(device or "cpu").type == "meta":
-        with torch.device("meta"), _MetaInitSkipped():
+    where = torch.device(device or "cpu")
+    if where.type == "meta":
+        with where, _MetaInitSkipped():
             return FAMILIES[family][1](cfg)
-    with torch.device(device or "cpu"):
+    size = footprint(name, **overrides)
+    refuse_unfit(name, overrides, size["params"], size["bytes"], "its weights", device)
+    with where:
         return FAMILIES[family][1](cfg)
 
 

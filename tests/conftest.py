@@ -215,16 +215,18 @@ def split_documents(out: Path, split: str, eos_id: int) -> list[np.ndarray]:
     return np.split(stream, cuts)[:-1]
 
 
-def small_build(tmp: Path, tokenizer: Path) -> Path:
-    """tmp/mds: 200 short documents in 65-token MDS rows, several shards, a val split."""
+def small_build(folder: Path, tokenizer, name: str, n_docs: int, seed: int, seq: int = 65,
+                val_fraction: float = 0.1) -> Path:
+    """folder/NAME: n_docs short documents (make_texts) in MDS rows of `seq` tokens, 8 rows a
+    shard, a val split."""
     from pipeline.build import build
     from pipeline.config import BuildConfig
 
-    write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(200)])
-    build(BuildConfig(out=str(tmp / "mds"), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
-                      tokenizer=str(tokenizer), seq=65, val_fraction=0.05,
-                      shard_bytes=65 * 2 * 8), show_progress=False)
-    return tmp / "mds"
+    src = write_jsonl(folder / f"{name}.jsonl", [{"text": t} for t in make_texts(n_docs, seed)])
+    build(BuildConfig(out=str(folder / name), dataset="jsonl", inputs=(str(src),),
+                      tokenizer=str(tokenizer), seq=seq, val_fraction=val_fraction,
+                      shard_bytes=seq * 2 * 8), show_progress=False)
+    return folder / name
 
 
 @pytest.fixture(scope="session")
@@ -234,7 +236,8 @@ def shards_once(tmp_path_factory) -> Path:
     Its tokenizer is the 257-entry byte-level one (write_byte_tokenizer_json): the trainer's
     tests train on it, fast."""
     tmp = tmp_path_factory.mktemp("shards")
-    return small_build(tmp, write_byte_tokenizer_json(tmp / "bytes-tokenizer.json"))
+    return small_build(tmp, write_byte_tokenizer_json(tmp / "bytes-tokenizer.json"), "mds", 200,
+                       seed=0, val_fraction=0.05)
 
 
 @pytest.fixture(scope="session")
@@ -242,7 +245,8 @@ def gpt2_vocab_shards_once(tmp_path_factory) -> Path:
     """The same documents built with `byte_tokenizer` (GPT-2's vocabulary of 50,257), once per
     test run, for what is sized by the vocabulary of a real tokenizer. Read it, never change it."""
     tmp = tmp_path_factory.mktemp("gpt2_vocab_shards")
-    return small_build(tmp, write_byte_ranks(tmp / "gpt2.tiktoken"))
+    return small_build(tmp, write_byte_ranks(tmp / "gpt2.tiktoken"), "mds", 200, seed=0,
+                       val_fraction=0.05)
 
 
 def vocab_of(build: Path) -> int:

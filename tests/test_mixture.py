@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_texts, write_byte_tokenizer_json, write_jsonl
+from conftest import small_build, write_byte_tokenizer_json
 from longpack.errors import DataError, SettingsError, TrainingError
 from pipeline.mixture import parse_sources, parse_stage, parse_weights
 from training.cli import train as train_cli
@@ -172,16 +172,6 @@ def test_the_settings_name_sources_and_check_shares():
 
 
 # -- through `train` ---------------------------------------------------------------------------
-
-def small_build(tmp_path, tokenizer, name, n_docs, seed, seq=65):
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
-
-    src = write_jsonl(tmp_path / f"{name}.jsonl", [{"text": t} for t in make_texts(n_docs, seed)])
-    out = tmp_path / name
-    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(src),), tokenizer=tokenizer,
-                      seq=seq, val_fraction=0.1, shard_bytes=seq * 2 * 8), show_progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import make_texts, write_byte_ranks, write_jsonl
-from pipeline.build import build
+from conftest import small_build, write_byte_ranks
 from pipeline.cli import pack
-from pipeline.config import BuildConfig
 from pipeline.mixture import REPEAT_WARNING_EPOCHS
 from pipeline.stats import mix as stats_mix
 from pipeline.stats.recommend import TOKENS_PER_PARAM, recommendations
@@ -20,13 +18,6 @@ from pipeline.stats.report import collect, render
 
 ROOT = Path(__file__).resolve().parent.parent
 
-
-def small_build(folder: Path, tokenizer: str, name: str, n_docs: int, seed: int, seq=65) -> Path:
-    src = write_jsonl(folder / f"{name}.jsonl", [{"text": t} for t in make_texts(n_docs, seed)])
-    out = folder / name
-    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(src),), tokenizer=tokenizer,
-                      seq=seq, val_fraction=0.1, shard_bytes=seq * 2 * 8), show_progress=False)
-    return out
 
 
 @pytest.fixture(scope="module")

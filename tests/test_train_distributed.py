@@ -47,9 +47,7 @@ def launched(tmp_path_factory, shards_once):
     """The 2-process `train` runs of this module's tests, in one torchrun launch
     (tests/train_jobs.py: a launch costs ~9 s, mostly start-up), after the single-process runs
     they resume: name -> (its --out, the stdout of both processes)."""
-    from test_mixture import small_build
-
-    from conftest import write_byte_tokenizer_json
+    from conftest import small_build, write_byte_tokenizer_json
 
     tmp = tmp_path_factory.mktemp("ddp")
     tokenizer = str(write_byte_tokenizer_json(tmp / "bytes-tokenizer.json"))  # shards_once's
