@@ -50,6 +50,15 @@ def segment_ids(doc_starts: torch.Tensor, seq: int) -> torch.Tensor:
     return marks[:, :seq].cumsum(1)
 
 
+def document_spans(doc_starts: torch.Tensor, b: int, seq: int) -> list[tuple[int, int]]:
+    """(start, end) of each document of row b of a [B, T] batch. One read of the row to the host:
+    not one per entry, which on a GPU is one synchronisation each, and a compiled run's
+    doc_starts is as wide as the row (training/step.py)."""
+    row = doc_starts[b]
+    starts = row[row >= 0].tolist() + [seq]
+    return list(zip(starts, starts[1:]))
+
+
 def positions(doc_starts: torch.Tensor | None, batch: int, seq: int,
               device: torch.device) -> torch.Tensor:
     """[B, T] position of each token within its document: rotary restarts at each start."""
@@ -114,8 +123,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = torch.empty_like(q)
     seq = q.shape[2]
     for b in range(q.shape[0]):
-        starts = [int(s) for s in doc_starts[b] if s >= 0] + [seq]
-        for lo, hi in zip(starts, starts[1:]):
+        for lo, hi in document_spans(doc_starts, b, seq):
             out[b:b + 1, :, lo:hi] = F.scaled_dot_product_attention(
                 q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
                 is_causal=True, enable_gqa=enable_gqa)

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import ShortConv, StackedLM
+from .layers import ShortConv, StackedLM, document_spans
 from .limits import EPS, FLAG, SIZE, STD, VOCAB, check_fields
 
 
@@ -142,8 +142,7 @@ class LongConv(nn.Module):
             y = torch.empty_like(x)
             spectra = {}
             for b in range(B):
-                starts = [int(s) for s in doc_starts[b] if s >= 0] + [T]
-                for lo, hi in zip(starts, starts[1:]):
+                for lo, hi in document_spans(doc_starts, b, T):
                     n = hi - lo
                     if n not in spectra:
                         spectra[n] = torch.fft.rfft(kernel[:, :n], n=2 * n)

@@ -32,7 +32,8 @@ def test_the_script_and_the_report_name_the_same_steps_and_refuse_bad_arguments(
     for args, message in ((["--only", "env,nope"], "no step 'nope'"),
                           (["--budget", "ten"], "--budget takes seconds"),
                           (["--frobnicate"], "unknown argument --frobnicate"),
-                          (["--out"], "--out needs a value")):
+                          (["--out"], "--out needs a value"),
+                          (["--archs-cases", "mfu_2k,fast"], "--archs-cases takes mfu_2k")):
         r = suite(*args)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
 

@@ -10,7 +10,8 @@ tools/gpu_report.py holds the targets and judges them. --smoke: toy sizes, for t
               (GPT-2's 50,257 ids, so the models' heads have their real size), memmap rows
     zoo       each tiny family on the device under bf16 autocast: logits against fp32, finite
               gradients, a packed row against its documents alone (FlexAttention on CUDA),
-              torch.compile against eager
+              torch.compile against eager (each case in a child process: `compiled`; when
+              one fails on CUDA, the cases that tell what it depends on)
     flex      FlexAttention (compiled, as in a compiled model) against causal SDPA per document
               (attention's CPU path, run on the same device) at a short and a long row: outputs,
               gradients, time; uncompiled FlexAttention's time (a run without --compile)
@@ -174,12 +175,76 @@ def zoo(args) -> None:
             packed = model(x[:1], doc_starts=starts[:1])[0]
             alone = torch.cat([model(d[None])[0] for d in docs])
         emit(f"zoo.{name}.packed_vs_alone", rel(packed, alone), "", "bf16 logits, 3 documents")
-    backend = "inductor" if dev.type == "cuda" else "aot_eager"  # no C++ build on the CPU
+    # Each compiled case in a process of its own: a CUDA fault (an illegal memory access, seen
+    # on the first GPU) ends the process's CUDA context, and the next case must still run.
     for name in filter(None, args.compile_families.split(",")):
-        compiled = torch.compile(models[name], backend=backend)
+        if not compiled_case(args, name, "", T, None, False) and dev.type == "cuda":
+            # what the failure depends on, once (each case is a compile: ~20 s)
+            for label, seq, width, train in DIAGNOSIS:
+                compiled_case(args, name, label, seq, width, train)
+            break
+
+
+# The cases that tell what a failing compiled check depends on (docs/BENCHMARKS.md, 2026-11-26:
+# rows of 256, heads of 16, inference crashed; rows of 2,048 in training ran).
+DIAGNOSIS = (("rows_2048", 2048, None, False), ("heads_of_64", 256, 256, False),
+             ("training", 256, None, True))
+
+
+def compiled_case(args, name: str, label: str, seq: int, width, train: bool) -> bool:
+    """Run `compiled` for one case in a child process; its figure, or the error's line."""
+    figure = f"zoo.{name}.compiled_vs_eager" + (f".{label}" if label else "")
+    cmd = [sys.executable, __file__, "compiled", "--family", name, "--seq", str(seq),
+           "--name", figure] + (["--d-model", str(width)] if width else []) + \
+          (["--train"] if train else []) + (["--figures", FIGURES] if FIGURES else []) + \
+          (["--device", args.device] if args.device else [])
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")  # the failing kernel named, not a later one
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    sys.stdout.write(p.stdout)
+    if p.returncode:
+        lines = [ln for ln in p.stderr.splitlines() if "Error" in ln] or p.stderr.splitlines()
+        kernel = [ln.strip() for ln in p.stderr.splitlines() if ln.strip().startswith("triton_")]
+        emit(figure, None, "", f"failed: {(lines or ['exit ' + str(p.returncode)])[-1][:200]}"
+             + (f" in {kernel[-1].split('.run(')[0]}" if kernel else ""))
+        sys.stderr.write(p.stderr[-3000:])
+    return p.returncode == 0
+
+
+def compiled(args) -> None:
+    """One compiled-vs-eager case: 2 rows of --seq under bf16 autocast, documents as zoo's;
+    logits (or, --train, the loss's gradients) of torch.compile against eager."""
+    import torch
+
+    import archs
+
+    dev = device(args)
+    T = args.seq
+    torch.manual_seed(0)
+    model = archs.build(args.family, max_seq=T, **({"d_model": args.d_model}
+                                                   if args.d_model else {})).to(dev)
+    x = torch.randint(0, 512, (2, T), device=dev)
+    starts = torch.tensor([[0, T // 3, T // 2, -1], [0, -1, -1, -1]], device=dev)
+    backend = "inductor" if dev.type == "cuda" else "aot_eager"  # no C++ build on the CPU
+    fast = torch.compile(model, backend=backend)
+    bf16 = torch.autocast(dev.type, dtype=torch.bfloat16)
+    heads = getattr(model.cfg, "n_heads", 0)
+    what = (f"bf16, 2 rows of {T}" + (f", heads of {model.cfg.d_model // heads}" if heads else "")
+            + ", "
+            + f"{'training: gradients' if args.train else 'logits'}, {backend}")
+    if args.train:
+        grads = []
+        for m in (model, fast):
+            model.zero_grad(set_to_none=True)
+            with bf16:
+                m.loss(x, torch.roll(x, -1, 1), starts)["loss"].backward()
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()
+                                    if p.grad is not None]))
+        emit(args.name, rel(grads[1], grads[0]), "", what)
+    else:
+        model.eval()
         with torch.no_grad(), bf16:
-            eager, fast = models[name](x, doc_starts=starts), compiled(x, doc_starts=starts)
-        emit(f"zoo.{name}.compiled_vs_eager", rel(fast, eager), "", f"bf16 logits, {backend}")
+            eager, out = model(x, doc_starts=starts), fast(x, doc_starts=starts)
+        emit(args.name, rel(out, eager), "", what)
 
 
 # -- flex -----------------------------------------------------------------------------------------
@@ -188,10 +253,11 @@ def per_document_sdpa(q, k, v, doc_starts):
     """archs.layers.attention's CPU path (causal SDPA per document), on any device."""
     import torch.nn.functional as F
 
+    from archs.layers import document_spans
+
     out, seq = q.new_empty(q.shape), q.shape[2]
     for b in range(q.shape[0]):
-        starts = [int(s) for s in doc_starts[b] if s >= 0] + [seq]
-        for lo, hi in zip(starts, starts[1:]):
+        for lo, hi in document_spans(doc_starts, b, seq):
             out[b:b + 1, :, lo:hi] = F.scaled_dot_product_attention(
                 q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi], is_causal=True)
     return out
@@ -281,7 +347,7 @@ def flex(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("check", choices=("env", "corpus", "zoo", "flex"))
+    ap.add_argument("check", choices=("env", "corpus", "zoo", "compiled", "flex"))
     ap.add_argument("--figures", default=os.environ.get("GPU_SUITE_FIGURES"))
     ap.add_argument("--smoke", action="store_true", help="toy sizes (the CPU smoke run)")
     ap.add_argument("--device", default=None, help="cuda or cpu [cuda when there is one]")
@@ -293,6 +359,11 @@ def main() -> None:
     ap.add_argument("--doc-len", type=int, default=2048, help="flex: mean document length")
     ap.add_argument("--repeat", type=int, default=3, help="flex: timed calls")
     ap.add_argument("--compile-families", default="neox-tiny,moe-tiny", help="zoo")
+    ap.add_argument("--family", help="compiled: the tiny preset")
+    ap.add_argument("--seq", type=int, default=256, help="compiled: row length")
+    ap.add_argument("--d-model", type=int, default=None, help="compiled: another width")
+    ap.add_argument("--train", action="store_true", help="compiled: compare gradients")
+    ap.add_argument("--name", help="compiled: the figure's name")
     args = ap.parse_args()
     global FIGURES
     FIGURES = args.figures

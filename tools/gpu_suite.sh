@@ -3,7 +3,7 @@
 #
 #   tools/gpu_suite.sh [--out DIR] [--budget SECONDS] [--only STEP,...] [--skip STEP,...]
 #                      [--limit STEP=SECONDS ...] [--commit TEXT] [--python PY] [--wheels DIR]
-#                      [--work DIR]
+#                      [--work DIR] [--archs-cases mfu_2k,docs_32k]
 #   tools/gpu_suite.sh --cpu-smoke [--out DIR] ...   the same steps at toy sizes on the CPU
 #   tools/gpu_suite.sh --prepare-wheels [DIR]         once, on a machine with pip's index: the
 #                                                     wheels a lent GPU machine lacks, into DIR
@@ -14,7 +14,9 @@
 # which stops at 600 s, with the report written after each step); a step that fails or runs
 # out of time is recorded, its log's tail goes into the report, and the next one runs. A step
 # the budget leaves no time for is reported as skipped: run it in a second command with --only
-# (env and corpus always run). --limit STEP=SECONDS changes one step's limit.
+# (env and corpus always run). --limit STEP=SECONDS changes one step's limit; --archs-cases picks
+# bench_archs' GPU cases (the scan always runs). The limits are a fresh machine's seconds on the
+# first GPU (an H200, docs/BENCHMARKS.md 2026-11-26) with room: compiling is most of each step.
 #   env       device, driver, versions; every module the project imports (tools/gpu_checks.py)
 #   corpus    a hermetic build (words, a byte-level tokenizer named gpt2.tiktoken), rows of 2048
 #   zoo       each tiny family on CUDA in bf16: logits vs fp32, finite gradients, a packed row
@@ -44,6 +46,7 @@ set -u -o pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 steps_all="env corpus zoo flex archs loader memory resume torchrun tests"
 mode=gpu out=${OUT:-$PWD/gpu-report} budget="" only="" skip="" commit="" py="" work=""
+archs_cases=mfu_2k,docs_32k
 wheels=$root/.whl prepare="" target_python=3.12 limit_over=()
 
 usage() { sed -n '2,/^$/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
@@ -51,12 +54,15 @@ die() { echo "gpu_suite.sh: $*" >&2; exit 2; }
 while (( $# )); do
     case $1 in
         --cpu-smoke) mode=cpu-smoke ;;
-        --out|--budget|--only|--skip|--commit|--python|--wheels|--work|--limit)
+        --out|--budget|--only|--skip|--commit|--python|--wheels|--work|--limit|--archs-cases)
             (( $# >= 2 )) || die "$1 needs a value"
             case $1 in
                 --out) out=$2 ;; --budget) budget=$2 ;; --only) only=$2 ;; --skip) skip=$2 ;;
                 --commit) commit=$2 ;; --python) py=$2 ;; --wheels) wheels=$2 ;;
                 --work) work=$2 ;;
+                --archs-cases) [[ $2 =~ ^(mfu_2k|docs_32k)(,(mfu_2k|docs_32k))*$ ]] \
+                                   || die "--archs-cases takes mfu_2k and/or docs_32k"
+                               archs_cases=$2 ;;
                 --limit) [[ $2 =~ ^[a-z]+=[0-9]+$ ]] || die "--limit takes STEP=SECONDS"
                          limit_over+=("$2") ;;
             esac
@@ -102,10 +108,13 @@ checks=("$py" "$root/tools/gpu_checks.py") runs=("$py" "$root/tools/gpu_runs.py"
 if [[ $mode == gpu ]]; then
     budget=${budget:-540}
     seq=2048 tokens=2000000 flex_seqs=4096,32768 doc=2048 size=()
-    limits=(env=60 corpus=60 zoo=60 flex=75 archs=180 loader=110 memory=75 resume=90
-            torchrun=60 tests=150)
+    # measured 2026-11-26: env 11, corpus 1, zoo 37 (crashed), flex 70, archs 64 s for the
+    # first compiled step of neox-350m and more than 105 s for neox-1.2b at 32k, loader more than
+    # 110, memory 108 for 3 presets, torchrun 60 for 3 runs, resume more than 45
+    limits=(env=60 corpus=60 zoo=120 flex=90 archs=300 loader=200 memory=120 resume=120
+            torchrun=100 tests=150)
     zoo_args=(--compile-families neox-tiny,moe-tiny)
-    archs_args=(--gpu-only --repeat 2 --gpu-cases mfu_2k,docs_32k
+    archs_args=(--gpu-only --repeat 2 --gpu-cases "$archs_cases"
                 --gpu-scan-seqs 4096,8192,16384,32768,65536)
     loader_args=(--models neox-350m --seq 2048 --batch 8 --steps 15 --warmup 3 --repeat 1
                  --workers 2 --precision bf16 --compile)

@@ -3,7 +3,8 @@
 A row of `seq` tokens gives input_ids = row[:-1] and targets = row[1:] (seq - 1 predictions), so
 no token of another row is needed. Targets that are padding (the hash-0 segment, see
 docs/FORMAT.md) are -100, ignored by the loss. doc_starts is the row's segment starts below
-seq - 1, padded with -1 to the batch's widest row: the archs/ convention (first start 0).
+seq - 1, padded with -1 to the batch's widest row: the archs/ convention (first start 0). A
+compiled run pads it to the row's length (`full_width`).
 The token after an EOS stays a target: it is predicted from the ending document alone, since
 attention never crosses the boundary.
 
@@ -71,3 +72,14 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def make_batch(rows: list, device: torch.device = CPU) -> dict:
     return model_inputs(collate(rows), device)
+
+
+
+def full_width(doc_starts: torch.Tensor, seq: int) -> torch.Tensor:
+    """doc_starts [B, K] padded with -1 to [B, seq], one column per position of the row (the
+    most documents a row can hold): the same shape for every batch. collate makes it as wide as
+    the batch's most documents, which changes from batch to batch, and torch.compile compiled the
+    model again at each new width (on a GPU, neox-tiny's first step took 21.6 s and its second
+    more than 20 s; mamba-tiny on the CPU: 3 graphs over 4 widths, 1 at full width). The padding
+    changes no number: every model reads doc_starts up to its first -1 (tests/test_train_compile.py)."""
+    return torch.nn.functional.pad(doc_starts, (0, seq - doc_starts.shape[1]), value=-1)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from training import distributed, fsdp
+from training.batch import full_width
 from training.optim import make_optimizers, set_lr
 from training.schedule import lr_at
 
@@ -91,9 +92,11 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
         # micro-step): x world undoes that average, so the gradient is of the global mean.
         sync = state.ddp is None or micro == len(micro_batches) - 1
         with contextlib.nullcontext() if sync else state.ddp.no_sync():
+            doc_starts = batch["doc_starts"] if cfg.doc_mask else None
+            if cfg.compile and doc_starts is not None:  # one shape: compiled once
+                doc_starts = full_width(doc_starts, batch["input_ids"].shape[1])
             with autocast(cfg, procs.device):
-                out = state.loss(batch["input_ids"], batch["targets"],
-                                 batch["doc_starts"] if cfg.doc_mask else None)
+                out = state.loss(batch["input_ids"], batch["targets"], doc_starts)
             weight = count * procs.world / max(targets, 1)
             state.scaler.scale(out["loss"] * weight).backward()
         names = [k for k, v in out.items() if v.ndim == 0]  # "loss" first: model.loss's order
