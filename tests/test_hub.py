@@ -12,7 +12,8 @@ from conftest import make_texts, write_parquet
 from longpack.errors import SettingsError
 from pipeline.build import build
 from pipeline.config import BuildConfig
-from pipeline.read.catalog import DATASETS, hub_prefix, select_hub_files
+from pipeline.read.catalog import DATASETS
+from pipeline.read.hub import hub_prefix, select_hub_files
 
 LISTING = [("README.md", 10), ("sample/10BT/001_00000.parquet", 300),
            ("sample/10BT/000_00000.parquet", 200), ("sample/100BT/000_00000.parquet", 900),

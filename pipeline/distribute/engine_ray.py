@@ -158,8 +158,8 @@ def _check_cpus(ray, workers: int) -> None:
 
 
 def _input_bytes(cfg: BuildConfig) -> int | None:
-    from pipeline.read.catalog import expand_inputs, get_dataset
-    from pipeline.read.inputs import InputFiles
+    from pipeline.read.catalog import get_dataset
+    from pipeline.read.inputs import InputFiles, expand_inputs
 
     if not cfg.inputs:
         return None

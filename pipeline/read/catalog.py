@@ -1,14 +1,14 @@
-"""Named datasets: their text field, file patterns and hub location; and --input expansion.
+"""Named datasets: their text field, file patterns and hub location.
 
-Document order, which the round trip and resumption rely on, is: input files sorted by path
-(the full path string, after expanding directories and globs), then records in file order.
+Which files of a folder, a bucket prefix or a hub repository a build reads is decided by the
+dataset's `names` (its patterns, compiled once); read/inputs.py expands --input, read/hub.py
+selects a subset of a repository.
 """
 
 import fnmatch
-import glob
 import os
-from dataclasses import dataclass
-from pathlib import Path
+import re
+from dataclasses import dataclass, field
 
 from longpack.errors import SettingsError
 
@@ -24,6 +24,12 @@ class Dataset:
     patterns: tuple[str, ...]  # which files in a directory are documents
     hub_repo: str | None = None  # Hugging Face dataset repository, for builds without --input
     hub_subset: str | None = None  # its default subset
+    # a file's base name matches one of `patterns` (fnmatch's syntax, case-sensitive)
+    names: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        either = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.patterns)
+        object.__setattr__(self, "names", re.compile(either))
 
 
 DATASETS = {
@@ -49,72 +55,3 @@ def file_format(path: str) -> str:
     if fnmatch.fnmatch(name, "*.parquet"):
         return "parquet"
     return "jsonl"
-
-
-def matches(dataset: Dataset, path: str) -> bool:
-    name = os.path.basename(path)
-    return any(fnmatch.fnmatch(name, p) for p in dataset.patterns)
-
-
-def expand_inputs(dataset: Dataset, inputs: list[str]) -> list:
-    """Files named directly are taken whatever their name; directories and globs contribute the
-    files matching the dataset's patterns. The result is sorted and free of duplicates: local
-    Paths, and RemoteInputs for inputs at a URL (remote_inputs.py: a prefix is a directory).
-
-    A broken symlink matching the patterns inside a directory or glob is kept in the list: the
-    build reads it as one BROKEN_LINK skip (inputs.py), so it is counted and logged, not lost
-    without a word. A broken link named directly is an error, like any missing file."""
-    from longpack.store import is_url
-
-    found: set[str] = set()
-    remote = {}
-    for spec in inputs:
-        if is_url(spec):
-            from pipeline.read.remote_inputs import expand_remote
-
-            remote.update({f.url: f for f in expand_remote(dataset, spec)})
-            continue
-        spec = os.path.expanduser(spec)
-        if os.path.isfile(spec):
-            found.add(os.path.abspath(spec))
-            continue
-        if os.path.isdir(spec):
-            candidates = [os.path.join(root, f) for root, _, files in os.walk(spec) for f in files]
-        elif glob.has_magic(spec):
-            candidates = glob.glob(spec, recursive=True)
-        else:
-            raise SettingsError(f"--input {spec}: no such file or directory")
-        picked = [os.path.abspath(c) for c in candidates
-                  if (os.path.isfile(c) or is_broken_link(c)) and matches(dataset, c)]
-        if not picked:
-            raise SettingsError(
-                f"--input {spec}: no {dataset.name} files there (looked for "
-                f"{', '.join(dataset.patterns)}); use --dataset to pick another format")
-        found.update(picked)
-    return sorted([Path(p) for p in found] + list(remote.values()), key=str)
-
-
-def is_broken_link(path) -> bool:
-    return isinstance(path, (str, Path)) and os.path.islink(path) and not os.path.exists(path)
-
-
-def hub_prefix(subset: str) -> str:
-    """Folder of a FineWeb(-Edu) subset in its repository: 'sample-10BT' -> 'sample/10BT/',
-    'CC-MAIN-2024-10' -> 'data/CC-MAIN-2024-10/', 'default' -> 'data/'."""
-    if subset == "default":
-        return "data/"
-    if subset.startswith("sample-"):
-        return f"sample/{subset.removeprefix('sample-')}/"
-    return f"data/{subset}/"
-
-
-def select_hub_files(dataset: Dataset, subset: str, listing: list[tuple[str, int]]
-                     ) -> list[tuple[str, int]]:
-    """The (path, size) entries of a repository listing that make up `subset`, in build order."""
-    prefix = hub_prefix(subset)
-    picked = sorted((p, s) for p, s in listing if p.startswith(prefix) and matches(dataset, p))
-    if not picked:
-        raise SettingsError(
-            f"the hub repository {dataset.hub_repo} has no {', '.join(dataset.patterns)} files "
-            f"under {prefix} (subset {subset!r}); check --subset")
-    return picked

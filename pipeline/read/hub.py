@@ -10,8 +10,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from longpack.errors import HubError
-from pipeline.read.catalog import Dataset, select_hub_files
+from longpack.errors import HubError, SettingsError
+from pipeline.read.catalog import Dataset
 
 NO_NETWORK_HINT = "pass --input with local files (directories and globs work)"
 
@@ -73,3 +73,26 @@ class HubFiles:
 
     def close(self):
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def hub_prefix(subset: str) -> str:
+    """Folder of a FineWeb(-Edu) subset in its repository: 'sample-10BT' -> 'sample/10BT/',
+    'CC-MAIN-2024-10' -> 'data/CC-MAIN-2024-10/', 'default' -> 'data/'."""
+    if subset == "default":
+        return "data/"
+    if subset.startswith("sample-"):
+        return f"sample/{subset.removeprefix('sample-')}/"
+    return f"data/{subset}/"
+
+
+def select_hub_files(dataset: Dataset, subset: str, listing: list[tuple[str, int]]
+                     ) -> list[tuple[str, int]]:
+    """The (path, size) entries of a repository listing that make up `subset`, in build order."""
+    prefix = hub_prefix(subset)
+    picked = sorted((p, s) for p, s in listing
+                    if p.startswith(prefix) and dataset.names.match(p.rsplit("/", 1)[-1]))
+    if not picked:
+        raise SettingsError(
+            f"the hub repository {dataset.hub_repo} has no {', '.join(dataset.patterns)} files "
+            f"under {prefix} (subset {subset!r}); check --subset")
+    return picked

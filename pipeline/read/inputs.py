@@ -7,6 +7,7 @@ unit of tokenization (one worker thread each) and of resumption: after a batch t
 the main thread's packing.
 """
 
+import glob
 import os
 import queue
 import threading
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from longpack.errors import SettingsError
-from pipeline.read.catalog import expand_inputs, file_format, is_broken_link
+from longpack.store import is_url
+from pipeline.read.catalog import file_format
 from pipeline.read.hub import HubFiles, HuggingFaceHub
 from pipeline.read.jsonl import read_jsonl
 from pipeline.read.parquet import read_parquet
@@ -34,6 +36,49 @@ def open_inputs(cfg, dataset, hub_client=None):
         raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
     hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
     return hub, describe_hub(hub)
+
+
+def expand_inputs(dataset, inputs: list[str]) -> list:
+    """Files named directly are taken whatever their name; directories and globs contribute the
+    files matching the dataset's patterns. The result is sorted and free of duplicates: local
+    Paths, and RemoteInputs for inputs at a URL (remote_inputs.py: a prefix is a directory).
+    Document order, which the round trip and resumption rely on, is: these files sorted by path
+    (the full path string), then records in file order.
+
+    A broken symlink matching the patterns inside a directory or glob is kept in the list: the
+    build reads it as one BROKEN_LINK skip, so it is counted and logged, not lost without a word.
+    A broken link named directly is an error, like any missing file."""
+    found: set[str] = set()
+    remote = {}
+    for spec in inputs:
+        if is_url(spec):
+            from pipeline.read.remote_inputs import expand_remote
+
+            remote.update({f.url: f for f in expand_remote(dataset, spec)})
+            continue
+        spec = os.path.expanduser(spec)
+        if os.path.isfile(spec):
+            found.add(os.path.abspath(spec))
+            continue
+        if os.path.isdir(spec):
+            candidates = [os.path.join(root, f) for root, _, files in os.walk(spec) for f in files]
+        elif glob.has_magic(spec):
+            candidates = glob.glob(spec, recursive=True)
+        else:
+            raise SettingsError(f"--input {spec}: no such file or directory")
+        picked = [os.path.abspath(c) for c in candidates
+                  if (os.path.isfile(c) or is_broken_link(c))
+                  and dataset.names.match(os.path.basename(c))]
+        if not picked:
+            raise SettingsError(
+                f"--input {spec}: no {dataset.name} files there (looked for "
+                f"{', '.join(dataset.patterns)}); use --dataset to pick another format")
+        found.update(picked)
+    return sorted([Path(p) for p in found] + list(remote.values()), key=str)
+
+
+def is_broken_link(path) -> bool:
+    return isinstance(path, (str, Path)) and os.path.islink(path) and not os.path.exists(path)
 
 
 class InputFiles:

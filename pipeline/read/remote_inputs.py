@@ -92,7 +92,8 @@ def expand_remote(dataset, spec: str) -> list[RemoteInput]:
     found = []
     for rel, meta in store.listing().items():
         url = store.url_of(rel)
-        if glob and not fnmatch.fnmatchcase(url, spec) or not glob and not _matches(dataset, rel):
+        if glob and not fnmatch.fnmatchcase(url, spec) or \
+                not glob and not dataset.names.match(rel.rsplit("/", 1)[-1]):
             continue
         found.append(_input(store, rel, meta))
     if not found:
@@ -100,11 +101,6 @@ def expand_remote(dataset, spec: str) -> list[RemoteInput]:
                             f"{', '.join(dataset.patterns)}); use --dataset to pick another "
                             "format")
     return sorted(found, key=lambda f: f.url)
-
-
-def _matches(dataset, rel: str) -> bool:
-    name = rel.rsplit("/", 1)[-1]
-    return any(fnmatch.fnmatch(name, p) for p in dataset.patterns)
 
 
 def _input(store: Store, rel: str, meta: dict) -> RemoteInput:

@@ -82,7 +82,7 @@ class Tokenizer:
     eos_id: int
     bos_id: int | None
     reference: ReferenceEngine = field(repr=False)
-    _load_fast: Callable[[], FastEngine] = field(repr=False)  # loads and checks fastokens
+    _load_fast: Callable[[], FastEngine] = field(repr=False)  # loads fastokens (_checked_fast)
     engine: FastEngine | ReferenceEngine | None = field(default=None, repr=False)
     engine_note: str | None = None  # why --tokenizer-engine auto chose the reference
     _fallback: FastEngine | ReferenceEngine | None = field(default=None, repr=False)
@@ -101,7 +101,7 @@ class Tokenizer:
         if engine == "reference":
             return
         try:
-            self.engine = self._load_fast()
+            self.engine = self._checked_fast()
         except (ImportError, TokenizerError) as e:
             if engine == "fast":
                 raise TokenizerError(f"--tokenizer-engine fast: {e}") from None
@@ -136,6 +136,13 @@ class Tokenizer:
             parts.append(ids)
         return concat_ids(parts)
 
+    def _checked_fast(self) -> FastEngine:
+        """fastokens, loaded, and refused unless it gives the reference's ids for every text of
+        engines.HARD_TEXTS."""
+        fast = self._load_fast()
+        check_agreement(fast, self.reference, self.source)
+        return fast
+
     def _other_engine(self):
         """The engine a give-up falls back to, loaded once: fastokens when the reference
         gave up (only where it loads and passes the agreement check), else the reference."""
@@ -144,7 +151,7 @@ class Tokenizer:
         with self._lock:
             if self._fallback is None:
                 try:
-                    self._fallback = self._load_fast()
+                    self._fallback = self._checked_fast()
                 except (ImportError, TokenizerError):
                     self._fallback = False
             return self._fallback or None
@@ -255,11 +262,9 @@ def _tiktoken_tokenizer(enc, name: str, source: str, sha256: str, path: Path | N
     reference = ReferenceEngine(enc, "tiktoken")
 
     def load_fast() -> FastEngine:
-        fast = loading() if loading else FastEngine.load(
+        return loading() if loading else FastEngine.load(
             "tiktoken", path, None if path else enc._mergeable_ranks, enc._pat_str,
             enc._special_tokens)
-        check_agreement(fast, reference, name)
-        return fast
 
     return Tokenizer(name=name, kind="tiktoken", source=source, sha256=sha256,
                      vocab_size=enc.n_vocab, eos_id=enc.eot_token, bos_id=None,
@@ -331,13 +336,11 @@ def _load_huggingface(path: Path, prefetch: bool) -> Tokenizer:
 
     def load_fast() -> FastEngine:
         try:
-            fast = loading() if loading else FastEngine.load("huggingface", path, None, "", {})
+            return loading() if loading else FastEngine.load("huggingface", path, None, "", {})
         except ImportError:
             raise
         except Exception as e:  # a tokenizer.json fastokens does not support
             raise TokenizerError(f"fastokens cannot load {path} ({e})") from None
-        check_agreement(fast, reference, path.name)
-        return fast
 
     return Tokenizer(name=path.stem, kind="huggingface", source=str(path),
                      sha256=sha256_file(path), vocab_size=max(vocab.values()) + 1,
