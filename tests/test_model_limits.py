@@ -211,6 +211,27 @@ def test_a_model_table_in_a_config_file_is_refused_the_same_way(tmp_path, table,
     assert says in one_line_error(result)
 
 
+def test_a_model_args_table_is_the_model_tables_fields(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'shards = "{tmp_path / "no-build"}"\nmodel = "neox-tiny"\n'
+                    "[model_args]\nd_model = 1e9\n")
+    result = CliRunner().invoke(train_cli, ["--config", str(toml), "--out", str(tmp_path / "r")])
+    assert "--model-arg: d_model: 1000000000.0 is not a int" in one_line_error(result)
+
+
+@pytest.mark.parametrize("layout", [
+    'model_args = ["d_model=64"]\n[model]\nname = "neox-tiny"\nn_layers = 2\n',
+    '[model]\nname = "neox-tiny"\nn_layers = 2\n[model_args]\nd_model = 64\n',
+])
+def test_the_models_fields_set_twice_in_a_config_file_are_refused_not_replaced(tmp_path, layout):
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'shards = "{tmp_path / "no-build"}"\n{layout}')
+    result = CliRunner().invoke(train_cli, ["--config", str(toml), "--out", str(tmp_path / "r")])
+    # a config file's mistake is a usage error, as each of its other mistakes
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "the model's fields are set twice" in result.output.strip().splitlines()[-1]
+
+
 @pytest.mark.parametrize("dry", [False, True])
 @pytest.mark.parametrize("args, says", [
     (["--model-arg", "d_model=65536", "--model-arg", "n_layers=4096"],

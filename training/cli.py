@@ -163,7 +163,8 @@ SECTIONS = ("training", "optim", "optimizer", "data", "run", "checkpoint", "logg
 def flatten_settings(data: dict, path: str) -> dict:
     """A config file's settings as the flags' names. Beside flat keys it takes the nested
     layout training configs commonly use: a `model` table (`name` = --model, every other key a
-    field of the model's config = --model-arg), and sections (training:, optim:, data:, ...)
+    field of the model's config = --model-arg; a `model_args` table is those fields alone), and
+    sections (training:, optim:, data:, ...)
     whose keys are the flags'. An unknown key is named with its section."""
     import dataclasses
     import json
@@ -180,12 +181,16 @@ def flatten_settings(data: dict, path: str) -> dict:
                 if k in out:
                     raise click.UsageError(f"{path}: {k} is set twice (also as {where[k]})")
                 out[k], where[k] = v, "[[data]]"
-        elif key == "model" and isinstance(value, dict):
+        elif key in ("model", "model_args") and isinstance(value, dict):
+            # a table of the model's fields: [model] (with its name) or [model_args]
             table = dict(value)
-            if "name" in table:
+            if key == "model" and "name" in table:
                 out["model"], where["model"] = table.pop("name"), "model.name"
+            if "model_args" in out:
+                raise click.UsageError(f"{path}: the model's fields are set twice ([{key}] and "
+                                       f"{where['model_args']}): keep one")
             out["model_args"] = [f"{k}={json.dumps(v)}" for k, v in table.items()]
-            where["model_args"] = "model"
+            where["model_args"] = f"[{key}]"
         elif key in SECTIONS and isinstance(value, dict):
             for inner, v in value.items():
                 inner = inner.replace("-", "_")
