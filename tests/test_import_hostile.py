@@ -241,3 +241,35 @@ def test_every_integer_dtype_reads_a_bin(tmp_path):
 def test_a_python_caller_gets_the_same_refusals(kwargs, says):
     with pytest.raises(SettingsError, match=says.replace("-", r"\-").replace("'", ".")):
         ImportConfig(src="x", out="y", **kwargs)
+
+
+# -- an --out that holds the other kind of build ------------------------------------------------
+
+def test_an_import_into_a_pack_build_and_a_build_into_an_import_are_one_line(
+        tmp_path, byte_tokenizer):
+    """The two fingerprints have other keys (an import's has `import`, its settings others):
+    the refusal names which command made what is there, and touches none of it."""
+    from conftest import build_tree, small_build
+
+    built = small_build(tmp_path, byte_tokenizer, "built", 30, seed=0)
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    np.save(rows / "t.npy", np.arange(2 * 64, dtype=np.int64).reshape(2, 64) % 200)
+    before = build_tree(built)
+    result = CliRunner().invoke(pack, ["import", str(rows), "--out", str(built)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    last = result.output.strip().splitlines()[-1]
+    assert last.startswith(f"Error: {built} holds a build with different settings (it is the "
+                           "output of pack build, this command's of pack import"), last
+    assert build_tree(built) == before
+
+    imported_out = tmp_path / "imported"
+    assert CliRunner().invoke(pack, ["import", str(rows), "--out", str(imported_out),
+                                     "--quiet"]).exit_code == 0
+    src = tmp_path / "built.jsonl"  # small_build's corpus
+    result = CliRunner().invoke(pack, ["build", "--dataset", "jsonl", "--input", str(src),
+                                       "--tokenizer", byte_tokenizer, "--seq", "65",
+                                       "--out", str(imported_out), "--quiet"])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert "it is the output of pack import, this command's of pack build" in \
+        result.output.strip().splitlines()[-1]

@@ -210,10 +210,13 @@ def differences(old: dict, new: dict) -> str:
         a, b = old.get(key), new.get(key)
         if a == b:
             continue
-        if key == "settings":
-            out += [f"--{k.replace('_', '-')} {a.get(k)} -> {b.get(k)}" for k in sorted(a)
-                    if a.get(k) != b.get(k)]
-        else:
+        if key == "import" and (a is None) != (b is None):  # only an import's has one
+            out.append(f"it is the output of pack {'build' if a is None else 'import'}, this "
+                       f"command's of pack {'build' if b is None else 'import'}")
+        elif key == "settings" and isinstance(a, dict) and isinstance(b, dict):
+            out += [f"--{k.replace('_', '-')} {a.get(k)} -> {b.get(k)}"
+                    for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        else:  # a setting of one kind of build only (pack build against pack import): named
             out.append(f"{key} changed")
     return "; ".join(out)
 
