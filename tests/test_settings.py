@@ -76,6 +76,9 @@ def test_an_out_that_is_a_file_is_refused_before_anything_is_read(tmp_path):
     ({"cache_limit": "1.5b"}, "--cache-limit '1.5b'"),  # streaming's reader refuses it too
     ({"report_to": "console,email"}, "--report-to: unknown email"),
     ({"min_lr": 1.0, "lr": 0.1}, "--min-lr must be between 0 and --lr"),
+    ({"lr": -1.0}, r"--lr must be positive \(got -1.0\)"),
+    ({"lr": 0.0}, r"--lr must be positive \(got 0.0\)"),
+    ({"lr": float("nan")}, r"--lr must be positive \(got nan\)"),
 ])
 def test_train_settings_are_validated_in_the_dataclass(settings, message):
     with pytest.raises(SettingsError, match=message):

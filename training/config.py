@@ -178,6 +178,8 @@ class TrainConfig:
                                 "sharded gradients is not supported: use --precision bf16")
         if self.optimizer not in OPTIMIZERS:
             raise SettingsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if not self.lr > 0:  # NaN too
+            raise SettingsError(f"--lr must be positive (got {self.lr})")
         if not 0 <= self.min_lr <= self.lr:
             raise SettingsError("--min-lr must be between 0 and --lr")
         if self.muon_lr is not None and not self.muon_lr > 0:
