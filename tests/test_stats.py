@@ -458,6 +458,26 @@ def test_plot_writes_a_png(tmp_path, byte_tokenizer, texts):
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("flags, says", [
+    (["--decode", "-1"], "--decode ROW counts rows from 0 (got -1)"),
+    (["--throughput", "-5"], "--throughput must be positive (got -5.0)"),
+    (["--throughput", "0"], "--throughput must be positive (got 0.0)"),
+    (["--budget", "-1"], "--budget must be positive (got -1.0)"),
+    (["--budget", "nan"], "--budget must be positive (got nan)"),
+    (["--eos-id", "-3"], "--eos-id must not be negative (got -3)"),
+    (["--plot", "{tmp}/no/such/folder/p.png"], "there is no folder {tmp}/no/such/folder"),
+    (["--plot", "{tmp}"], "is a folder; name the PNG file"),
+])
+def test_bad_flags_are_one_line_before_anything_is_read(tmp_path, flags, says):
+    """Refused by StatsConfig, before the build is opened: the path need not exist."""
+    flags = [f.format(tmp=tmp_path) for f in flags]
+    r = run_stats(tmp_path / "no-build", *flags)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 1 and len(lines) == 1 and lines[0].startswith("Error: "), r.output
+    assert says.format(tmp=tmp_path) in lines[0]
+    assert not list(tmp_path.rglob("*.png"))
+
+
 def test_plain_npy_directory_is_read_and_says_what_it_could_not_check(tmp_path):
     rows = np.array([[1, 2, EOS, 3], [4, EOS, 5, EOS]], np.uint16)
     (tmp_path / "data").mkdir()

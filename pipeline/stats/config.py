@@ -1,8 +1,10 @@
 """The settings of one `pack stats`; its flags are these fields (longpack/settings.py). Loads
 no numpy: `pack --help` reads it."""
 
+import os
 from dataclasses import dataclass
 
+from longpack.errors import SettingsError
 from longpack.settings import setting
 
 
@@ -28,3 +30,20 @@ class StatsConfig:
                               "--mix takes them (PATH may be NAME=PATH; a bare path is named by "
                               "its folder) [each in proportion to its train rows].",
                               metavar="NAME=WEIGHT,...")
+
+    def __post_init__(self):
+        # refused before a shard is read: a report of minutes must not end in a bad flag
+        if self.decode is not None and self.decode < 0:
+            raise SettingsError(f"--decode ROW counts rows from 0 (got {self.decode})")
+        for flag, value in (("--throughput", self.throughput), ("--budget", self.budget)):
+            if value is not None and not value > 0:  # NaN too
+                raise SettingsError(f"{flag} must be positive (got {value})")
+        if self.eos_id is not None and self.eos_id < 0:
+            raise SettingsError(f"--eos-id must not be negative (got {self.eos_id})")
+        if self.plot is not None:
+            folder = os.path.dirname(os.path.abspath(os.path.expanduser(self.plot)))
+            if not os.path.isdir(folder):
+                raise SettingsError(f"--plot {self.plot}: there is no folder {folder}; create "
+                                    "it or choose another path")
+            if os.path.isdir(self.plot):
+                raise SettingsError(f"--plot {self.plot} is a folder; name the PNG file")

@@ -4,6 +4,7 @@
 `render` turns it into one screen of text. `decode_row` and `plot` serve --decode and --plot.
 """
 
+import io
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from longpack.atomic import write_bytes
 from longpack.errors import LongpackError
 from longpack.store import is_url
 from pipeline.formats.shards import ShardError, SplitReader
@@ -384,5 +386,7 @@ def plot(report: dict, out: Path) -> None:
     right.set_title("token frequency by rank")
     right.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_bytes(out, png.getvalue())  # whole or not at all, a failure in one line
