@@ -1,6 +1,7 @@
 """longpack's data stage: documents in, packed fixed-length token rows out.
 
-    --input / hub   read/ catalog, hub         which files, in which order
+    --input / hub   read/ inputs, hub          which files (read/catalog: each dataset's
+                                               patterns), in which order
       |  read/ parquet, jsonl                  records: text, or a counted Skip (read/records)
       v
     read/inputs      batches of texts from one file (the unit of work and of resumption)
