@@ -90,6 +90,24 @@ def test_train_accepts_the_cache_limits_streaming_reads():
         assert TrainConfig(shards="anywhere", cache_limit=size).cache_limit == size
 
 
+@pytest.mark.parametrize("name, data, says", [
+    ("run.toml", b"\x00\xff\xfe", "not valid TOML (not UTF-8 text: byte 1 is 0xff)"),
+    ("run.toml", b"[1,2", "not valid TOML (Expected ']'"),
+    ("run.yaml", b"\x00\xff\xfe", "not valid YAML (unacceptable character"),
+    ("run.yaml", b"a: [1, 2\nb: }\n", "not valid YAML (while parsing a flow sequence"),
+    ("run.yaml", b"- a\n- b\n", "expected a table of settings"),
+])
+def test_a_config_file_that_is_not_toml_or_yaml_is_one_line(tmp_path, name, data, says):
+    if name.endswith(".yaml"):
+        pytest.importorskip("yaml")
+    config = tmp_path / name
+    config.write_bytes(data)
+    r = CliRunner().invoke(train, ["--config", str(config)])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert lines[-1].startswith(f"Error: {config}: {says}"), lines[-1]
+
+
 def test_a_config_file_with_an_unknown_or_renamed_setting_is_one_line(tmp_path):
     config = tmp_path / "run.toml"
     config.write_text('shards = "x"\nlog = "console"\nsteps = 3\n')

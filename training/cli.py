@@ -142,7 +142,11 @@ def load_settings(path: str) -> dict:
             import yaml
         except ImportError:
             raise click.UsageError("a YAML --config needs PyYAML: pip install pyyaml") from None
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:  # a reader's error too: bytes that are not text
+            raise click.UsageError(f"{path}: not valid YAML ({' '.join(str(e).split())})"
+                                   ) from None
     else:
         try:
             import tomllib
@@ -150,6 +154,9 @@ def load_settings(path: str) -> dict:
             raise click.UsageError("a TOML --config needs Python 3.11 or later; use YAML") from None
         try:
             data = tomllib.loads(text.decode())
+        except UnicodeDecodeError as e:
+            raise click.UsageError(f"{path}: not valid TOML (not UTF-8 text: byte {e.start} is "
+                                   f"{text[e.start]:#04x})") from None
         except tomllib.TOMLDecodeError as e:
             raise click.UsageError(f"{path}: not valid TOML ({e})") from None
     if not isinstance(data, dict):
