@@ -75,6 +75,13 @@ def test_export_refuses_what_it_cannot_write(tmp_path, neox_run):
                                  str(tmp_path / "full")])
     assert result.exit_code == 1 and "is not empty" in result.output
     assert (tmp_path / "full" / "x").read_text() == "mine"
+    for to in ("hf", "safetensors"):  # a file where the folder would go: named, untouched
+        result = runner.invoke(zoo, ["export", str(neox_run), "--to", to, "--out",
+                                     str(tmp_path / "full" / "x")])
+        assert result.exit_code == 1 and result.output.strip().splitlines()[-1] == (
+            f"Error: --out {tmp_path / 'full' / 'x'} is not a directory: choose a new or "
+            "empty directory"), result.output
+        assert (tmp_path / "full" / "x").read_text() == "mine"
 
 
 @pytest.mark.slow

@@ -96,11 +96,10 @@ def export_run(cfg) -> tuple:
     checkpoint, or step-N's) written to --out, a new or empty directory. Returns the model and
     notes for the user (what could not be written)."""
     from training.hf_export import DEFAULT_LICENSE, export_hf
-    from training.hf_folder import staged
+    from training.hf_folder import refuse_taken, staged
 
     out = Path(cfg.out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TrainingError(f"--out {out} is not empty: choose a new or empty directory")
+    refuse_taken(out)  # before the checkpoint is read
     trained = load_run(Path(cfg.run), cfg.step)
     if cfg.to == "hf":
         return trained.model, export_hf(trained, out, cfg.license or DEFAULT_LICENSE,

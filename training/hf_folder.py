@@ -44,13 +44,20 @@ from training.transformers_compat import import_transformers
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
 
+def refuse_taken(out: Path) -> None:
+    """An export's --out must be a new or empty directory: it never writes over a user's file."""
+    if out.exists() and not out.is_dir():
+        raise TrainingError(f"--out {out} is not a directory: choose a new or empty directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise TrainingError(f"--out {out} is not empty: choose a new or empty directory")
+
+
 @contextmanager
 def staged(out: Path):
     """A new folder to write the export into, placed at `out` when the block ends without an
     error (an empty `out` is replaced); removed, and `out` untouched, otherwise."""
     out = Path(out).absolute()  # `--out .`: beside the folder, not in it
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise TrainingError(f"--out {out} is not empty: choose a new or empty directory")
+    refuse_taken(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
