@@ -12,6 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from conftest import build_tree, small_build
 from longpack.errors import SettingsError
 from pipeline.adopt.config import ImportConfig
 from pipeline.adopt.readers import at_least
@@ -249,8 +250,6 @@ def test_an_import_into_a_pack_build_and_a_build_into_an_import_are_one_line(
         tmp_path, byte_tokenizer):
     """The two fingerprints have other keys (an import's has `import`, its settings others):
     the refusal names which command made what is there, and touches none of it."""
-    from conftest import build_tree, small_build
-
     built = small_build(tmp_path, byte_tokenizer, "built", 30, seed=0)
     rows = tmp_path / "rows"
     rows.mkdir()

@@ -87,6 +87,8 @@ def main() -> int:
         return 0
     if args.workers < 1 or args.repeat < 1:
         ap.error("--workers and --repeat must be at least 1")
+    if not args.tokens >= 1e5:  # NaN too; below that the fixed costs are the whole run
+        ap.error(f"--tokens must be at least 1e5 (got {args.tokens})")
     work, _ = work_dir(Path(args.work) if args.work else None, "bench_build_floor.")
     corpus = work / "corpus"
     if not any(corpus.glob("*.parquet")):

@@ -153,10 +153,9 @@ def zoo(args) -> None:
     starts = torch.tensor([[0, T // 3, T // 2, -1], [0, -1, -1, -1]], device=dev)
     docs = [x[0, :T // 3], x[0, T // 3:T // 2], x[0, T // 2:]]
     bf16 = torch.autocast(dev.type, dtype=torch.bfloat16)
-    models = {}
     for name in ZOO:
         torch.manual_seed(0)
-        model = models[name] = archs.build(name).to(dev).eval()
+        model = archs.build(name).to(dev).eval()
         with torch.no_grad():
             ref = model(x, doc_starts=starts)
             with bf16:
@@ -177,12 +176,15 @@ def zoo(args) -> None:
         emit(f"zoo.{name}.packed_vs_alone", rel(packed, alone), "", "bf16 logits, 3 documents")
     # Each compiled case in a process of its own: a CUDA fault (an illegal memory access, seen
     # on the first GPU) ends the process's CUDA context, and the next case must still run.
+    diagnosed = False
     for name in filter(None, args.compile_families.split(",")):
-        if not compiled_case(args, name, "", T, None, False) and dev.type == "cuda":
-            # what the failure depends on, once (each case is a compile: ~20 s)
+        if not compiled_case(args, name, "", T, None, False) and dev.type == "cuda" \
+                and not diagnosed:
+            # what the failure depends on, for the first family that fails (each case is a
+            # compile: ~20 s); the other families still get their own compiled check
             for label, seq, width, train in DIAGNOSIS:
                 compiled_case(args, name, label, seq, width, train)
-            break
+            diagnosed = True
 
 
 # The cases that tell what a failing compiled check depends on (docs/BENCHMARKS.md, 2026-11-26:
