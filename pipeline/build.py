@@ -38,10 +38,10 @@ from longpack.errors import InputError, TokenizerError
 from pipeline import manifest as manifest_mod
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, BuildConfig
-from pipeline.distribute.plan import Share, plan_shares
+from pipeline.distribute.plan import share_of
 from pipeline.progress import Progress
 from pipeline.read.catalog import file_format, get_dataset
-from pipeline.read.inputs import InputFiles, open_inputs, read_ahead, read_batches
+from pipeline.read.inputs import open_inputs, read_ahead, read_batches
 from pipeline.read.records import BLANK_LINE, Skip
 from pipeline.store.output_dir import CHECKPOINT
 from pipeline.tokenize.encode import EngineMismatch, encode_batch
@@ -106,7 +106,7 @@ class Build:
             os.environ.setdefault("RAYON_NUM_THREADS", str(cfg.workers))
         self.files, self.inputs = open_inputs(cfg, self.dataset, hub_client)
         try:
-            self.share = self._share(task)
+            self.share = share_of(self.files, cfg.tasks, self.field, task)
         except BaseException:
             self.files.close()
             raise
@@ -123,14 +123,6 @@ class Build:
         self.last_checkpoint = self.last_report = 0.0
         self.skip_path, self.skip_log = None, None
         self.progress, self.inflight = None, deque()
-
-    def _share(self, task: int | None) -> Share:
-        """The part of the inputs this build reads: all of them, or task `task`'s share of
-        cfg.tasks (distribute/plan.py)."""
-        if task is None:
-            return Share((0, 0), None, sum(size for _, size in self.files.files))
-        sources = self.files.paths if isinstance(self.files, InputFiles) else None
-        return plan_shares(self.files.files, self.cfg.tasks, self.field, sources)[task]
 
     def __enter__(self):
         return self

@@ -26,6 +26,14 @@ from pipeline.distribute.slurm_wait import queue, queued_jobs
 POLL_S = 0.3
 
 
+@pytest.fixture
+def settle_briefly(monkeypatch):
+    """For a build that fails for good (no task requeued): the second look before the failure
+    is named (slurm_wait.SETTLE_S, 5 s, for a requeued task Slurm shows as FAILED for a
+    moment) still happens, sooner."""
+    monkeypatch.setattr("pipeline.distribute.slurm_wait.SETTLE_S", POLL_S)
+
+
 def settings(tmp_path: Path, tokenizer: str, files: int = 6, docs: int = 400, repeat: int = 1,
              **over) -> dict:
     """Settings of a small build over `files` JSONL files (each record repeated `repeat` times,
@@ -224,8 +232,8 @@ def test_slurm_build_into_s3_is_the_single_build(slurm, s3, tmp_path, byte_token
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_on_invalid_dep", ["yes", "no"])
-def test_failed_task_exits_1_naming_it_and_its_log(slurm, tmp_path, byte_tokenizer, capsys,
-                                                     kill_on_invalid_dep):
+def test_failed_task_exits_1_naming_it_and_its_log(slurm, settle_briefly, tmp_path, byte_tokenizer,
+                                                     capsys, kill_on_invalid_dep):
     """With "no" the merge job stays pending (DependencyNeverSatisfied): --wait cancels it."""
     kw = settings(tmp_path, byte_tokenizer, files=2, on_error="fail")
     with open(tmp_path / "corpus" / "part-1.jsonl", "ab") as f:
@@ -283,7 +291,8 @@ def test_requeued_task_resumes_and_the_build_is_identical(slurm, tmp_path, byte_
 
 
 @pytest.mark.slow
-def test_killed_task_fails_then_rerun_finishes_identical(slurm, tmp_path, byte_tokenizer, capsys):
+def test_killed_task_fails_then_rerun_finishes_identical(slurm, settle_briefly, tmp_path,
+                                                        byte_tokenizer, capsys):
     kw = settings(tmp_path, byte_tokenizer, files=2, docs=2000, repeat=8)
     out = tmp_path / "slurm" / "out"
     cfg = BuildConfig(out=str(out), tasks=2, **kw)

@@ -14,11 +14,10 @@ def run(cfg: BuildConfig, how: LaunchConfig, dest: Destination,
     index = cfg.task_index
     if cfg.tasks == 1 and index in (None, 0) and not _is_tasked(cfg, dest):
         if dest.url is not None:
-            from pipeline.store.remote_build import RemoteBuild
+            from pipeline.store.remote_build import build_at_url
 
-            remote = RemoteBuild(cfg, dest, show_progress=show_progress)
-            manifest = remote.run()
-            return Outcome(manifest, already_complete=remote.already_complete)
+            manifest, complete = build_at_url(cfg, dest, show_progress)
+            return Outcome(manifest, already_complete=complete)
         from pipeline.build import Build
         from pipeline.pack.output import ShardOutput
 

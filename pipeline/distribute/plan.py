@@ -32,6 +32,15 @@ class _Piece:
     bytes: int
 
 
+def share_of(files, tasks: int, text_field: str, task: int | None) -> Share:
+    """The part of the inputs `files` (read/inputs.py's InputFiles, or read/hub.py's HubFiles)
+    a build reads: all of them (`task` None), or task `task`'s share of `tasks`."""
+    if task is None:
+        return Share((0, 0), None, sum(size for _, size in files.files))
+    # hub files are not split: reading a footer would mean downloading the file
+    return plan_shares(files.files, tasks, text_field, getattr(files, "paths", None))[task]
+
+
 def plan_shares(files: list[tuple[str, int]], tasks: int, text_field: str,
                 sources: list | None) -> list[Share]:
     """`files`: (path, size) in build order; `sources`: the files to read parquet footers from

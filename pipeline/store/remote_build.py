@@ -168,34 +168,26 @@ class RemoteOut:
             self.staged.parent.rmdir()
 
 
-class RemoteBuild:
-    """`pack build --out URL` on one machine: the local build staged, its shards uploaded as
-    the writer finishes them."""
-
-    def __init__(self, cfg: BuildConfig, dest: Destination, show_progress: bool | None = None):
-        self.cfg, self.show_progress = cfg, show_progress
-        self.local_cfg = dest.local_config(cfg)
-        self.remote = RemoteOut(dest.url, dest.local)
-        self.already_complete = False
-
-    def run(self) -> dict:
-        """Build (or resume, or find complete) the URL; returns its manifest."""
-        remote = self.remote
-        remote.store.check_writable()  # credentials, endpoint, bucket: before any work
-        with OutputLock(remote.staged.parent, what=f"the staging of {redact(remote.url)}"), \
-                Build(self.local_cfg, show_progress=self.show_progress) as build:
-            found = remote.prepare(build.fingerprint, self.cfg.overwrite)
-            if isinstance(found, dict):
-                self.already_complete = True
-                remote.remove_staging()
-                return found
-            uploader = remote.uploader()
-            try:
-                # FRESH: whatever is staged is of no use
-                manifest = build.run(ShardOutput(self.local_cfg, overwrite=self.cfg.overwrite
-                                                 or found == FRESH, publish=uploader.put))
-            finally:
-                uploader.close()
-            remote.finish(manifest)
+def build_at_url(cfg: BuildConfig, dest: Destination, show_progress: bool | None = None
+                 ) -> tuple[dict, bool]:
+    """`pack build --out URL` on one machine: the build staged in `dest.local`, its shards
+    uploaded as the writer finishes them. (the URL's manifest, whether it was complete already)"""
+    local_cfg = dest.local_config(cfg)
+    remote = RemoteOut(dest.url, dest.local)
+    remote.store.check_writable()  # credentials, endpoint, bucket: before any work
+    with OutputLock(remote.staged.parent, what=f"the staging of {redact(remote.url)}"), \
+            Build(local_cfg, show_progress=show_progress) as build:
+        found = remote.prepare(build.fingerprint, cfg.overwrite)
+        if isinstance(found, dict):
             remote.remove_staging()
-        return manifest
+            return found, True
+        uploader = remote.uploader()
+        try:
+            # FRESH: whatever is staged is of no use
+            manifest = build.run(ShardOutput(local_cfg, overwrite=cfg.overwrite or found == FRESH,
+                                             publish=uploader.put))
+        finally:
+            uploader.close()
+        remote.finish(manifest)
+        remote.remove_staging()
+        return manifest, False
