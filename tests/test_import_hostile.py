@@ -272,3 +272,43 @@ def test_an_import_into_a_pack_build_and_a_build_into_an_import_are_one_line(
     assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
     assert "it is the output of pack import, this command's of pack build" in \
         result.output.strip().splitlines()[-1]
+
+
+def test_an_out_that_is_src_or_holds_it_or_is_inside_it_is_refused_and_src_kept(
+        tmp_path, byte_tokenizer):
+    """--overwrite used to delete the build it was importing (OUT = SRC), then fail on it."""
+    (tmp_path / "b").mkdir()
+    src = small_build(tmp_path / "b", byte_tokenizer, "mds", 20, seed=1)
+    before = build_tree(src)
+    for out, says in ((src, "is SRC"), (src.parent, "holds SRC"), (src / "again", "is inside")):
+        r = CliRunner().invoke(pack, ["import", str(src), "--out", str(out), "--overwrite"])
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+        assert says in r.output and "give an --out outside SRC" in r.output
+    assert build_tree(src) == before and not (src / "again").exists()
+
+
+def test_one_file_under_two_names_is_refused_not_imported_twice(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "train.npy", np.arange(64, dtype=np.uint16).reshape(4, 16))
+    (src / "val.npy").symlink_to("train.npy")
+    refused(tmp_path, src, says=["val.npy and", "train.npy are the same file", "twice"])
+
+
+def test_an_import_that_keeps_no_row_is_an_error_not_an_empty_build(tmp_path):
+    src = tmp_path / "neg"
+    src.mkdir()
+    np.save(src / "a.npy", -np.ones((4, 16), dtype=np.int32))
+    refused(tmp_path, src, says=["no row imported", "4 rows read", "4 id_out_of_range",
+                                 "skipped.jsonl"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    np.save(empty / "a.npy", np.zeros((0, 16), dtype=np.uint16))
+    refused(tmp_path / "empty-out", empty, says="its files hold no rows")
+
+
+def test_dtype_without_a_bin_file_is_refused_not_ignored(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.save(src / "a.npy", np.arange(64, dtype=np.uint16).reshape(4, 16))
+    refused(tmp_path, src, "--dtype", "uint8", says="holds no .bin file")

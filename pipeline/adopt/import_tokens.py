@@ -163,7 +163,11 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
     """Write OUT; returns its manifest."""
     t0 = time.time()
     src, out = Path(cfg.src), Path(cfg.out)
+    _refuse_overlap(src, out)
     files = split_files(src, SUFFIXES, warn)
+    if cfg.dtype is not None and not any(u.suffix == ".bin" for us in files.values() for u in us):
+        raise SettingsError(f"--dtype {cfg.dtype}: {src} holds no .bin file (a .npy or .pt "
+                            "records its own type); drop --dtype")
     if cfg.val_fraction and "val" in files:
         raise SettingsError(f"--val-fraction {cfg.val_fraction}: {src} already has a val split "
                             f"({files['val'][0]}): drop --val-fraction to import it as it is")
@@ -205,6 +209,16 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
                           journal, t0)
         finally:
             journal.close()
+
+
+def _refuse_overlap(src: Path, out: Path) -> None:
+    """OUT neither SRC, nor in it, nor holding it: a build written there would replace or
+    become its own input (with --overwrite, SRC's files removed before they are read)."""
+    s, o = src.resolve(), out.resolve()
+    if s == o or o in s.parents or s in o.parents:
+        where = "is" if s == o else "holds" if o in s.parents else "is inside"
+        raise SettingsError(f"--out {out} {where} SRC {src}: the import would write over its own "
+                            "input; give an --out outside SRC")
 
 
 def _scan(files: dict[str, list[Path]], cfg: ImportConfig, check_ids: bool):
@@ -326,6 +340,12 @@ def _write(cfg, files, out, seq, vocab, dtype, tok, eos, inputs, fingerprint, jo
                                                   "source": None, "sha256": None}),
                  "vocab_size": vocab, "eos_id": eos, "dtype": np.dtype(dtype).name}
     totals = {k: sum(s[k] for s in splits.values()) for k in ("documents", "tokens")}
+    if not totals["tokens"]:  # no manifest: OUT does not look like a (empty) build
+        if not read:
+            raise InputError(f"{cfg.src}: its files hold no rows: nothing to import")
+        reasons = ", ".join(f"{n:,} {r}" for r, n in sorted(skipped.items()))
+        raise InputError(f"{cfg.src}: no row imported ({read:,} rows read; {reasons}: "
+                         f"{skip_path} says which and why); check --seq, --dtype and the ids")
     manifest = {
         "longpack_version": longpack_version(), "format_version": FORMAT_VERSION,
         "format": cfg.format, "seq": seq, "dtype": np.dtype(dtype).name,

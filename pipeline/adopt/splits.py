@@ -82,9 +82,23 @@ def split_files(src: Path, suffixes: tuple[str, ...], warn) -> dict[str, list[Pa
             f"{_below(src, labelled[0])} does ({len(loose)} file{'s' * (len(loose) > 1)} name "
             "none): its split cannot be told, so it is not guessed: move it into train/ or "
             "val/ (or name it so), or out of SRC")
+    _refuse_twice(src, units)
     found = {s: [u for u in units if named[u] == {s} or (s == "train" and not named[u])]
              for s in ("train", "val")}
     return {s: us for s, us in found.items() if us}
+
+
+def _refuse_twice(src: Path, units: list[Path]) -> None:
+    """Two names of one file (a link, or a linked folder reached twice): its rows would be
+    imported twice, in one split or in both."""
+    first: dict[Path, Path] = {}
+    for u in units:
+        real = u.resolve()
+        if real in first:
+            raise SettingsError(f"{u} and {first[real]} are the same {'folder' if u.is_dir() else 'file'} "
+                                f"({real}): its rows would be imported twice; remove one of "
+                                f"them from {src}")
+        first[real] = u
 
 
 def _units(folder: Path, suffixes, seen: frozenset = frozenset()) -> list[Path]:
