@@ -144,11 +144,13 @@ def footprint(name: str, **overrides) -> dict:
                 more = _measure(name, {**overrides, **small,
                                        field: small[field] + cfg.repeated[field]})
                 total = {key: total[key] + k * (more[key] - base[key]) for key in total}
-    except RuntimeError as e:
-        if "overflow" not in str(e):  # "Storage size calculation overflowed with sizes=[...]"
+    except (RuntimeError, TypeError) as e:
+        # "Storage size calculation overflowed with sizes=[...]"; a size past int64 is a
+        # TypeError ("Overflow when unpacking long long")
+        if "overflow" not in str(e).lower():
             raise
         raise TooLarge(f"{_described(name, overrides)}: a weight has more elements than a "
-                       f"tensor can hold ({e})") from None
+                       f"tensor can hold ({str(e).splitlines()[0]})") from None
     return total
 
 

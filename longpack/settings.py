@@ -53,6 +53,35 @@ def _value_type(annotation):
     return kinds[0] if kinds else str
 
 
+_KINDS = {int: ((int,), "a whole number"), float: ((int, float), "a number"),
+          bool: ((bool,), "true or false"), str: ((str, int, float), "text")}
+
+
+def check_file_values(config_class, values: dict, where: str) -> None:
+    """Values a config file gives the flags of `config_class` (TOML/YAML types), each of its
+    field's kind: click would otherwise cast them quietly (2.5 steps -> 2, true -> 1) or fail
+    on a list with a traceback. Text is left to the flag's own parsing."""
+    from longpack.errors import SettingsError
+
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    for name, value in values.items():
+        f = fields.get(name)
+        if f is None:
+            continue
+        kind = _value_type(f.type) if f.metadata.get("callback") is None else str
+        types, said = _KINDS[kind]
+        items = value if f.metadata.get("multiple") and isinstance(value, list) else [value]
+        for item in items:
+            if item is None and type(None) in get_args(f.type):
+                continue
+            if isinstance(item, str) or (isinstance(item, types)
+                                         and (kind is bool or not isinstance(item, bool))):
+                continue
+            raise SettingsError(f"{where}: {name} = {item!r} is not {said}"
+                                + (" (one value or a list of them)" if f.metadata.get("multiple")
+                                   else ""))
+
+
 def click_options(config_class, **option_classes) -> Callable:
     """A decorator adding one click option per field of `config_class`, in field order; each
     lands in the command's keyword arguments under the field's name. `option_classes` gives a

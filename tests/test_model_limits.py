@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import archs
 from training.cli import train as train_cli
+from training.config import TrainConfig
 
 FAMILIES = list(archs.FAMILIES)
 
@@ -241,6 +242,14 @@ def test_the_models_fields_set_twice_in_a_config_file_are_refused_not_replaced(t
     (["--batch-size", "1000000000"],
      r"micro-batch of 1,000,000,000 x 64 tokens\) and cpu has [\d,.]+ GiB of memory: choose a "
      r"smaller model, --batch-size or --seq"),
+    # laid out block by block, this ran for ever (and 10**6 layers for 22 s)
+    (["--model-arg", "n_layers=100000000000000000000"],
+     r"n_layers=100,000,000,000,000,000,000: 100,000,000,000,000,000,000 blocks, past the "
+     r"100,000 the memory plan lays out"),
+    # a size past int64: a TypeError with a C++ stack from torch
+    (["--model-arg", "d_model=100000000000000000000"],
+     r"a weight has more elements than a tensor can hold \(.*Overflow when unpacking long "
+     r"long\)$"),
 ])
 @pytest.mark.slow
 def test_train_refuses_a_run_past_the_devices_memory_before_allocating(
@@ -266,3 +275,22 @@ def test_the_trainer_counts_gradients_and_optimizer_state_not_only_weights(
     result, out = run_train(tmp_path, shards)
     assert "training needs at least" in one_line_error(result)
     assert not out.exists()
+
+
+def test_a_run_whose_estimate_passes_the_memory_while_its_floor_fits_is_warned(
+        tmp_path, gpt2_vocab_shards_once, monkeypatch):
+    """Refused only past the floor (a run that fits is never refused), a run between the floor
+    and the plan's estimate used to start without a word, then the kernel killed it (gpt-neox
+    at batch 2 on this 23.5 GiB machine: signal 9 after 69 s)."""
+    from training.plan import plan_memory
+
+    cfg = TrainConfig(shards=str(gpt2_vocab_shards_once), model="neox-tiny", batch_size=4)
+    mem = plan_memory(cfg, 50257, 64, 1)
+    monkeypatch.setattr(archs, "device_memory", lambda device: (mem["floor"] + mem["total"]) // 2)
+    result, out = run_train(tmp_path, gpt2_vocab_shards_once, "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert ("train: warning: the memory plan's estimate is " in result.output
+            and "the run may run out of memory (train --dry-run shows the plan" in result.output)
+    monkeypatch.setattr(archs, "device_memory", lambda device: mem["total"] * 2)
+    result, out = run_train(tmp_path, gpt2_vocab_shards_once, "--dry-run")
+    assert result.exit_code == 0 and "warning" not in result.output, result.output

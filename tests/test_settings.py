@@ -79,6 +79,13 @@ def test_an_out_that_is_a_file_is_refused_before_anything_is_read(tmp_path):
     ({"lr": -1.0}, r"--lr must be positive \(got -1.0\)"),
     ({"lr": 0.0}, r"--lr must be positive \(got 0.0\)"),
     ({"lr": float("nan")}, r"--lr must be positive \(got nan\)"),
+    ({"lr": float("inf")}, r"--lr must be finite \(got inf\)"),
+    # a negative clip norm trained the model the wrong way (gradient ascent), silently
+    ({"clip": -1.0}, r"--clip must be 0 \(off\) or a positive gradient norm \(got -1.0\)"),
+    ({"clip": float("nan")}, r"--clip must be 0 \(off\) or a positive gradient norm"),
+    ({"weight_decay": float("nan")}, r"--weight-decay must be 0 or positive and finite"),
+    ({"seed": 2**64}, r"--seed must be in \[0, 2\*\*63\)"),  # was a ValueError from torch
+    ({"seed": -1}, r"--seed must be in \[0, 2\*\*63\)"),
 ])
 def test_train_settings_are_validated_in_the_dataclass(settings, message):
     with pytest.raises(SettingsError, match=message):
@@ -115,3 +122,25 @@ def test_a_config_file_with_an_unknown_or_renamed_setting_is_one_line(tmp_path):
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert ("unknown settings log (did you mean report_to?), steps (did you mean max_steps?)"
             in " ".join(r.output.split()))
+
+
+@pytest.mark.parametrize("text, says", [
+    ("max_steps = 2.5", "max_steps = 2.5 is not a whole number"),  # was 2 steps, silently
+    ("batch_size = true", "batch_size = True is not a whole number"),  # was 1
+    ("clip = true", "clip = True is not a number"),  # was 1.0
+    ("batch_size = [1, 2]", "batch_size = [1, 2] is not a whole number"),  # was a traceback
+    ("seq = {a = 1}", "seq = {'a': 1} is not a whole number"),
+    ("compile = 1", "compile = 1 is not true or false"),
+    ('shards = ["a", 2.5]\nmax_steps = 3', None),  # text: a path may look like a number
+])
+def test_a_config_file_value_of_the_wrong_type_is_one_line_not_cast(tmp_path, text, says):
+    config = tmp_path / "run.toml"
+    config.write_text(text + "\n")
+    r = CliRunner().invoke(train, ["--config", str(config), "--dry-run"])
+    assert "Traceback" not in r.output and r.exception is None or isinstance(r.exception,
+                                                                             SystemExit)
+    if says is None:  # no complaint about the values' types: the missing build is what stops it
+        assert "is not" not in r.output.splitlines()[-1], r.output
+        return
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines()[-1] == f"Error: {config}: {says}", r.output

@@ -321,3 +321,17 @@ def test_a_damaged_fingerprint_of_an_unfinished_build_is_one_line(made, tmp_path
     r = CliRunner().invoke(pack, ["build", *to_flags(cfg), "--overwrite"])
     assert r.exit_code == 0, r.output
     assert build_tree(out) == made["want"]
+
+
+@pytest.mark.parametrize("index", [-1, -3, 3, 7])
+def test_merge_of_a_task_index_no_task_has_is_one_line(made, tmp_path, index):
+    """-1 used to end in an IndexError; 7 was "7 of its 3 tasks are not done (task 1, ..., 7)"."""
+    out = copy_of(made, "unplaced", tmp_path)
+    assert one_line_error(["merge", str(out), f"--task-index={index}"]) == (
+        f"Error: --task-index {index} is not a task of {out}'s {TASKS} (0 to {TASKS - 1})")
+
+
+def test_merge_of_a_missing_folder_makes_no_folder(tmp_path):
+    gone = tmp_path / "no" / "such" / "out"
+    assert "holds no build split into tasks" in one_line_error(["merge", str(gone)])
+    assert not (tmp_path / "no").exists()

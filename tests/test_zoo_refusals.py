@@ -167,3 +167,26 @@ def test_zoo_list_refuses_a_vocabulary_no_model_takes():
     assert result.exit_code == 1
     assert last_line(result) == (f"Error: --vocab {10**17}: vocab_size must be in 1..2147483647 "
                                  f"(got {10**17})")
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--temperature", "nan"], "Error: --temperature nan: must be at least 0"),  # was torch's error
+    (["--top-p", "nan"], "Error: --top-p nan: must be above 0"),  # acted as 1.0
+    (["--temperature", "1", "--seed", str(10**20)], "Error: --seed 100000000000000000000: must "
+     "be in [0, 2**63)"),  # was a ValueError
+])
+def test_sampling_settings_no_number_can_mean_are_one_line(neox_run, flags, says):
+    r = CliRunner().invoke(zoo, ["generate", str(neox_run), "--prompt", "hi", *flags])
+    assert r.exit_code == 1 and last_line(r) == says
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "hi"], ["export", "--to", "hf"]])
+def test_a_step_without_a_checkpoint_names_the_steps_there_not_resume(tmp_path, neox_run,
+                                                                       command):
+    """It used to say "--resume RUN/step-00000003 ...; pass ... auto or never", a train flag."""
+    extra = ["--out", str(tmp_path / "x")] if command[0] == "export" else []
+    r = CliRunner().invoke(zoo, [command[0], str(neox_run), *command[1:], *extra, "--step", "3"])
+    assert r.exit_code == 1
+    assert last_line(r) == (f"Error: --step 3: {neox_run}/step-00000003: not a complete "
+                            "checkpoint (no COMPLETE file); its complete checkpoints are of "
+                            "steps 2; pass one of them, or no --step for the newest")

@@ -83,14 +83,15 @@ def to_remove(names: list[str], saved: str, keep_last: int) -> list[str]:
     return upto[:-keep_last] + [n for n in names if n > saved]
 
 
-def load(path: Path) -> tuple[dict, Path]:
+def load(path: Path, flag: str = "--resume", fix: str = "pass a complete checkpoint "
+         "directory, auto or never") -> tuple[dict, Path]:
     """The checkpoint in `path`, after checking state.pt against COMPLETE (on the CPU: each
-    process moves what it needs to its own device)."""
+    process moves what it needs to its own device). `flag` named `path` and `fix` says what
+    to give it instead, in the one line of an error."""
     try:
         state = _read(path)
     except Exception as e:  # --resume DIR: one line naming it, not a traceback
-        raise TrainingError(f"--resume {path}: {e}; pass a complete checkpoint directory, "
-                            "auto or never") from None
+        raise TrainingError(f"{flag} {path}: {e}; {fix}") from None
     return _readable(state, path), path
 
 

@@ -5,6 +5,7 @@ import click
 
 from longpack import SettingsError, click_options
 from longpack.cli import Command
+from longpack.settings import check_file_values
 from training.config import TrainConfig
 
 
@@ -33,6 +34,10 @@ def _read_config_file(ctx, _param, path):
     for name in ("shards", "mix_stages", "max_epochs", "wandb_tags"):  # repeatable: one or a list
         if isinstance(settings.get(name), (str, int, float)):
             settings[name] = [settings[name]]
+    try:
+        check_file_values(TrainConfig, settings, path)
+    except SettingsError as e:
+        raise click.UsageError(str(e)) from None
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return path
 

@@ -1,6 +1,7 @@
 """The trainer's settings: one frozen dataclass whose fields are also `train`'s flags
 (longpack/settings.py), validated once, here."""
 
+import math
 import re
 from dataclasses import asdict, dataclass, fields
 
@@ -180,10 +181,22 @@ class TrainConfig:
             raise SettingsError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}")
         if not self.lr > 0:  # NaN too
             raise SettingsError(f"--lr must be positive (got {self.lr})")
+        if self.lr == math.inf:
+            raise SettingsError("--lr must be finite (got inf)")
+        if not 0 <= self.clip < math.inf:  # a negative norm would flip every gradient
+            raise SettingsError(f"--clip must be 0 (off) or a positive gradient norm (got "
+                                f"{self.clip})")
+        if not 0 <= self.weight_decay < math.inf:
+            raise SettingsError(f"--weight-decay must be 0 or positive and finite (got "
+                                f"{self.weight_decay})")
+        if not 0 <= self.seed < 2**63:  # torch and numpy take seeds of 64 bits
+            raise SettingsError(f"--seed must be in [0, 2**63) (got {self.seed})")
         if not 0 <= self.min_lr <= self.lr:
             raise SettingsError("--min-lr must be between 0 and --lr")
         if self.muon_lr is not None and not self.muon_lr > 0:
             raise SettingsError(f"--muon-lr must be positive (got {self.muon_lr})")
+        if self.muon_lr == math.inf:
+            raise SettingsError("--muon-lr must be finite (got inf)")
         if self.muon_ns_steps >= 100:  # torch.optim.Muon's bound, met at the first step
             raise SettingsError(f"--muon-ns-steps must be below 100 (got {self.muon_ns_steps}; "
                                 "5 is usual)")

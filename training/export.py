@@ -40,7 +40,12 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> Trained
             raise TrainingError(f"{run}: no complete checkpoint (step-NNNNNNNN/ with COMPLETE); "
                                 "pass the --out of a train run")
     else:
-        found = checkpoint.load(run / f"step-{step:08d}")
+        steps = sorted(int(p.name[5:]) for p in run.glob("step-*")
+                       if p.name[5:].isdigit() and (p / "COMPLETE").is_file())
+        have = (f"its complete checkpoints are of steps {', '.join(map(str, steps))}" if steps
+                else f"{run} has no complete checkpoint")
+        found = checkpoint.load(run / f"step-{step:08d}", f"--step {step}:",
+                                f"{have}; pass one of them, or no --step for the newest")
     state, path = found
     name = state["config"]["model"]
     overrides = state.get("model_config") or {}

@@ -86,6 +86,9 @@ class Layout:
         return out
 
 
+MAX_BLOCKS = 100_000
+
+
 def layout(name: str, **overrides) -> Layout:
     """The parameters `archs.build(name, **overrides)` makes, counted on the meta device without
     building every layer (as archs.footprint does): along each `repeated` field of the config the
@@ -107,6 +110,11 @@ def layout(name: str, **overrides) -> Layout:
                                            name_: small[name_] + cfg.repeated[name_]})
         added = [p for key, p in more.items() if key not in base]
         added_blocks = sorted({p.block for p in added if p.block is not None})
+        blocks = next_block + k * len(added_blocks)
+        if blocks > MAX_BLOCKS:  # each block is laid out: a bound on the time, not the memory
+            raise archs.TooLarge(f"{name_}={getattr(cfg, name_):,}: {blocks:,} blocks, past the "
+                                 f"{MAX_BLOCKS:,} the memory plan lays out (the deepest "
+                                 "models trained have a few hundred)")
         for _ in range(k):
             renumber = {b: next_block + j for j, b in enumerate(added_blocks)}
             params += [Param(p.shape, p.role, renumber.get(p.block)) for p in added]
@@ -118,11 +126,13 @@ def layout(name: str, **overrides) -> Layout:
 def _params(name: str, overrides: dict) -> tuple[dict, int]:
     try:
         model = archs.build(name, device="meta", **overrides)
-    except RuntimeError as e:
-        if "overflow" not in str(e):  # "Storage size calculation overflowed with sizes=[...]"
+    except (RuntimeError, TypeError) as e:
+        # "Storage size calculation overflowed with sizes=[...]"; a size past int64 is a
+        # TypeError ("Overflow when unpacking long long")
+        if "overflow" not in str(e).lower():
             raise
         raise archs.TooLarge(f"{name}: a weight has more elements than a tensor can hold "
-                             f"({e})") from None
+                             f"({str(e).splitlines()[0]})") from None
     roles = model.param_roles()
     out = {}
     for key, p in model.named_parameters():  # a tied weight once

@@ -32,6 +32,7 @@ scaled (and multiplied by --grad-accum), the update after them is not.
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -196,6 +197,13 @@ def check_memory(cfg: TrainConfig, vocab: int, seq: int, device: torch.device,
             f"{sharded}, the loss's logits, each block's input for a micro-batch of "
             f"{cfg.batch_size:,} x {seq:,} tokens) and {device} has {_gib(have)} of memory: "
             "choose a smaller model, --batch-size or --seq")
+    if have is not None and mem["total"] * sharing > have and distributed.launched().rank == 0:
+        # the floor fits, the estimate does not: the run may be killed for memory, by the
+        # kernel on a CPU (no message of its own), so it is said before it starts
+        print(f"train: warning: the memory plan's estimate is {_gib(mem['total'] * sharing)} "
+              f"and {device} has {_gib(have)}: the run may run out of memory (train --dry-run "
+              "shows the plan; a smaller --batch-size or --seq, or --activation-checkpointing, "
+              "needs less)", file=sys.stderr, flush=True)
     host = archs.device_memory("cpu")
     if device.type != "cpu" and host is not None and mem["bytes"] > host:
         raise SettingsError(

@@ -1,6 +1,7 @@
 """The settings of the `zoo` commands (list, export, eval, generate), validated once; their
 flags are these fields (longpack/settings.py). Loads no torch: `zoo --help` reads it."""
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -40,7 +41,8 @@ def _size_flag(ctx, param, value: str | None) -> int | None:
 
 
 def _at_least(flag: str, value, low, open_low: bool = False) -> None:
-    if value is not None and (value < low or open_low and value == low):
+    if value is not None and not (value > low if open_low else value >= low
+                                  ) or isinstance(value, float) and math.isinf(value):  # NaN too
         raise SettingsError(f"{flag} {value}: must be {'above' if open_low else 'at least'} "
                             f"{low}")
 
@@ -122,5 +124,7 @@ class GenerateConfig:
         _at_least("--temperature", self.temperature, 0)
         _at_least("--top-k", self.top_k, 1)
         _at_least("--top-p", self.top_p, 0, open_low=True)
+        if not 0 <= self.seed < 2**63:  # torch.Generator takes 64 bits
+            raise SettingsError(f"--seed {self.seed}: must be in [0, 2**63)")
         if self.top_p is not None and self.top_p > 1:
             raise SettingsError(f"--top-p {self.top_p}: must be at most 1")

@@ -163,6 +163,8 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
     """Write OUT; returns its manifest."""
     t0 = time.time()
     src, out = Path(cfg.src), Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise SettingsError(f"--out {out} is a file, not a folder: give a new or empty folder")
     _refuse_overlap(src, out)
     files = split_files(src, SUFFIXES, warn)
     if cfg.dtype is not None and not any(u.suffix == ".bin" for us in files.values() for u in us):

@@ -95,9 +95,9 @@ def _refuse_twice(src: Path, units: list[Path]) -> None:
     for u in units:
         real = u.resolve()
         if real in first:
-            raise SettingsError(f"{u} and {first[real]} are the same {'folder' if u.is_dir() else 'file'} "
-                                f"({real}): its rows would be imported twice; remove one of "
-                                f"them from {src}")
+            kind = "folder" if u.is_dir() else "file"
+            raise SettingsError(f"{u} and {first[real]} are the same {kind} ({real}): its rows "
+                                f"would be imported twice; remove one of them from {src}")
         first[real] = u
 
 

@@ -184,6 +184,9 @@ def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = 
     if _merged(Path(out)):
         return True
     build = build or TaskedBuild(out)
+    if not 0 <= index < build.tasks:
+        raise SettingsError(f"--task-index {index} is not a task of {build.out}'s {build.tasks} "
+                            f"(0 to {build.tasks - 1})")
     missing = build.missing(index + 1)
     if missing:
         raise TasksUnfinished(build.out, build.tasks, missing)
@@ -289,6 +292,8 @@ def merge(out: Path) -> dict:
     out = Path(out)
     if _merged(out):
         return _read_manifest(out)
+    if not (out / WORK_DIR / TASKS).is_file():
+        TaskedBuild(out)  # says what OUT holds instead, before the lock would make folders
     with OutputLock(out / WORK_DIR, wait=True):
         if _merged(out):
             return _read_manifest(out)
