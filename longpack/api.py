@@ -32,8 +32,20 @@ def _config(cls, settings: dict, command: str):
             near = suggest(name, list(fields))
             raise SettingsError(f"{name!r} is not a setting of {command}"
                                 + (f"; did you mean {near!r}?" if near else ""))
-        given[name] = _typed(name, value, fields[name].type)
+        parses_text = fields[name].metadata.get("callback") is not None  # a size: "500MB"
+        given[name] = value if parses_text and isinstance(value, str) else _typed(
+            name, value, fields[name].type)
+    missing = [n for n, f in fields.items() if n not in given
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise SettingsError(f"{command} needs {', '.join(f'{n}=...' for n in missing)}")
     return cls(**given)
+
+
+def _callable(name: str, value):
+    if not callable(value):
+        raise SettingsError(f"{name}={value!r}: give a function taking one line of text")
+    return value
 
 
 def _typed(name: str, value, annotation):
@@ -95,7 +107,7 @@ def import_tokens(src, out, **settings) -> dict:
     from pipeline.adopt.config import ImportConfig
     from pipeline.adopt.import_tokens import import_tokens as run_import
 
-    warn = settings.pop("warn", lambda line: None)
+    warn = _callable("warn", settings.pop("warn", lambda line: None))
     cfg = _config(ImportConfig, {"src": src, "out": out, **settings}, "pack import")
     return run_import(cfg, warn=warn)
 
@@ -105,8 +117,12 @@ def stats(path, verify: bool = False, throughput: float | None = None,
     """`pack stats PATH --json`: the report as a dict (keys in docs/STATS.md); its
     ["checks"]["ok"] says whether the build is sound."""
     from pipeline.stats import report
+    from pipeline.stats.config import StatsConfig
 
-    return report.collect(_typed("path", path, str), verify, throughput, budget, eos_id)
+    cfg = _config(StatsConfig, {"paths": (_typed("path", path, str),), "verify": verify,
+                                "throughput": throughput, "budget": budget, "eos_id": eos_id},
+                  "pack stats")
+    return report.collect(cfg.paths[0], cfg.verify, cfg.throughput, cfg.budget, cfg.eos_id)
 
 
 def train(resume: str = "auto", log=None, **settings) -> list[dict]:
@@ -116,7 +132,8 @@ def train(resume: str = "auto", log=None, **settings) -> list[dict]:
     from training.loop import train as run_training
 
     cfg = _config(TrainConfig, settings, "train")
-    return run_training(cfg, resume=resume, log=log or (lambda line: None))
+    return run_training(cfg, resume=_typed("resume", resume, str),
+                        log=_callable("log", log or (lambda line: None)))
 
 
 def export(run, out, to: str = "hf", **settings) -> list[str]:

@@ -48,6 +48,7 @@ _API = {  # name -> the module that defines it
     "import_streaming": "formats.streaming_compat",  # the one way to import mosaicml-streaming
     "load_tokenizer": "tokenize.tokenizer",  # the build's tokenizer (zoo: export, generate)
     "same_tokenizer": "manifest", "tokenizer_label": "manifest",  # do two builds' ids agree
+    "manifest_lacks": "manifest",  # what a manifest.json lacks that its readers rely on
     "parse_mixture": "mixture", "natural_weights": "mixture",  # train on several builds
     "source_name": "mixture", "good_name": "mixture",  # a source's name: given or its folder's
     "REPEAT_WARNING_EPOCHS": "mixture",  # repeats worth less past it

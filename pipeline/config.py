@@ -86,6 +86,8 @@ class BuildConfig:
         elif self.staging is not None:
             raise SettingsError("--staging is for an --out URL (s3://...): a local --out is "
                                 "written in place")
+        if self.text_field is not None and not self.text_field.strip():
+            raise SettingsError("--text-field must name a field or column (got an empty name)")
         if os.path.isfile(self.out):
             raise SettingsError(f"--out {self.out} is a file; choose a directory (new or empty, "
                                 "or a build's)")

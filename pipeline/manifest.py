@@ -26,6 +26,42 @@ def longpack_version() -> str:
 TOKENIZER_IDENTITY = ("name", "kind", "sha256", "vocab_size", "eos_id")
 
 
+# what every reader of a manifest (pack stats, the trainer, zoo) relies on, and its type
+MANIFEST_KEYS = {"format": str, "seq": int, "tokenizer": dict, "splits": dict}
+TOKENIZER_KEYS = ("name", "source", "sha256", "vocab_size", "eos_id")
+SPLIT_KEYS = ("rows", "shards", "padding_tokens", "tokens", "documents")
+
+
+def manifest_lacks(manifest, also: dict | None = None) -> list[str]:
+    """What of MANIFEST_KEYS (and `also`: more keys and their types) a manifest.json's content
+    lacks or holds as another type, named as dotted paths; [] for a sound one."""
+    keys = {**MANIFEST_KEYS, **(also or {})}
+    if not isinstance(manifest, dict):
+        return ["everything: it is not a JSON object"]
+    lacks = [k for k, kind in keys.items() if not isinstance(manifest.get(k), kind)]
+    if not lacks:
+        lacks = [f"tokenizer.{k}" for k in TOKENIZER_KEYS if k not in manifest["tokenizer"]]
+        lacks += [f"splits.{s}.{k}" for s, split in manifest["splits"].items() for k in SPLIT_KEYS
+                  if not isinstance(split, dict) or k not in split]
+    return lacks
+
+
+def refuse_nothing_packed(counts: dict, skip_log: Path) -> None:
+    """A build that packed no document is an error, not an empty build that looks complete:
+    its inputs held no record, or every record was skipped (a wrong --text-field or
+    --dataset, most often)."""
+    from longpack.errors import InputError
+
+    if counts["documents"]:
+        return
+    if not counts["records_read"]:
+        raise InputError("the inputs hold no records: nothing to pack (no manifest written)")
+    reasons = ", ".join(f"{n:,} {r}" for r, n in sorted(counts["skipped"].items()) if n)
+    raise InputError(f"no document packed: all {counts['records_read']:,} records were skipped "
+                     f"({reasons}; {skip_log} lists them); check --text-field and --dataset "
+                     "(no manifest written)")
+
+
 def same_tokenizer(a: dict | None, b: dict | None) -> bool:
     """Whether two manifests' tokenizers give ids the same meaning (None: not known)."""
     if a is None or b is None:

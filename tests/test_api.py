@@ -83,3 +83,23 @@ def test_train_then_export(tmp_path, shards):
                                                                   "model.safetensors"]
     with pytest.raises(LongpackError, match="is not empty"):
         longpack.export(tmp_path / "run", tmp_path / "st", to="safetensors")
+
+
+def test_what_the_commands_refuse_the_functions_refuse_in_one_line(tmp_path, shards):
+    """Each was a TypeError from deep inside, or a report of negative seconds."""
+    for call, says in (
+            (lambda: longpack.build(dataset="jsonl", inputs=["x"]), "pack build needs out=..."),
+            (lambda: longpack.train(max_steps=1), "train needs shards=..."),
+            (lambda: longpack.train(shards=str(shards), resume=5), "resume=5: resume takes str"),
+            (lambda: longpack.train(shards=str(shards), log=5), "log=5: give a function"),
+            (lambda: longpack.import_tokens("s", "o", warn=5), "warn=5: give a function"),
+            (lambda: longpack.stats(shards, throughput="fast"), "throughput takes float"),
+            (lambda: longpack.stats(shards, throughput=-1.0), "--throughput must be positive"),
+            (lambda: longpack.stats(shards, budget=float("nan")), "--budget must be positive"),
+            (lambda: longpack.stats(shards, verify="no"), "verify='no': verify takes bool"),
+            (lambda: longpack.merge(tmp_path / "a-file"), "holds no build split into tasks")):
+        (tmp_path / "a-file").write_text("x")
+        with pytest.raises(SettingsError) as e:
+            call()
+        assert says in str(e.value), str(e.value)
+    assert longpack.stats(shards, throughput=1e6)["checks"]["ok"]

@@ -427,3 +427,46 @@ def test_shard_bytes_that_overflow_mds_offsets_are_refused_naming_the_largest(tm
     with pytest.raises(SettingsError, match=f"the largest --shard-bytes is {largest:,}"):
         BuildConfig(out=str(tmp_path), seq=seq, shard_bytes=largest + 1)
     BuildConfig(out=str(tmp_path), seq=seq, shard_bytes=1 << 33, format="memmap")
+
+
+def test_an_out_inside_an_input_folder_is_refused_before_anything_is_written(tmp_path,
+                                                                           byte_tokenizer):
+    """Built once, its own skipped.jsonl, index.json, ... became input of the next run, which
+    then could neither resume nor find it complete."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [{"text": t} for t in make_texts(50)])
+    cfg = BuildConfig(out=str(folder / "out"), dataset="jsonl", inputs=(str(folder),),
+                      tokenizer=byte_tokenizer, seq=65)
+    with pytest.raises(SettingsError, match=f"--out {folder / 'out'} is inside --input "
+                                            f"{folder}, which the build reads"):
+        build(cfg, show_progress=False)
+    assert sorted(p.name for p in folder.iterdir()) == ["a.jsonl"]
+    # a glob that does not reach into OUT is the usual layout: built, and found complete again
+    glob = BuildConfig(out=str(folder / "out"), dataset="jsonl",
+                       inputs=(str(folder / "*.jsonl"),), tokenizer=byte_tokenizer, seq=65)
+    first = build(glob, show_progress=False)
+    assert build(glob, show_progress=False)["fingerprint"] == first["fingerprint"]
+
+
+def test_a_build_that_packs_no_document_is_an_error_not_an_empty_build(tmp_path,
+                                                                      byte_tokenizer):
+    """A misspelt --text-field skipped every record and exited 0 with an empty build."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(30)])
+    for tasks, log in ((1, "skipped.jsonl"), (2, ".longpack-build/task.*/skipped.jsonl")):
+        out = tmp_path / f"out{tasks}"
+        r = CliRunner().invoke(pack, ["build", "--dataset", "jsonl", "--input", str(corpus),
+                                      "--tokenizer", byte_tokenizer, "--text-field", "body",
+                                      "--out", str(out), "--tasks", str(tasks), "--quiet"])
+        assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+        assert r.output.strip().splitlines()[-1] == (
+            f"Error: no document packed: all 30 records were skipped (30 missing_text; "
+            f"{out / log} lists them); check --text-field and --dataset (no manifest written)")
+        assert not (out / "manifest.json").exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(Exception, match="the inputs hold no records: nothing to pack"):
+        build(BuildConfig(out=str(tmp_path / "e"), dataset="jsonl", inputs=(str(empty),),
+                          tokenizer=byte_tokenizer, seq=65), show_progress=False)
+    with pytest.raises(SettingsError, match="--text-field must name a field or column"):
+        BuildConfig(out=str(tmp_path / "t"), text_field="")

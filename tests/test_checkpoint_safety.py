@@ -96,3 +96,16 @@ def test_a_sharded_checkpoint_through_a_bucket_and_damaged_parts(tmp_path, shard
         f"skipping checkpoint {run / 'step-00000006'}: __0_0.distcp does not match its "
         "checksum; using the one before it"]
     assert isinstance(state["step"], int) and "model" not in state
+
+
+def test_a_damaged_only_checkpoint_is_not_said_to_fall_back_to_one_before_it(tmp_path, shards):
+    from training import checkpoint
+
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=2, save_every=2, workers=0), log=lambda m: None)
+    state = run / "step-00000002" / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])
+    said = []
+    assert checkpoint.load_latest(run, said.append) is None
+    assert len(said) == 1 and said[0].startswith(f"skipping checkpoint {run / 'step-00000002'}: ")
+    assert said[0].endswith("; it was the only one: none is left to use"), said

@@ -804,3 +804,30 @@ def test_train_keeps_no_document_hashes_with_or_without_val(tmp_path, byte_token
     report = collect(out, eos_id=EOS)
     assert report["checks"]["ok"] and report["splits"]["train"]["documents"] > 0
     assert [(s.name, s.hashes) for s in scans] == [("train", [])]
+
+
+def test_plot_never_replaces_a_file_of_the_build_or_a_users_non_png(tmp_path, byte_tokenizer,
+                                                                     texts):
+    """--plot OUT/manifest.json used to write the PNG over the manifest, destroying the build."""
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in texts[:200]])
+    out = tmp_path / "b"
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(corpus),),
+                      tokenizer=byte_tokenizer, seq=65), show_progress=False)
+    manifest = (out / "manifest.json").read_bytes()
+    (tmp_path / "notes.txt").write_text("a user's notes")
+    for path, plot, says in ((out, out / "manifest.json", "is inside"),
+                             (out / "train", out / "manifest.json", "exists and is not a PNG"),
+                             (out, tmp_path / "notes.txt", "exists and is not a PNG")):
+        r = CliRunner().invoke(pack, ["stats", str(path), "--plot", str(plot)])
+        assert r.exit_code == 1 and says in r.output and "Traceback" not in r.output, r.output
+    assert (out / "manifest.json").read_bytes() == manifest
+    assert (tmp_path / "notes.txt").read_text() == "a user's notes"
+
+
+@pytest.mark.slow
+def test_plot_replaces_an_earlier_plot(tmp_path, byte_tokenizer, texts):
+    pytest.importorskip("matplotlib")
+    out = make_build(tmp_path, texts)
+    for _ in range(2):
+        assert run_stats(out, "--plot", str(tmp_path / "p.png")).exit_code == 0
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

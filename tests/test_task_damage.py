@@ -335,3 +335,21 @@ def test_merge_of_a_missing_folder_makes_no_folder(tmp_path):
     gone = tmp_path / "no" / "such" / "out"
     assert "holds no build split into tasks" in one_line_error(["merge", str(gone)])
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("make", ["a file", "work folder a file", "tasks.json a folder"])
+def test_merge_of_a_path_that_holds_no_tasks_is_one_line(tmp_path, make):
+    """Each was a NotADirectoryError or IsADirectoryError traceback."""
+    out = tmp_path / "out"
+    if make == "a file":
+        out.write_text("a user's file")
+    elif make == "work folder a file":
+        out.mkdir()
+        (out / WORK_DIR).write_text("")
+    else:
+        (out / WORK_DIR / "tasks.json").mkdir(parents=True)
+    line = one_line_error(["merge", str(out)])
+    assert ("tasks.json: a folder, not a file" if make == "tasks.json a folder"
+            else "holds no build split into tasks") in line, line
+    if make == "a file":
+        assert out.read_text() == "a user's file"

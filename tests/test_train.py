@@ -347,3 +347,19 @@ def test_models_draw_no_random_numbers_while_training(name):
     first = model.loss(x, x, starts)["loss"]
     torch.manual_seed(123)  # another RNG state: a dropout or noisy router would now differ
     assert torch.equal(first, model.loss(x, x, starts)["loss"])
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\xff\xfe{}", "not valid JSON"),  # was a UnicodeDecodeError
+    (b'{"seq": 65}', "not a longpack manifest (no format, tokenizer, splits, fingerprint)"),
+    (b"[1]", "not a longpack manifest (no everything: it is not a JSON object)"),  # TypeError
+])
+def test_a_damaged_manifest_is_one_line_for_train_and_zoo_eval(tmp_path, shards, content, says):
+    from training.zoo_cli import zoo
+
+    (shards / "manifest.json").write_bytes(content)
+    r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(tmp_path / "r")])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output
+    assert says in r.output.strip().splitlines()[-1]
+    r = CliRunner().invoke(zoo, ["eval", str(tmp_path / "no-run"), "--shards", str(shards)])
+    assert "Traceback" not in r.output and isinstance(r.exception, SystemExit), r.output

@@ -102,11 +102,13 @@ def warn(line: str) -> None:
 
 def load_latest(run: Path, say=warn) -> tuple[dict, Path] | None:
     """The newest sound checkpoint of RUN; `say` is told of each one skipped, in one line."""
-    for path in sorted(run.glob("step-*"), reverse=True):
+    paths = sorted(run.glob("step-*"), reverse=True)
+    for n, path in enumerate(paths):
         try:
             state = _read(path)
         except Exception as e:  # truncated, missing or unreadable: fall back to the one before
-            say(f"skipping checkpoint {path}: {e}; using the one before it")
+            say(f"skipping checkpoint {path}: {e}; " + ("using the one before it"
+                if n + 1 < len(paths) else "it was the only one: none is left to use"))
             continue
         # sound but newer: refused, since falling back to an older one would undo steps
         return _readable(state, path), path

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from longpack import DataError, LongpackError, StorageError, Store, is_url, redact
-from pipeline import ShardError, open_format
+from pipeline import ShardError, manifest_lacks, open_format
 from training.config import SIZE
 from training.shard_cache import ShardCache
 from training.verify import GOOD, ShardChecks, check_ids, file_problem, size_problem
@@ -84,11 +84,16 @@ def read_manifest(location: str) -> dict:
         url = Path(location) / "manifest.json"
         if not url.is_file():
             raise DataError(f"{url} not found: {UNFINISHED}")
-        text = url.read_text()
+        text = url.read_bytes()
     try:
-        return json.loads(text)
-    except ValueError as e:
+        manifest = json.loads(text)
+    except ValueError as e:  # not UTF-8 too
         raise DataError(f"{url}: not valid JSON ({e}); is the build complete?") from None
+    lacks = manifest_lacks(manifest, {"fingerprint": dict})
+    if lacks:
+        raise DataError(f"{url}: not a longpack manifest (no {', '.join(lacks)}); re-run the "
+                        "pack build (or pack import) that wrote it")
+    return manifest
 
 
 def cache_bytes(limit: str) -> int:

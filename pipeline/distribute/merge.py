@@ -302,6 +302,8 @@ def merge(out: Path) -> dict:
         if missing:
             raise TasksUnfinished(out, build.tasks, missing)
         remove_stale_temps(out)  # a merge killed mid-write left them
+        manifest_mod.refuse_nothing_packed(sum_counts(build.dones()), build.work / "task.*"
+                                           / SKIP_LOG)
         for i in range(build.tasks):
             place(out, i, build=build)
         for i in range(build.tasks):  # before anything is moved: a refusal changes nothing

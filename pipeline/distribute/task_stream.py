@@ -220,8 +220,10 @@ def read_record(path: Path) -> tuple[dict | None, str | None]:
     file. Nothing but a readable JSON object whose seal holds is a record."""
     try:
         text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # a folder above it is a file: none
         return None, None
+    except IsADirectoryError:
+        return None, "a folder, not a file"
     except UnicodeDecodeError:
         return None, "not UTF-8 text (damaged)"
     try:

@@ -109,6 +109,7 @@ class ShardOutput:
     def complete(self, build, indexes: dict, timings: dict) -> dict:
         """OUT/manifest.json (docs/FORMAT.md), written last; the work folder goes (the lock
         last, when the run lets it go)."""
+        manifest_mod.refuse_nothing_packed(build.state.counts, self.skip_path)
         tok = build.tok
         m = manifest_mod.make_manifest(self.cfg, build.fingerprint, tok.identity(),
                                        tok.engine_identity(), build.inputs,

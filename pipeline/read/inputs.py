@@ -31,11 +31,32 @@ def open_inputs(cfg, dataset, hub_client=None):
     """(the build's input files, their description for the fingerprint)."""
     if cfg.inputs:
         files = InputFiles(expand_inputs(dataset, list(cfg.inputs)))
+        _refuse_own_output(cfg.out, cfg.inputs, files.paths)
         return files, files.describe()
     if dataset.hub_repo is None:
         raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
     hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
     return hub, describe_hub(hub)
+
+
+def _refuse_own_output(out: str, inputs, paths: list) -> None:
+    """OUT inside an --input folder, or an input file under OUT: the build's own files
+    (skipped.jsonl, index.json, ...) would be read as input by its next run, which could then
+    neither resume nor find it complete."""
+    if is_url(out):
+        return
+    root = os.path.realpath(out)
+    for spec in inputs:
+        folder = os.path.realpath(os.path.expanduser(spec)) if not is_url(spec) else None
+        if folder and os.path.isdir(folder) and root.startswith(folder + os.sep):
+            raise SettingsError(f"--out {out} is inside --input {spec}, which the build reads: "
+                                "its own files would become its input; choose an --out "
+                                f"outside {spec}")
+    for p in paths:
+        if isinstance(p, Path) and os.path.realpath(p).startswith(root + os.sep):
+            raise SettingsError(f"--input takes in {p}, which is under --out {out}: the build's "
+                                "own files would become its input; choose an --out outside "
+                                "the inputs")
 
 
 def expand_inputs(dataset, inputs: list[str]) -> list:

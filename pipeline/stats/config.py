@@ -47,3 +47,20 @@ class StatsConfig:
                                     "it or choose another path")
             if os.path.isdir(self.plot):
                 raise SettingsError(f"--plot {self.plot} is a folder; name the PNG file")
+            self._refuse_plot_over_data()
+
+    def _refuse_plot_over_data(self) -> None:
+        """The PNG replaces only a PNG (an earlier plot), never a file of a build it reports
+        on nor any other file of the user's."""
+        plot = os.path.realpath(os.path.expanduser(self.plot))
+        for given in self.paths:
+            path = given.split("=", 1)[1] if "=" in given and "://" not in given else given
+            root = os.path.realpath(os.path.expanduser(path))
+            if "://" not in path and (plot == root or plot.startswith(root + os.sep)):
+                raise SettingsError(f"--plot {self.plot} is inside {given}, which the report "
+                                    "reads: name a file elsewhere")
+        if os.path.exists(plot):
+            with open(plot, "rb") as f:
+                if f.read(8) != b"\x89PNG\r\n\x1a\n":
+                    raise SettingsError(f"--plot {self.plot} exists and is not a PNG: refusing "
+                                        "to replace it; name a new file")

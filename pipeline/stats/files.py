@@ -13,6 +13,7 @@ from longpack.errors import LongpackError
 from pipeline.config import WORK_DIR
 from pipeline.formats import holds_shards
 from pipeline.formats.shards import SplitReader
+from pipeline.manifest import manifest_lacks
 from pipeline.stats.scan import SPLITS, Problem
 from pipeline.store.output_dir import TASKS
 
@@ -81,22 +82,12 @@ def _is_build_root(path: Path) -> bool:
 
 
 # What pack stats reads from a manifest (docs/FORMAT.md), checked before it is read.
-MANIFEST_KEYS = {"format": str, "seq": int, "tokenizer": dict, "splits": dict}
-TOKENIZER_KEYS = ("name", "source", "sha256", "vocab_size", "eos_id")
-SPLIT_KEYS = ("rows", "shards", "padding_tokens", "tokens", "documents")
-
-
 def _read_manifest(path: Path) -> dict:
     try:
         manifest = json.loads(path.read_bytes())
     except (OSError, ValueError) as e:
         raise LongpackError(f"{path}: unreadable ({e})") from None
-    lacks = ([k for k, kind in MANIFEST_KEYS.items() if not isinstance(manifest.get(k), kind)]
-             if isinstance(manifest, dict) else ["everything: it is not a JSON object"])
-    if not lacks:
-        lacks = [f"tokenizer.{k}" for k in TOKENIZER_KEYS if k not in manifest["tokenizer"]]
-        lacks += [f"splits.{s}.{k}" for s, split in manifest["splits"].items() for k in SPLIT_KEYS
-                  if not isinstance(split, dict) or k not in split]
+    lacks = manifest_lacks(manifest)
     if lacks:
         raise LongpackError(f"{path}: not a longpack manifest (no {', '.join(lacks)}); re-run "
                             "the pack build that wrote it")
