@@ -831,3 +831,19 @@ def test_plot_replaces_an_earlier_plot(tmp_path, byte_tokenizer, texts):
     for _ in range(2):
         assert run_stats(out, "--plot", str(tmp_path / "p.png")).exit_code == 0
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_edited_totals_and_a_missing_skip_log_are_problems(tmp_path, byte_tokenizer, texts):
+    """Both passed as OK: the top-level counts are not the shards', and the skip log the
+    manifest names is part of the build."""
+    out = make_build(tmp_path, texts)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["counts"]["tokens"] += 5
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    (out / "skipped.jsonl").unlink()
+    r = collect(out)
+    said = [f"{p['file']}: {p['what']}" for p in r["checks"]["problems"]]
+    total = sum(s["tokens"] for s in manifest["splits"].values())
+    assert not r["checks"]["ok"] and said == [
+        f"manifest.json: counts.tokens is {total + 5}, its splits' tokens add up to {total:,}",
+        "skipped.jsonl: missing (manifest.json names it: the records the build skipped)"]

@@ -19,7 +19,7 @@ from pipeline.formats.shards import ShardError, SplitReader
 from pipeline.manifest import tokenizer_label
 from pipeline.stats.files import file_checks, open_output
 from pipeline.stats.recommend import recommendations
-from pipeline.stats.scan import VOCAB_SAMPLE, Problem, SplitScan, digest
+from pipeline.stats.scan import FIX_REBUILD, VOCAB_SAMPLE, Problem, SplitScan, digest
 from pipeline.tokenize.split import PAD_HASH
 
 MAX_READ_THREADS = 4  # each thread holds the compressed and decompressed bytes of its shard
@@ -127,6 +127,16 @@ def _agree_with_manifest(name: str, got: dict, manifest: dict, problems: list):
                                           f", manifest.json says {want[theirs]:,}"))
 
 
+def _totals_agree(manifest: dict, problems: list) -> None:
+    """The manifest's totals are its splits' sums (both written by one build)."""
+    counts = manifest.get("counts")
+    for key in ("tokens", "documents"):
+        total = sum(split.get(key) or 0 for split in manifest["splits"].values())
+        if isinstance(counts, dict) and counts.get(key) != total:
+            problems.append(Problem("manifest.json", f"counts.{key} is {counts.get(key)!r}, its "
+                                    f"splits' {key} add up to {total:,}", fix=FIX_REBUILD))
+
+
 def _total(splits: dict) -> dict:
     keys = ("shards", "rows", "bytes_on_disk", "raw_bytes", "tokens", "real_tokens",
             "padding_tokens", "documents")
@@ -190,6 +200,12 @@ def _collect(path: Path, verify: bool, throughput, budget, eos_id, open_reader) 
     if manifest:
         for name, got in splits.items():
             _agree_with_manifest(name, got, manifest, problems)
+        _totals_agree(manifest, problems)
+        log = manifest.get("skipped_log")
+        at_root = open_reader is SplitReader and (path / "manifest.json").is_file()  # local
+        if at_root and isinstance(log, str) and not (path / log).is_file():
+            problems.append(Problem(log, "missing (manifest.json names it: the records the build "
+                                         "skipped)", fix=FIX_REBUILD))
     if not verify:
         not_checked.append("checksums and row-level checks (token ids, document starts, "
                            "continued documents' hashes): pass --verify")
