@@ -91,6 +91,9 @@ class BuildConfig:
         if os.path.isfile(self.out):
             raise SettingsError(f"--out {self.out} is a file; choose a directory (new or empty, "
                                 "or a build's)")
+        if os.path.islink(self.out) and not os.path.exists(self.out):
+            raise SettingsError(f"--out {self.out} is a link to {os.readlink(self.out)}, which "
+                                "does not exist; remove the link or create its folder")
         if self.dataset not in DATASETS:
             raise SettingsError(f"--dataset {self.dataset!r}: choose one of {', '.join(DATASETS)}")
         if self.seq < 2:

@@ -470,3 +470,17 @@ def test_a_build_that_packs_no_document_is_an_error_not_an_empty_build(tmp_path,
                           tokenizer=byte_tokenizer, seq=65), show_progress=False)
     with pytest.raises(SettingsError, match="--text-field must name a field or column"):
         BuildConfig(out=str(tmp_path / "t"), text_field="")
+
+
+def test_a_pipe_as_input_and_a_broken_link_as_out_are_named_for_what_they_are(tmp_path,
+                                                                            byte_tokenizer):
+    """They were "no such file or directory" and "cannot write .../lock: File exists"."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(SettingsError, match="is neither a file nor a directory"):
+        build(BuildConfig(out=str(tmp_path / "o"), dataset="jsonl", inputs=(str(fifo),),
+                          tokenizer=byte_tokenizer), show_progress=False)
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(SettingsError, match="is a link to .*nowhere, which does not exist"):
+        BuildConfig(out=str(tmp_path / "link"))
+    assert not (tmp_path / "o").exists() and not (tmp_path / "nowhere").exists()

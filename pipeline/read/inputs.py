@@ -85,6 +85,9 @@ def expand_inputs(dataset, inputs: list[str]) -> list:
             candidates = [os.path.join(root, f) for root, _, files in os.walk(spec) for f in files]
         elif glob.has_magic(spec):
             candidates = glob.glob(spec, recursive=True)
+        elif os.path.exists(spec):  # a FIFO, a socket, a device: no file to read twice
+            raise SettingsError(f"--input {spec} is neither a file nor a directory (a pipe or "
+                                "a device?); write the data to a file and give that")
         else:
             raise SettingsError(f"--input {spec}: no such file or directory")
         picked = [os.path.abspath(c) for c in candidates
