@@ -47,15 +47,13 @@ def manifest_lacks(manifest, also: dict | None = None) -> list[str]:
 
 
 def refuse_nothing_packed(counts: dict, skip_log: Path) -> None:
-    """A build that packed no document is an error, not an empty build that looks complete:
-    its inputs held no record, or every record was skipped (a wrong --text-field or
-    --dataset, most often)."""
+    """A build whose every record was skipped (a wrong --text-field or --dataset, most often)
+    is an error, not an empty build that looks complete. Inputs that hold no record at all
+    build an empty dataset, as they describe."""
     from longpack.errors import InputError
 
-    if counts["documents"]:
+    if counts["documents"] or not counts["records_read"]:
         return
-    if not counts["records_read"]:
-        raise InputError("the inputs hold no records: nothing to pack (no manifest written)")
     reasons = ", ".join(f"{n:,} {r}" for r, n in sorted(counts["skipped"].items()) if n)
     raise InputError(f"no document packed: all {counts['records_read']:,} records were skipped "
                      f"({reasons}; {skip_log} lists them); check --text-field and --dataset "
