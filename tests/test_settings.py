@@ -137,8 +137,8 @@ def test_a_config_file_value_of_the_wrong_type_is_one_line_not_cast(tmp_path, te
     config = tmp_path / "run.toml"
     config.write_text(text + "\n")
     r = CliRunner().invoke(train, ["--config", str(config), "--dry-run"])
-    assert "Traceback" not in r.output and r.exception is None or isinstance(r.exception,
-                                                                             SystemExit)
+    assert "Traceback" not in r.output, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
     if says is None:  # no complaint about the values' types: the missing build is what stops it
         assert "is not" not in r.output.splitlines()[-1], r.output
         return

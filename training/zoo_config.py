@@ -41,10 +41,13 @@ def _size_flag(ctx, param, value: str | None) -> int | None:
 
 
 def _at_least(flag: str, value, low, open_low: bool = False) -> None:
-    if value is not None and not (value > low if open_low else value >= low
-                                  ) or isinstance(value, float) and math.isinf(value):  # NaN too
+    if value is None:
+        return
+    if not (value > low if open_low else value >= low):  # NaN too
         raise SettingsError(f"{flag} {value}: must be {'above' if open_low else 'at least'} "
                             f"{low}")
+    if isinstance(value, float) and math.isinf(value):
+        raise SettingsError(f"{flag} {value}: must be finite")
 
 
 @dataclass(frozen=True, kw_only=True)
