@@ -8,6 +8,8 @@ parts, as datatrove composes its steps.
                                           the output the caller passed in:
            ShardOutput (pack/output.py)      rows of exactly --seq tokens (pack/packer.py) and
                                              shards (pack/writers.py: a writer thread) in OUT
+           UploadOutput (store/remote_build.py)  a ShardOutput staged for an --out URL, its
+                                             files going up as they finish
            TaskOutput (distribute/task_build.py)  one task's documents, for the merge
       -> checkpoint                       every CHECKPOINT_SECONDS and when the output asks: the
                                           BuildState (build_state.py), written atomically
@@ -61,7 +63,8 @@ def build(cfg: BuildConfig, hub_client=None, show_progress: bool | None = None) 
 
 
 class Output(Protocol):
-    """Where a build's documents go: OUT's shards (pack/output.py: ShardOutput) or one task's
+    """Where a build's documents go: OUT's shards (pack/output.py: ShardOutput), their staged
+    copy going up to an --out URL (store/remote_build.py: UploadOutput) or one task's
     documents (distribute/task_build.py: TaskOutput). Build calls, in order: `held()` (the
     output's lock, for the whole run), `begin` (the record of an output finished already, or
     the BuildState to start or resume from), `open`, then `emit` per split and batch, `record`

@@ -23,8 +23,7 @@ from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
 from pipeline.distribute.launch import LaunchConfig, launch
-from pipeline.store.destination import Destination
-from pipeline.store.remote_build import MARKER, build_at_url
+from pipeline.store.remote_build import MARKER
 from pipeline.store.uploader import MAX_STAGED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -215,7 +214,7 @@ def test_gs_and_other_fsspec_stores_go_through_the_same_layer(tmp_path, corpus, 
     """fsspec's in-memory store stands in for gs:// (no GCS server here)."""
     build(settings(tmp_path / "local", corpus, byte_tokenizer), show_progress=False)
     cfg = settings("memory://bucket/ds", corpus, byte_tokenizer, staging=str(tmp_path / "s"))
-    build_at_url(cfg, Destination.of(cfg), show_progress=False)
+    launch(cfg, LaunchConfig(), show_progress=False)
     store = Store("memory://bucket/ds")
     files = {rel: store.read_bytes(rel) for rel in store.sizes()}
     manifest = json.loads(files.pop("manifest.json"))

@@ -13,16 +13,12 @@ def run(cfg: BuildConfig, how: LaunchConfig, dest: Destination,
 
     index = cfg.task_index
     if cfg.tasks == 1 and index in (None, 0) and not _is_tasked(cfg, dest):
-        if dest.url is not None:
-            from pipeline.store.remote_build import build_at_url
-
-            manifest, complete = build_at_url(cfg, dest, show_progress)
-            return Outcome(manifest, already_complete=complete)
         from pipeline.build import Build
-        from pipeline.pack.output import ShardOutput
 
-        with Build(cfg, show_progress=show_progress) as build:
-            manifest = build.run(ShardOutput(cfg))
+        local = dest.local_config(cfg)
+        output = dest.output(local)
+        with Build(local, show_progress=show_progress) as build:
+            manifest = build.run(output)
         return Outcome(manifest, already_complete=build.already_complete)
     if index is None:  # every task here, one after another
         manifest = None

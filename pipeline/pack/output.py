@@ -33,14 +33,11 @@ from pipeline.store.output_dir import (
 
 
 class ShardOutput:
-    """OUT = cfg.out (a local folder). `overwrite`: replace a build of other settings there
-    [cfg.overwrite]; `publish` is called with each finished shard file (store/remote_build.py
-    uploads it)."""
+    """OUT = cfg.out (a local folder). `publish` is called with each finished shard file
+    (store/remote_build.py's UploadOutput uploads it)."""
 
-    def __init__(self, cfg: BuildConfig, overwrite: bool | None = None,
-                 publish: Callable[[Path], None] | None = None):
+    def __init__(self, cfg: BuildConfig, publish: Callable[[Path], None] | None = None):
         self.cfg, self.publish = cfg, publish
-        self.overwrite = cfg.overwrite if overwrite is None else overwrite
         self.out = Path(cfg.out)
         self.work = self.out / WORK_DIR
         self.skip_path = self.out / "skipped.jsonl"
@@ -52,9 +49,12 @@ class ShardOutput:
     def held(self) -> OutputLock:
         return OutputLock(self.work)
 
-    def begin(self, fingerprint: dict) -> dict | BuildState:
-        refuse_tasked_build(self.out, self.overwrite)
-        found = prepare_output(self.out, fingerprint, self.overwrite)
+    def begin(self, fingerprint: dict, fresh: bool = False) -> dict | BuildState:
+        """`fresh`: whatever OUT holds is of no use (an upload's store copy was replaced), as
+        with --overwrite."""
+        overwrite = self.cfg.overwrite or fresh
+        refuse_tasked_build(self.out, overwrite)
+        found = prepare_output(self.out, fingerprint, overwrite)
         if found == "complete":
             return json.loads((self.out / "manifest.json").read_text())
         self.journal = Journal(self.out)

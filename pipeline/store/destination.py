@@ -5,7 +5,8 @@
     Destination(local=STAGING/<16 hex>/out, url="s3://b/prefix")   --out s3://b/prefix
 
 A build at a URL runs in `local` exactly as a local build in OUT and its files go up as they
-finish (remote_build.py); nothing below the command line asks again which one it is."""
+finish (`output`: remote_build.py's UploadOutput); nothing below the command line asks again
+which one it is."""
 
 import dataclasses
 from pathlib import Path
@@ -30,3 +31,14 @@ class Destination:
         if self.url is None:
             return cfg
         return dataclasses.replace(cfg, out=str(self.local), staging=None)
+
+    def output(self, local_cfg: BuildConfig):
+        """The Output of a single-machine build (build.py) of `local_cfg` (local_config's):
+        OUT's shards, or their staged copy going up to the URL."""
+        if self.url is not None:
+            from pipeline.store.remote_build import UploadOutput
+
+            return UploadOutput(local_cfg, self.url)
+        from pipeline.pack.output import ShardOutput
+
+        return ShardOutput(local_cfg)

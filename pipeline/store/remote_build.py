@@ -30,11 +30,10 @@ from pathlib import Path
 
 from longpack.errors import SettingsError
 from longpack.store import StorageError, Store, redact
-from pipeline.build import Build
+from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.formats import open_format
 from pipeline.pack.output import ShardOutput
-from pipeline.store.destination import Destination
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import FINGERPRINT, differences
 from pipeline.store.uploader import Uploader
@@ -168,26 +167,79 @@ class RemoteOut:
             self.staged.parent.rmdir()
 
 
-def build_at_url(cfg: BuildConfig, dest: Destination, show_progress: bool | None = None
-                 ) -> tuple[dict, bool]:
-    """`pack build --out URL` on one machine: the build staged in `dest.local`, its shards
-    uploaded as the writer finishes them. (the URL's manifest, whether it was complete already)"""
-    local_cfg = dest.local_config(cfg)
-    remote = RemoteOut(dest.url, dest.local)
-    remote.store.check_writable()  # credentials, endpoint, bucket: before any work
-    with OutputLock(remote.staged.parent, what=f"the staging of {redact(remote.url)}"), \
-            Build(local_cfg, show_progress=show_progress) as build:
-        found = remote.prepare(build.fingerprint, cfg.overwrite)
-        if isinstance(found, dict):
-            remote.remove_staging()
-            return found, True
-        uploader = remote.uploader()
+class UploadOutput:
+    """`pack build --out URL` on one machine, an Output of build.py: the build staged in
+    `cfg.out` (the Destination's local folder) by a ShardOutput, whose shards go up as the
+    writer finishes them; the rest, checked, when it completes (the manifest last). The store
+    is checked (credentials, endpoint, bucket) as it is made, before any work."""
+
+    def __init__(self, cfg: BuildConfig, url: str):
+        self.remote = RemoteOut(url, Path(cfg.out))
+        self.remote.store.check_writable()
+        self.overwrite = cfg.overwrite
+        self.uploader: Uploader | None = None
+        self.shards = ShardOutput(cfg, publish=self._publish)
+        self.work, self.skip_path = self.shards.work, self.shards.skip_path
+        self.staging_done = False  # the staged copy is of no more use: it goes with the lock
+
+    def _publish(self, path: Path) -> None:
+        self.uploader.put(path)
+
+    @contextlib.contextmanager
+    def held(self):
+        with OutputLock(self.remote.staged.parent,
+                        what=f"the staging of {redact(self.remote.url)}"):
+            with self.shards.held():
+                yield
+            if self.staging_done:
+                self.remote.remove_staging()
+
+    def begin(self, fingerprint: dict) -> dict | BuildState:
+        found = self.remote.prepare(fingerprint, self.overwrite)
+        if isinstance(found, dict):  # the very build is in the store already
+            self.staging_done = True
+            return found
+        self.uploader = self.remote.uploader()
+        return self.shards.begin(fingerprint, fresh=found == FRESH)  # FRESH: nothing staged counts
+
+    def open(self, state: BuildState, dtype) -> None:
+        self.shards.open(state, dtype)
+
+    def emit(self, split, tokens, lengths, hashes) -> None:
+        self.shards.emit(split, tokens, lengths, hashes)
+
+    def record(self, state: BuildState) -> None:
+        self.shards.record(state)
+
+    def checkpointed(self) -> None:
+        self.shards.checkpointed()
+
+    def wants_checkpoint(self) -> bool:
+        return self.shards.wants_checkpoint()
+
+    def finish(self, counts: dict, eos_id: int) -> dict:
+        return self.shards.finish(counts, eos_id)
+
+    def stop_writing(self) -> None:
+        self.shards.stop_writing()
+
+    def complete(self, build, indexes: dict, timings: dict) -> dict:
+        manifest = self.shards.complete(build, indexes, timings)
+        self._close_uploader()  # the shards in flight up first
+        self.remote.finish(manifest)
+        self.staging_done = True
+        return manifest
+
+    def abandon(self) -> None:
+        self.shards.abandon()
+
+    def close(self) -> None:
         try:
-            # FRESH: whatever is staged is of no use
-            manifest = build.run(ShardOutput(local_cfg, overwrite=cfg.overwrite or found == FRESH,
-                                             publish=uploader.put))
+            self._close_uploader()
         finally:
+            self.shards.close()
+
+    def _close_uploader(self) -> None:
+        if self.uploader is not None:
+            uploader, self.uploader = self.uploader, None
             uploader.close()
-        remote.finish(manifest)
-        remote.remove_staging()
-        return manifest, False
