@@ -1,7 +1,7 @@
 """`pack build`: read -> tokenize -> split -> pack -> write, resumably; a build composed of
 parts, as datatrove composes its steps.
 
-    read_batches (read/inputs.py)         a reader thread: batches of texts from one file, in
+    read_batches (read/batches.py)        a reader thread: batches of texts from one file, in
                                           order, over the build's share of the inputs
       -> encode_batch (tokenize/encode.py) worker threads: hash, split, tokens + EOS (--workers)
       -> Output.emit                      main thread: the documents of each split, in order, to
@@ -35,30 +35,29 @@ from typing import Protocol
 
 import numpy as np
 
-from longpack.atomic import write_bytes, writing
+from longpack.atomic import writing
 from longpack.errors import InputError, TokenizerError
 from pipeline import manifest as manifest_mod
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, BuildConfig
 from pipeline.distribute.plan import share_of
 from pipeline.progress import Progress
+from pipeline.read.batches import read_ahead, read_batches
 from pipeline.read.catalog import file_format, get_dataset
-from pipeline.read.inputs import open_inputs, read_ahead, read_batches
+from pipeline.read.inputs import open_inputs
 from pipeline.read.records import BLANK_LINE, Skip
-from pipeline.store.output_dir import CHECKPOINT
 from pipeline.tokenize.encode import EngineMismatch, encode_batch
 from pipeline.tokenize.split import Splitter
 from pipeline.tokenize.tokenizer import load_tokenizer
 
 CHECKPOINT_SECONDS = 10.0
-REPORT_SECONDS = 0.5  # how often `report` is told
 
 
 def build(cfg: BuildConfig, hub_client=None, show_progress: bool | None = None) -> dict:
     """A single-machine build of OUT (a local folder); its manifest."""
     from pipeline.pack.output import ShardOutput
 
-    with Build(cfg, hub_client, show_progress) as b:
+    with Build(cfg, hub_client, Progress(enabled=show_progress)) as b:
         return b.run(ShardOutput(cfg))
 
 
@@ -67,12 +66,11 @@ class Output(Protocol):
     copy going up to an --out URL (store/remote_build.py: UploadOutput) or one task's
     documents (distribute/task_build.py: TaskOutput). Build calls, in order: `held()` (the
     output's lock, for the whole run), `begin` (the record of an output finished already, or
-    the BuildState to start or resume from), `open`, then `emit` per split and batch, `record`
-    into each checkpoint and `checkpointed` after it, `finish` (the last rows; each split's
-    index), `stop_writing`, `complete` (the record written last: manifest.json or done.json);
-    `abandon` after a failure, `close` at the end."""
+    the BuildState to start or resume from), `open`, then `emit` per split and batch,
+    `checkpoint` every CHECKPOINT_SECONDS and when it `wants_checkpoint`, `finish` (the last
+    rows; each split's index), `stop_writing`, `complete` (the record written last:
+    manifest.json or done.json); `abandon` after a failure, `close` at the end."""
 
-    work: Path  # the folder of the checkpoint
     skip_path: Path  # skipped.jsonl
 
     def held(self) -> contextlib.AbstractContextManager: ...
@@ -80,8 +78,7 @@ class Output(Protocol):
     def open(self, state: BuildState, dtype: np.dtype) -> None: ...
     def emit(self, split: str, tokens: np.ndarray, lengths: np.ndarray,
              hashes: np.ndarray) -> None: ...
-    def record(self, state: BuildState) -> None: ...
-    def checkpointed(self) -> None: ...
+    def checkpoint(self, state: BuildState) -> None: ...
     def wants_checkpoint(self) -> bool: ...
     def finish(self, counts: dict, eos_id: int) -> dict: ...
     def stop_writing(self) -> None: ...
@@ -93,13 +90,13 @@ class Output(Protocol):
 class Build:
     """One run of `pack build` over the inputs (or one task's share of them: `task`): the
     reader, the tokenizer and the split in __init__, then `run(output)`. Close it (a context
-    manager) to close the input files. `report(documents, tokens, bytes_done, bytes_total)`
-    is told how far it is, a few times a second (a launcher's aggregated progress)."""
+    manager) to close the input files. `progress` is told how far it is (progress.py: a line
+    on a terminal, the default, or a task's reports to its launcher)."""
 
-    def __init__(self, cfg: BuildConfig, hub_client=None, show_progress: bool | None = None,
-                 task: int | None = None, report=None):
+    def __init__(self, cfg: BuildConfig, hub_client=None, progress: Progress | None = None,
+                 task: int | None = None):
         self.t_start, self.t0 = time.time(), time.monotonic()
-        self.cfg, self.show_progress, self.report = cfg, show_progress, report
+        self.cfg, self.progress = cfg, progress or Progress()
         self.dataset = get_dataset(cfg.dataset)
         self.field = cfg.text_field or self.dataset.text_field
         self.tok = load_tokenizer(cfg.tokenizer, bos=cfg.bos, engine=cfg.tokenizer_engine)
@@ -123,9 +120,9 @@ class Build:
         self.already_complete = self.resumed = False
         self.tokens_at_start, self.bytes_done = 0, 0
         self.t_first = self.t_last = None
-        self.last_checkpoint = self.last_report = 0.0
+        self.last_checkpoint = 0.0
         self.skip_path, self.skip_log = None, None
-        self.progress, self.inflight = None, deque()
+        self.inflight = deque()
 
     def __enter__(self):
         return self
@@ -181,9 +178,7 @@ class Build:
         with writing(self.skip_path):
             self.skip_log.flush()
         state.skip_log_bytes = self.skip_log.tell()
-        self.output.record(state)  # waits for shards in flight
-        write_bytes(self.output.work / CHECKPOINT, state.to_npz())
-        self.output.checkpointed()
+        self.output.checkpoint(state)  # waits for shards in flight
         self.last_checkpoint = time.monotonic()
 
     def _abandon(self) -> None:
@@ -198,8 +193,8 @@ class Build:
     def _read_all(self):
         cfg, c = self.cfg, self.state.counts
         self.bytes_done = self._bytes_before(self.state.cursor[0])
-        self.progress = Progress(self.share.bytes, cfg.max_tokens,
-                                 self.show_progress, (c["documents"], c["tokens"], self.bytes_done))
+        self.progress.begin(self.share.bytes, cfg.max_tokens,
+                            (c["documents"], c["tokens"], self.bytes_done))
         pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="tokenize")
         if cfg.max_tokens and not cfg.inputs:  # settling packs on this thread between files
             batches = read_batches(self.files, self.field, self.state.cursor,
@@ -244,7 +239,7 @@ class Build:
         # Progress moves within a file too (one big file would otherwise show none until its end).
         in_file = 0 if batch.file_done else batch.bytes_read
         c = self.state.counts
-        self._show_progress(c["documents"], c["tokens"], self.bytes_done + in_file)
+        self.progress.update(c["documents"], c["tokens"], self.bytes_done + in_file)
         if not stop and (time.monotonic() - self.last_checkpoint > CHECKPOINT_SECONDS
                          or self.output.wants_checkpoint()):
             self._checkpoint()
@@ -290,13 +285,6 @@ class Build:
     def _emit(self, split: str, tokens: np.ndarray, lengths: np.ndarray, hashes: np.ndarray):
         """Documents of one split, whole and in order, to their output."""
         self.output.emit(split, tokens, lengths, hashes)
-
-    def _show_progress(self, documents: int, tokens: int, bytes_done: int):
-        self.progress.update(documents, tokens, bytes_done)
-        now = time.monotonic()
-        if self.report is not None and now - self.last_report >= REPORT_SECONDS:
-            self.last_report = now
-            self.report(documents, tokens, bytes_done, self.share.bytes)
 
     def _bytes_before(self, file_index: int) -> int:
         """Input bytes of the share's files before `file_index` (progress)."""
@@ -354,9 +342,7 @@ class Build:
                    "steady_seconds": loop, "tokens_this_run": new_tokens,
                    "steady_tokens_per_second": new_tokens / loop if loop else None,
                    "resumed": self.resumed, "runs": self.state.runs}
-        if self.report is not None:  # the whole share is behind it
-            c = self.state.counts
-            self.report(c["documents"], c["tokens"], self.share.bytes, self.share.bytes)
+        self.progress.finished(self.state.counts["documents"], self.state.counts["tokens"])
         return self.output.complete(self, indexes, timings)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from longpack.atomic import write_bytes
 from pipeline.config import SPLITS
 from pipeline.manifest import empty_counts
 from pipeline.read.records import REASONS
@@ -41,6 +42,10 @@ class BuildState:
         buf = io.BytesIO()
         np.savez(buf, **arrays)
         return buf.getbuffer()
+
+    def save(self, path: Path) -> None:
+        """Written atomically: a build killed meanwhile resumes from the checkpoint before."""
+        write_bytes(path, self.to_npz())
 
     @classmethod
     def read(cls, path: Path) -> "BuildState":

@@ -19,11 +19,19 @@ def _clock(seconds: float) -> str:
 
 class Progress:
     """Rates and ETA count only this run's work: a resumed build starts from `done`
-    (documents, tokens, bytes of input already behind it), not from zero."""
+    (documents, tokens, bytes of input already behind it), not from zero.
 
-    def __init__(self, total_bytes: int | None, max_tokens: int | None, enabled: bool | None = None,
-                 done: tuple[int, int, int] = (0, 0, 0)):
+    What a Build is told how far it is (build.py), as is a task's report to its launcher
+    (distribute/task_build.py's TaskReports): `begin` when reading begins, `update` a few
+    times a second, `finished` once the whole share is behind it, `close` at the end."""
+
+    def __init__(self, total_bytes: int | None = None, max_tokens: int | None = None,
+                 enabled: bool | None = None, done: tuple[int, int, int] = (0, 0, 0)):
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.begin(total_bytes, max_tokens, done)
+
+    def begin(self, total_bytes: int | None, max_tokens: int | None,
+              done: tuple[int, int, int] = (0, 0, 0)) -> None:
         self.total_bytes, self.max_tokens = total_bytes, max_tokens
         self.start = self.last = time.monotonic()
         self.at_start = done
@@ -57,6 +65,9 @@ class Progress:
         sys.stderr.write(f"\r{_si(docs)} docs ({_si(new_docs / elapsed)}/s) {_si(tokens)} tokens "
                          f"({_si(new_tokens / elapsed)}/s){done}{eta} \x1b[K")
         sys.stderr.flush()
+
+    def finished(self, documents: int, tokens: int) -> None:
+        pass  # the line was cleared when reading ended
 
     def close(self) -> None:
         if self.enabled:

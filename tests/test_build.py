@@ -139,7 +139,7 @@ def crash_on_call(monkeypatch, owner, name, k):
 def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_tokenizer,
                                                        monkeypatch, fmt, where, k):
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
+    monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
     clean, _ = run(tmp_path, corpus[0], "clean", format=fmt)
     owner = {"finish_shard": "pipeline.pack.writers.ShardSink",
              "write_bytes": "pipeline.pack.writers"}.get(where, "pipeline.build.Build")
@@ -166,7 +166,7 @@ def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_to
 
 def test_resume_does_not_redo_finished_work(tmp_path, corpus, byte_tokenizer, monkeypatch):
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
+    monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
     with monkeypatch.context() as mp:
         crash_on_call(mp, build_mod.Build, "_consume", 20)
         with pytest.raises(Crash):

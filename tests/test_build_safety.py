@@ -90,7 +90,7 @@ def test_overwrite_replaces_a_previous_build_but_never_a_foreign_file(tmp_path, 
 def test_an_unfinished_build_with_a_foreign_file_is_not_resumed(tmp_path, corpus, monkeypatch):
     import pipeline.build as build_mod
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
+    monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
     with monkeypatch.context() as mp:
         mp.setattr(build_mod.Build, "_finish", lambda self: 1 / 0)
         with pytest.raises(ZeroDivisionError):

@@ -154,7 +154,7 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
 
     if interrupted:
         monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-        monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
+        monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
         consume = build_mod.Build._consume
         calls = []
 

@@ -51,7 +51,7 @@ def test_one_big_file_moves_the_progress_before_it_ends(tmp_path, monkeypatch, b
     import numpy as np
 
     import pipeline.build as build_mod
-    import pipeline.read.inputs as inputs
+    import pipeline.read.batches as inputs
     from conftest import make_texts, write_jsonl
     from pipeline.config import BuildConfig
 

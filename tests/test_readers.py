@@ -230,10 +230,11 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
     were read, rising to the file's size at its end."""
     import numpy as np
 
+    import pipeline.read.batches as batches_mod
     import pipeline.read.inputs as inputs
     from conftest import make_texts
 
-    monkeypatch.setattr(inputs, "BATCH_DOCS", 50)
+    monkeypatch.setattr(batches_mod, "BATCH_DOCS", 50)
     monkeypatch.setattr("pipeline.read.jsonl.CHUNK", 1 << 14)  # zstd is read a chunk at a time
     rng = np.random.default_rng(0)  # text that does not compress away: stored bytes track reading
     texts = [t + " " + rng.bytes(300).hex() for t in make_texts(1000)]
@@ -244,7 +245,7 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
         compress = {"gz": "gz", "zst": "zst"}.get(name.rsplit(".", 1)[-1])
         write_jsonl(path, [{"text": t} for t in texts], compress)
     files = inputs.InputFiles([path])
-    batches = list(inputs.read_batches(files, "text", (0, 0)))
+    batches = list(batches_mod.read_batches(files, "text", (0, 0)))
     positions = [b.bytes_read for b in batches]
     size = path.stat().st_size
     assert len(batches) >= 20 and positions[-1] == size and batches[-1].file_done
@@ -256,7 +257,7 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
 def test_read_ahead_gives_the_same_batches_raises_where_reading_failed_and_stops_when_closed():
     import threading
 
-    from pipeline.read.inputs import read_ahead
+    from pipeline.read.batches import read_ahead
 
     def source(fail_at=None):
         for i in range(50):

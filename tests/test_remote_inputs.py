@@ -12,11 +12,10 @@ from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_jsonl, write_parquet
 from longpack.errors import SettingsError
-from pipeline.build import build
+from pipeline.build import Build, build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
 from pipeline.distribute import tasks
-from pipeline.distribute.task_build import task_build
 
 
 def settings(out, inputs, tokenizer: str, dataset: str, **kw) -> BuildConfig:
@@ -130,7 +129,7 @@ def test_tasks_split_a_remote_parquet_file_at_its_row_groups(tmp_path, s3, byte_
     cfg = settings(tmp_path / "tasked", [url], byte_tokenizer, "parquet", tasks=3)
     shares = []
     for i in range(3):
-        with task_build(cfg, i) as b:
+        with Build(cfg, task=i) as b:
             shares.append(b.share)
     assert any(s.start[1] > 0 for s in shares)  # a share starts inside a.parquet
     for i in range(3):

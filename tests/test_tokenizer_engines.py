@@ -137,7 +137,7 @@ def test_a_build_resumed_under_the_other_engine_is_byte_identical(tmp_path, monk
     tok = ranks_with_merges(tmp_path / "gpt2.tiktoken")
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(400)])
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.read.inputs.BATCH_CHARS", 2000)
+    monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
     clean = {e: build_with(tmp_path, corpus, tok, e, f"clean-{e}") for e in ("reference", "fast")}
     assert clean["fast"]["tokenizer_engine"]["library"] == "fastokens"
     assert clean["reference"]["tokenizer_engine"]["library"] == "tiktoken"

@@ -14,10 +14,11 @@ def run(cfg: BuildConfig, how: LaunchConfig, dest: Destination,
     index = cfg.task_index
     if cfg.tasks == 1 and index in (None, 0) and not _is_tasked(cfg, dest):
         from pipeline.build import Build
+        from pipeline.progress import Progress
 
         local = dest.local_config(cfg)
         output = dest.output(local)
-        with Build(local, show_progress=show_progress) as build:
+        with Build(local, progress=Progress(enabled=show_progress)) as build:
             manifest = build.run(output)
         return Outcome(manifest, already_complete=build.already_complete)
     if index is None:  # every task here, one after another

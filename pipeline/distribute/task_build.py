@@ -28,7 +28,6 @@ from pathlib import Path
 import numpy as np
 
 from longpack.atomic import write_json, writing
-from pipeline.build import Build
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.distribute.plan import Share
@@ -49,6 +48,7 @@ from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import CHECKPOINT
 
 DONE = "done.json"
+REPORT_SECONDS = 0.5  # how often a task tells its launcher how far it is
 SKIP_LOG = "skipped.jsonl"
 _NUMBER = (int, float)
 DONE_SHAPE = {  # what the merge reads of a done.json, and its types
@@ -76,14 +76,28 @@ class TaskProgress:
     bytes_total: int  # input bytes of this task's share
 
 
-def task_build(cfg: BuildConfig, index: int, hub_client=None, show_progress: bool | None = None,
-               report=None) -> Build:
-    """The Build of task `index`: its share of the inputs; `report(TaskProgress)` is told how
-    far it is."""
-    told = None if report is None else (
-        lambda documents, tokens, done, total: report(TaskProgress(index, documents, tokens,
-                                                                   done, total)))
-    return Build(cfg, hub_client, show_progress, task=index, report=told)
+class TaskReports:
+    """Task `index`'s progress, told to its launcher (`report(TaskProgress)`, engine_ray.py's
+    aggregated bar) a few times a second: a Build's progress (progress.py)."""
+
+    def __init__(self, index: int, report):
+        self.index, self.report = index, report
+        self.total, self.last = 0, 0.0
+
+    def begin(self, total_bytes: int, max_tokens: int | None, done: tuple[int, int, int]) -> None:
+        self.total = total_bytes
+
+    def update(self, documents: int, tokens: int, bytes_done: int) -> None:
+        now = time.monotonic()
+        if now - self.last >= REPORT_SECONDS:
+            self.last = now
+            self.report(TaskProgress(self.index, documents, tokens, bytes_done, self.total))
+
+    def finished(self, documents: int, tokens: int) -> None:
+        self.report(TaskProgress(self.index, documents, tokens, self.total, self.total))
+
+    def close(self) -> None:
+        pass
 
 
 class TaskOutput:
@@ -93,7 +107,7 @@ class TaskOutput:
 
     def __init__(self, cfg: BuildConfig, index: int, share: Share):
         self.cfg, self.index, self.share = cfg, index, share
-        self.folder = self.work = task_folder(Path(cfg.out), index)
+        self.folder = task_folder(Path(cfg.out), index)
         self.skip_path = self.folder / SKIP_LOG
         self.streams: dict[str, TaskStream] = {}
 
@@ -137,12 +151,10 @@ class TaskOutput:
     def emit(self, split, tokens, lengths, hashes) -> None:
         self.streams[split].append(tokens, lengths, hashes)
 
-    def record(self, state: BuildState) -> None:
+    def checkpoint(self, state: BuildState) -> None:
         state.sinks = {s: stream.state() for s, stream in self.streams.items()}
         state.carries = {}
-
-    def checkpointed(self) -> None:
-        pass
+        state.save(self.folder / CHECKPOINT)
 
     def wants_checkpoint(self) -> bool:
         return False

@@ -21,8 +21,9 @@ from pipeline.build import Build
 from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.distribute import merge as task_merge
 from pipeline.distribute.merge import TaskedBuild, TasksUnfinished, place
-from pipeline.distribute.task_build import TaskOutput, TaskProgress, task_build
+from pipeline.distribute.task_build import TaskOutput, TaskProgress, TaskReports
 from pipeline.distribute.task_stream import TaskDamaged, read_record, seal, shape_error
+from pipeline.progress import Progress
 from pipeline.store.destination import Destination
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import CHECKPOINT, FINGERPRINT, TASKS, prepare_output
@@ -120,7 +121,8 @@ def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
                             f"(0 to {cfg.tasks - 1})")
     dest = dest or Destination.of(cfg)
     cfg, url = dest.local_config(cfg), dest.url
-    with task_build(cfg, index, hub_client, show_progress, report) as build:
+    progress = Progress(enabled=show_progress) if report is None else TaskReports(index, report)
+    with Build(cfg, hub_client, progress, task=index) as build:
         finished = _prepare(build, url)
         if finished is not None:
             return finished

@@ -25,6 +25,7 @@ from pipeline.pack.packer import RowPacker
 from pipeline.pack.writers import ShardSink, shard_writer
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import (
+    CHECKPOINT,
     Journal,
     prepare_output,
     refuse_tasked_build,
@@ -78,12 +79,12 @@ class ShardOutput:
         rows, segments = self.packers[split].add(tokens, lengths, hashes)
         self.sinks[split].append(rows, segments)
 
-    def record(self, state: BuildState) -> None:
-        """Into the state: where each split's output stands (waits for shards in flight)."""
+    def checkpoint(self, state: BuildState) -> None:
+        """The state, with where each split's output stands (once the shards in flight are
+        written), saved; then the partial files it made obsolete go."""
         state.sinks = {s: self.sinks[s].state() for s in SPLITS}
         state.carries = {s: (p.carry, p.carry_segments) for s, p in self.packers.items()}
-
-    def checkpointed(self) -> None:
+        state.save(self.work / CHECKPOINT)
         for sink in self.sinks.values():
             sink.delete_obsolete()
 

@@ -6,7 +6,9 @@ A truncated or corrupt compressed JSON-lines file, and a broken symlink among th
 one record: how many documents the lost remainder held cannot be known.
 """
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 BAD_JSON = "bad_json"  # a line that is not a JSON object
 INVALID_UTF8 = "invalid_utf8"  # bytes that are not UTF-8, or lone surrogates in the text
@@ -34,3 +36,8 @@ class ReadPosition:
     (compressed bytes for .gz/.zst; for parquet, the share of rows read times the file size)."""
 
     bytes: int = 0
+
+
+def is_broken_link(path) -> bool:
+    """A symlink whose target is gone: read as one BROKEN_LINK skip, never silently lost."""
+    return isinstance(path, (str, Path)) and os.path.islink(path) and not os.path.exists(path)

@@ -179,7 +179,7 @@ class UploadOutput:
         self.overwrite = cfg.overwrite
         self.uploader: Uploader | None = None
         self.shards = ShardOutput(cfg, publish=self._publish)
-        self.work, self.skip_path = self.shards.work, self.shards.skip_path
+        self.skip_path = self.shards.skip_path
         self.staging_done = False  # the staged copy is of no more use: it goes with the lock
 
     def _publish(self, path: Path) -> None:
@@ -208,11 +208,8 @@ class UploadOutput:
     def emit(self, split, tokens, lengths, hashes) -> None:
         self.shards.emit(split, tokens, lengths, hashes)
 
-    def record(self, state: BuildState) -> None:
-        self.shards.record(state)
-
-    def checkpointed(self) -> None:
-        self.shards.checkpointed()
+    def checkpoint(self, state: BuildState) -> None:
+        self.shards.checkpoint(state)
 
     def wants_checkpoint(self) -> bool:
         return self.shards.wants_checkpoint()
