@@ -55,6 +55,10 @@ class HubFiles:
         self._futures: dict[int, Future] = {}
         self._lock = threading.Lock()
 
+    def describe(self) -> list[dict]:
+        """Each file's URI and size, for the build's fingerprint."""
+        return [{"path": self.uri(i), "size": size} for i, (_, size) in enumerate(self.files)]
+
     def uri(self, i: int) -> str:
         return f"hf://datasets/{self.repo}@{self.revision}/{self.files[i][0]}"
 

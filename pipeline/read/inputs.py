@@ -15,19 +15,19 @@ from pipeline.read.records import is_broken_link
 def open_inputs(cfg, dataset, hub_client=None):
     """(the build's input files, their description for the fingerprint)."""
     if cfg.inputs:
-        files = InputFiles(expand_inputs(dataset, list(cfg.inputs)))
-        _refuse_own_output(cfg.out, cfg.inputs, files.paths)
-        return files, files.describe()
+        _refuse_output_in_inputs(cfg.out, cfg.inputs)
+        files = InputFiles(expand_inputs(dataset, list(cfg.inputs), cfg.out))
+        return files, files.description
     if dataset.hub_repo is None:
         raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
     hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
-    return hub, describe_hub(hub)
+    return hub, hub.describe()
 
 
-def _refuse_own_output(out: str, inputs, paths: list) -> None:
-    """OUT inside an --input folder, or an input file under OUT: the build's own files
-    (skipped.jsonl, index.json, ...) would be read as input by its next run, which could then
-    neither resume nor find it complete."""
+def _refuse_output_in_inputs(out: str, inputs) -> None:
+    """OUT inside an --input folder: the build's own files (skipped.jsonl, index.json, ...)
+    would be read as input by its next run, which could then neither resume nor find it
+    complete. (An input file under OUT: expand_inputs.)"""
     if is_url(out):
         return
     root = os.path.realpath(out)
@@ -37,14 +37,9 @@ def _refuse_own_output(out: str, inputs, paths: list) -> None:
             raise SettingsError(f"--out {out} is inside --input {spec}, which the build reads: "
                                 "its own files would become its input; choose an --out "
                                 f"outside {spec}")
-    for p in paths:
-        if isinstance(p, Path) and os.path.realpath(p).startswith(root + os.sep):
-            raise SettingsError(f"--input takes in {p}, which is under --out {out}: the build's "
-                                "own files would become its input; choose an --out outside "
-                                "the inputs")
 
 
-def expand_inputs(dataset, inputs: list[str]) -> list:
+def expand_inputs(dataset, inputs: list[str], out: str | None = None) -> list:
     """Files named directly are taken whatever their name; directories and globs contribute the
     files matching the dataset's patterns. The result is sorted and free of duplicates: local
     Paths, and RemoteInputs for inputs at a URL (remote_inputs.py: a prefix is a directory).
@@ -53,7 +48,8 @@ def expand_inputs(dataset, inputs: list[str]) -> list:
 
     A broken symlink matching the patterns inside a directory or glob is kept in the list: the
     build reads it as one BROKEN_LINK skip, so it is counted and logged, not lost without a word.
-    A broken link named directly is an error, like any missing file."""
+    A broken link named directly is an error, like any missing file. No local file may lie
+    under `out` (the build's --out): the build's own files would become its input."""
     found: set[str] = set()
     remote = {}
     for spec in inputs:
@@ -83,6 +79,12 @@ def expand_inputs(dataset, inputs: list[str]) -> list:
                 f"--input {spec}: no {dataset.name} files there (looked for "
                 f"{', '.join(dataset.patterns)}); use --dataset to pick another format")
         found.update(picked)
+    root = None if out is None or is_url(out) else os.path.realpath(out)
+    for p in sorted(found) if root else ():
+        if os.path.realpath(p).startswith(root + os.sep):
+            raise SettingsError(f"--input takes in {p}, which is under --out {out}: the build's "
+                                "own files would become its input; choose an --out outside "
+                                "the inputs")
     return sorted([Path(p) for p in found] + list(remote.values()), key=str)
 
 
@@ -93,12 +95,11 @@ class InputFiles:
     def __init__(self, paths: list):
         self.paths = paths
         self.files = [(str(p), 0 if is_broken_link(p) else p.stat().st_size) for p in paths]
-
-    def describe(self) -> list[dict]:
-        """Path, size and mtime of each file (an object: URL, size and ETag); a broken link is
-        described by its target, so that mending it changes the build's fingerprint (a re-run
-        is refused, not mixed)."""
-        return [p.describe() if hasattr(p, "describe") else _describe(p) for p in self.paths]
+        # Path, size and mtime of each file (an object: URL, size and ETag); a broken link is
+        # described by its target, so that mending it changes the build's fingerprint (a re-run
+        # is refused, not mixed).
+        self.description = [p.describe() if hasattr(p, "describe") else _describe(p)
+                            for p in paths]
 
     def path(self, i: int, prefetch_next: bool = True):
         return self.paths[i]
@@ -115,7 +116,3 @@ def _describe(path: Path) -> dict:
         return {"path": str(path), "size": 0, "broken_link": os.readlink(path)}
     st = os.stat(path)
     return {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def describe_hub(hub) -> list[dict]:
-    return [{"path": hub.uri(i), "size": size} for i, (_, size) in enumerate(hub.files)]
