@@ -4,7 +4,7 @@
                                                patterns), in which order
       |  read/ parquet, jsonl                  records: text, or a counted Skip (read/records)
       v
-    read/inputs      batches of texts from one file (the unit of work and of resumption)
+    read/batches     batches of texts from one file (the unit of work and of resumption)
       |  tokenize/encode (worker threads)      hash + split (tokenize/split), tokens + EOS
       v                                        (tokenize/tokenizer: fastokens or the reference)
     pack/output      the build's Output: each split's documents to
@@ -15,9 +15,9 @@
                      (formats/__init__): mds (bytes: mds_write), memmap, npy
     manifest.py      OUT/manifest.json, written last
 
-build.py runs the arrows into the Output it is given (pack/output's ShardOutput, a task's
-TaskOutput in distribute/task_build) and checkpoints its BuildState (build_state.py); the
-output holds its folder's lock (store/lock: one writer) and touches only files it can prove it
+build.py runs the arrows into the Output it is given (pack/output's ShardOutput,
+store/remote_build's UploadOutput, a task's TaskOutput in distribute/task_build), which
+checkpoints its BuildState (build_state.py); the output holds its folder's lock (store/lock: one writer) and touches only files it can prove it
 wrote (store/output_dir). cli.py is the `pack` command, config.py its settings.
 
 The sub-packages, by role:
@@ -27,8 +27,9 @@ The sub-packages, by role:
     distribute/  tasks, merge, Ray, Slurm, launch       adopt/      `pack import`
 A build split into tasks (`--tasks N`; docs/SCALE.md) runs the same arrows per task over its
 share of the inputs and writes its documents; the merge cuts the same rows with the same packer
-and makes OUT the single build's bytes (distribute/). An --out URL stages the build locally and
-uploads each finished shard (store/remote_build, store/uploader). The kernel both stages share
+and makes OUT the single build's bytes (distribute/; distribute/work_folder: what the tasks
+record, checked). An --out URL stages the build locally and uploads each finished shard
+(store/remote_build, store/uploader). The kernel both stages share
 (errors, settings, atomic writes, the object store) is the `longpack` package.
 docs/FORMAT.md is the single source of truth for the on-disk format.
 

@@ -64,17 +64,17 @@ def build(cfg: BuildConfig, hub_client=None, show_progress: bool | None = None) 
 class Output(Protocol):
     """Where a build's documents go: OUT's shards (pack/output.py: ShardOutput), their staged
     copy going up to an --out URL (store/remote_build.py: UploadOutput) or one task's
-    documents (distribute/task_build.py: TaskOutput). Build calls, in order: `held()` (the
-    output's lock, for the whole run), `begin` (the record of an output finished already, or
-    the BuildState to start or resume from), `open`, then `emit` per split and batch,
+    documents (distribute/task_build.py: TaskOutput). Build calls, in order: `held(build)` (the
+    output held for the whole run, its lock; it yields the record of an output finished
+    already, or the BuildState to start or resume from; it reads the build's fingerprint and
+    share), `open`, then `emit` per split and batch,
     `checkpoint` every CHECKPOINT_SECONDS and when it `wants_checkpoint`, `finish` (the last
     rows; each split's index), `stop_writing`, `complete` (the record written last:
     manifest.json or done.json); `abandon` after a failure, `close` at the end."""
 
     skip_path: Path  # skipped.jsonl
 
-    def held(self) -> contextlib.AbstractContextManager: ...
-    def begin(self, fingerprint: dict) -> dict | BuildState: ...
+    def held(self, build: "Build") -> contextlib.AbstractContextManager[dict | BuildState]: ...
     def open(self, state: BuildState, dtype: np.dtype) -> None: ...
     def emit(self, split: str, tokens: np.ndarray, lengths: np.ndarray,
              hashes: np.ndarray) -> None: ...
@@ -136,8 +136,7 @@ class Build:
     def run(self, output: Output) -> dict:
         """Build (or resume, or find complete) the output; returns its record (manifest)."""
         self.output = output
-        with output.held():
-            found = output.begin(self.fingerprint)
+        with output.held(self) as found:
             self.already_complete = isinstance(found, dict)
             if self.already_complete:  # nothing to do: the finished output's record
                 return found

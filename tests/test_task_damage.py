@@ -18,7 +18,7 @@ from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.distribute import tasks
-from pipeline.distribute.task_stream import SEAL, seal
+from pipeline.distribute.work_folder import SEAL, seal
 
 TASKS = 3
 

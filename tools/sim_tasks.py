@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 from pipeline.config import BuildConfig  # noqa: E402
 from pipeline.distribute import tasks  # noqa: E402
 from pipeline.distribute.layout import SplitLayout  # noqa: E402
-from pipeline.distribute.merge import TaskedBuild  # noqa: E402
+from pipeline.distribute.work_folder import TaskedBuild  # noqa: E402
 
 
 def byte_ranks(path: Path) -> str:

@@ -21,18 +21,15 @@ def run(cfg: BuildConfig, how: LaunchConfig, dest: Destination,
         with Build(local, progress=Progress(enabled=show_progress)) as build:
             manifest = build.run(output)
         return Outcome(manifest, already_complete=build.already_complete)
-    if index is None:  # every task here, one after another
-        manifest = None
-        for i in range(cfg.tasks):
-            manifest = tasks.run_task(cfg, i, merge=how.merge, show_progress=show_progress,
-                                      dest=dest)
-        return Outcome(manifest, None if manifest else
-                       f"pack build: all {cfg.tasks} tasks done; `pack merge {dest.local}` "
-                       "merges them")
-    manifest = tasks.run_task(cfg, index, merge=how.merge, show_progress=show_progress,
-                              dest=dest)
+    manifest = None
+    for i in range(cfg.tasks) if index is None else (index,):  # every task in turn, or one
+        manifest = tasks.run_task(cfg, i, merge=how.merge, show_progress=show_progress,
+                                  dest=dest)
     if manifest is not None:
         return Outcome(manifest)
+    if index is None:
+        return Outcome(message=f"pack build: all {cfg.tasks} tasks done; `pack merge "
+                               f"{dest.local}` merges them")
     work = dest.local
     left = tasks.task_status(work)["missing"]
     return Outcome(message=f"pack build: task {index} of {cfg.tasks} done; " + (

@@ -18,12 +18,8 @@ single-machine build uses. A document piece starting at a row start gives that r
 rows and segments are the single-machine build's, bit for bit.
 """
 
-import bisect
-from pathlib import Path
-
 import numpy as np
 
-from pipeline.distribute.task_stream import read_stream
 from pipeline.pack.packer import RowPacker
 
 
@@ -56,53 +52,10 @@ class SplitLayout:
         return start, min(end, self.total), end > self.total
 
 
-class SplitStreams:
-    """The tasks' documents of one split, read lazily and checked against their tasks'
-    checksums as they are read (task_stream.TaskFile): task j's tokens are global positions
-    [offsets[j], offsets[j + 1]). `dones`: the done.json records of tasks 0..len-1 of
-    `tasks`."""
-
-    def __init__(self, folders: list[Path], split: str, dtype: np.dtype, dones: list[dict],
-                 tasks: int):
-        self.folders, self.split, self.dtype = folders, split, np.dtype(dtype)
-        self.dones, self.tasks = dones, tasks
-        self.counts = [d["counts"]["splits"][split]["tokens"] for d in dones]
-        self.offsets = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).tolist()
-        self._open: dict[int, tuple] = {}
-
-    def _task(self, j: int):
-        if j not in self._open:
-            tokens, docs = read_stream(self.folders[j], self.split, self.dtype, self.dones[j], j,
-                                       self.tasks)
-            self._open[j] = tokens, docs, np.cumsum(docs[:, 0].astype(np.int64))
-        return self._open[j]
-
-    def piece(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Tokens [a, b) and the document pieces in them: (tokens, lengths, hashes)."""
-        tokens, lengths, hashes = [], [], []
-        j = bisect.bisect_right(self.offsets, a) - 1
-        while j < len(self.counts) and self.offsets[j] < b:
-            if self.counts[j]:
-                at = self.offsets[j]
-                lo, hi = max(a, at) - at, min(b, self.offsets[j + 1]) - at
-                task_tokens, docs, ends = self._task(j)
-                first = int(np.searchsorted(ends, lo, side="right"))
-                last = int(np.searchsorted(ends, hi, side="left"))  # the document holding hi - 1
-                doc_ends = ends[first:last + 1]
-                doc_starts = doc_ends - docs[first:last + 1, 0].astype(np.int64)
-                tokens.append(task_tokens.tokens(lo, hi, self.dtype))
-                lengths.append(np.minimum(doc_ends, hi) - np.maximum(doc_starts, lo))
-                hashes.append(docs[first:last + 1, 1])
-            j += 1
-        if not tokens:
-            return np.zeros(0, self.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint64)
-        return np.concatenate(tokens), np.concatenate(lengths), np.concatenate(hashes)
-
-
-def cut_shard(layout: SplitLayout, streams: SplitStreams, k: int, eos_id: int
-              ) -> tuple[np.ndarray, np.ndarray]:
+def cut_shard(layout: SplitLayout, streams, k: int, eos_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Shard k's rows [n, seq] and segments [m, 3] (row, start, hash), as a single-machine
-    build's packer makes them."""
+    build's packer makes them, from the split's documents (`streams`: task_stream.py's
+    SplitStreams)."""
     start, end, padded = layout.span(k)
     packer = RowPacker(layout.seq, streams.dtype)
     rows, segments = packer.add(*streams.piece(start, end))

@@ -20,6 +20,7 @@ wrote, runs again from its start (its checkpoint describes the damaged files too
 same bytes.
 """
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -28,41 +29,31 @@ from pathlib import Path
 import numpy as np
 
 from longpack.atomic import write_json, writing
+from longpack.errors import SettingsError
+from longpack.settings import settings_of
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.distribute.plan import Share
-from pipeline.distribute.task_stream import (
+from pipeline.distribute.task_stream import TaskFile, TaskStream, file_checksums
+from pipeline.distribute.work_folder import (
     BLOCK_BYTES,
-    DOC_BYTES,
-    SEAL,
+    DONE,
+    SKIP_LOG,
     TaskDamaged,
-    TaskFile,
-    TaskStream,
-    file_checksums,
+    read_done,
     read_record,
     seal,
     shape_error,
+    share_record,
     stream_files,
+    task_files,
+    task_folder,
 )
 from pipeline.store.lock import OutputLock
-from pipeline.store.output_dir import CHECKPOINT
+from pipeline.store.output_dir import CHECKPOINT, FINGERPRINT, TASKS, prepare_output
+from pipeline.store.remote_build import FRESH, RemoteOut
 
-DONE = "done.json"
 REPORT_SECONDS = 0.5  # how often a task tells its launcher how far it is
-SKIP_LOG = "skipped.jsonl"
-_NUMBER = (int, float)
-DONE_SHAPE = {  # what the merge reads of a done.json, and its types
-    "task": int, "tasks": int, "skip_log_bytes": int,
-    "share": {"start": [int], "stop": [int], "bytes": int},
-    "counts": {"documents": int, "tokens": int,
-               "splits": {s: {"documents": int, "tokens": int} for s in SPLITS}},
-    "tokenizer": {"dtype": str, "eos_id": int}, "engine": dict,
-    "timings": {"started": _NUMBER, "seconds": _NUMBER, "tokens_this_run": int,
-                "resumed": bool, "runs": int}}
-
-
-def task_folder(out: Path, index: int) -> Path:
-    return Path(out) / WORK_DIR / f"task.{index:05d}"
 
 
 @dataclass
@@ -103,26 +94,36 @@ class TaskReports:
 class TaskOutput:
     """Where task `index` of a build writes: its folder (above), its documents by split
     (task_stream.py) rather than rows, which it cannot cut before the tasks ahead of it are
-    counted; done.json last. An Output of build.py."""
+    counted; done.json last. An Output of build.py. `url`: the build's --out URL (OUT = cfg.out
+    is then its staging folder), or None. `merged`, once held: OUT held this very build,
+    finished, and the run found its manifest."""
 
-    def __init__(self, cfg: BuildConfig, index: int, share: Share):
-        self.cfg, self.index, self.share = cfg, index, share
+    def __init__(self, cfg: BuildConfig, index: int, url: str | None = None):
+        self.cfg, self.index, self.url = cfg, index, url
         self.folder = task_folder(Path(cfg.out), index)
         self.skip_path = self.folder / SKIP_LOG
+        self.share: Share | None = None
+        self.merged = False
         self.streams: dict[str, TaskStream] = {}
 
-    def held(self) -> OutputLock:
-        return OutputLock(self.folder, what=f"task {self.index} of {self.cfg.out}",
-                          parents=False)
-
-    def begin(self, fingerprint: dict) -> dict | BuildState:
-        """done.json once its files are checked, if the task is done; else the state to run
-        from: its checkpoint, or the start of its share."""
-        done = self._intact_done()
-        if done is not None:
-            return done
-        ckpt = self.folder / CHECKPOINT
-        return BuildState.read(ckpt) if ckpt.exists() else BuildState(cursor=self.share.start)
+    @contextlib.contextmanager
+    def held(self, build):
+        """The work folder readied for the tasks (prepare_work), then this task's own lock for
+        the run; yields done.json once its files are checked, if the task is done, else the
+        state to run from: its checkpoint, or the start of its share."""
+        self.share = build.share
+        finished = prepare_work(self.cfg, build.fingerprint, self.url)
+        self.merged = finished is not None
+        if self.merged:
+            yield finished
+            return
+        with OutputLock(self.folder, what=f"task {self.index} of {self.cfg.out}", parents=False):
+            done = self._intact_done()
+            if done is not None:
+                yield done
+                return
+            ckpt = self.folder / CHECKPOINT
+            yield BuildState.read(ckpt) if ckpt.exists() else BuildState(cursor=self.share.start)
 
     def _intact_done(self) -> dict | None:
         """done.json if the task is done and every file it recorded is as it wrote it; else
@@ -191,130 +192,74 @@ class TaskOutput:
         pass
 
 
-def share_record(share: Share) -> dict:
-    return {"start": list(share.start), "stop": list(share.stop), "bytes": share.bytes}
+# -- the work folder, readied for the tasks ----------------------------------------------
+
+def prepare_work(cfg: BuildConfig, fingerprint: dict, url: str | None) -> dict | None:
+    """The work folder readied for the build's tasks (tasks.json), as every task and the
+    launchers do first (idempotent); the finished build's manifest if OUT already holds this
+    very build (nothing to do), else None. Under the output's lock, held only for this: a build
+    split into tasks has many writers, each task holding its own folder's lock while it runs.
+    `url`: where the build goes (OUT is then its staging folder): checked, and recorded for
+    the steps that upload."""
+    out = Path(cfg.out)
+    work = out / WORK_DIR
+    with OutputLock(work, wait=True):
+        recorded = _read_record(work)  # present only while a build split into tasks is unfinished
+        overwrite = cfg.overwrite
+        if recorded is not None and recorded["fingerprint"] == fingerprint:
+            if recorded["tasks"] == cfg.tasks:
+                # A task of the build under way joins it, --overwrite or not: the first task to
+                # arrive replaced what was there, the others must not replace its work again.
+                # (No survey of OUT: with 1,000 tasks that would cost every task O(tasks).)
+                _repair_fingerprint(work, fingerprint)
+                return None
+            if not overwrite:
+                raise SettingsError(f"{out} is being built in {recorded['tasks']} tasks; run its "
+                                    f"tasks with --tasks {recorded['tasks']} (--overwrite "
+                                    f"starts it again in {cfg.tasks})")
+        if url is not None:
+            remote = RemoteOut(url, out)
+            found = remote.prepare(fingerprint, overwrite)
+            if isinstance(found, dict):  # complete: what the merge left staged is of no use
+                remote.remove_staging()
+                return found
+            overwrite = overwrite or found == FRESH  # nothing staged counts
+        if (work / CHECKPOINT).is_file() and not overwrite:
+            raise SettingsError(f"{out} holds an unfinished single-machine build: re-run it "
+                                "without --tasks to resume it, or pass --overwrite to replace it")
+        if recorded is None and (work / TASKS).is_file() and read_record(work / FINGERPRINT)[1]:
+            raise SettingsError(f"{work / TASKS} and {work / FINGERPRINT} are both damaged: "
+                                f"nothing says which build {out} holds; remove {work} and "
+                                "run every task again")
+        found = prepare_output(out, fingerprint, overwrite)
+        if found == "complete":
+            return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+        if _read_record(work) is None:  # none, or a damaged one (the survey found this build)
+            write_json(work / TASKS, seal({"tasks": cfg.tasks, "config": config_record(cfg),
+                                           "fingerprint": fingerprint, "upload_to": url}),
+                       fsync=True)
+    return None
 
 
-def task_files(done: dict) -> dict[str, int]:
-    """{name: the bytes its counts say it holds} of each file a finished task recorded."""
-    itemsize = np.dtype(done["tokenizer"]["dtype"]).itemsize
-    files = {}
-    for split in SPLITS:
-        tokens, docs = stream_files(split)
-        counts = done["counts"]["splits"][split]
-        files[tokens], files[docs] = counts["tokens"] * itemsize, counts["documents"] * DOC_BYTES
-    files[SKIP_LOG] = done["skip_log_bytes"]
-    return files
-
-
-_done_records: dict[tuple, dict] = {}
-
-
-def read_done(folder: Path, index: int, tasks: int) -> dict | None:
-    """Task `index`'s done.json, or None if it has none; TaskDamaged (one line naming it and
-    the task to re-run) if it is not a sealed record of that task of `tasks` in the expected
-    shape. Read once per process: a task placing its shards needs the records of every task
-    before it, and one process running many tasks in turn (`--tasks N` without an index)
-    would otherwise read them O(N^2) times. A record never changes once written; its size and
-    time tell a replaced one apart."""
-    path = folder / DONE
-    try:
-        st = path.stat()
-    except FileNotFoundError:
+def _read_record(work: Path) -> dict | None:
+    """tasks.json, or None: there is none, or it is damaged (not a sealed record of its
+    shape), and the caller goes on as if there were none: the survey of OUT then decides
+    by fingerprint.json whether this is the build there, and the record is written again."""
+    record, wrong = read_record(work / TASKS)
+    if wrong or record is None or shape_error(record, {"tasks": int, "fingerprint": dict}):
         return None
-    key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
-    if key not in _done_records:
-        record, wrong = read_record(path)
-        wrong = wrong or (None if record is None else _done_error(record))
-        if record is None and wrong is None:
-            return None  # removed meanwhile
-        if wrong:
-            raise TaskDamaged(path, index, tasks, wrong)
-        _done_records[key] = record
-    record = _done_records[key]
-    if (record["task"], record["tasks"]) != (index, tasks):
-        raise TaskDamaged(path, index, tasks, f"the record of task {record['task']} of "
-                          f"{record['tasks']}, not of task {index} of {tasks}")
     return record
 
 
-def _done_error(done: dict) -> str | None:
-    """What is wrong with a done.json's shape, or None. One written before checksums were
-    recorded (no "files", no seal) is taken with its sizes alone."""
-    wrong = shape_error(done, DONE_SHAPE) or _not_counts(done["counts"], "counts")
-    if wrong:
-        return wrong
-    if done["tokenizer"]["dtype"] not in ("uint16", "uint32"):
-        return f"tokenizer.dtype is {done['tokenizer']['dtype']!r}, not uint16 or uint32"
-    if "files" not in done:
-        return None
-    if SEAL not in done:
-        return f"it records its files but has no {SEAL}"
-    block, files, want = done.get("block_bytes"), done["files"], task_files(done)
-    if shape_error(block, int) or block <= 0:
-        return f"block_bytes is {block!r}, not a positive integer"
-    if not isinstance(files, dict) or sorted(files) != sorted(want):
-        return f"files does not list {', '.join(sorted(want))}"
-    for name, need in want.items():
-        rec = files[name]
-        wrong = shape_error(rec, {"bytes": int, "blocks": [str]}, f"files.{name}")
-        if wrong or rec["bytes"] != need:
-            return wrong or f"files.{name} records {rec['bytes']} bytes, its counts {need}"
-        if len(rec["blocks"]) != -(-need // block):
-            return f"files.{name} has {len(rec['blocks'])} block sums for {need} bytes"
-    return None
+def _repair_fingerprint(work: Path, fingerprint: dict) -> None:
+    """fingerprint.json damaged while tasks.json (sealed) records this very fingerprint: it is
+    written again (the merge refuses a damaged one, naming a task to re-run)."""
+    found, wrong = read_record(work / FINGERPRINT)
+    if wrong or found != fingerprint:
+        write_json(work / FINGERPRINT, fingerprint)
 
 
-def _not_counts(counts: dict, where: str) -> str | None:
-    """The merge sums every number under counts: each must be an integer."""
-    for k, v in counts.items():
-        wrong = (_not_counts(v, f"{where}.{k}") if isinstance(v, dict)
-                 else shape_error(v, int, f"{where}.{k}"))
-        if wrong:
-            return wrong
-    return None
-
-
-# -- what the merged manifest takes from the tasks' records -------------------------------
-
-def sum_counts(dones: list[dict]) -> dict:
-    """The tasks' counts, summed (the merged manifest's)."""
-    def add(total, part):
-        for k, v in part.items():
-            if isinstance(v, dict):
-                add(total.setdefault(k, {}), v)
-            else:
-                total[k] = total.get(k, 0) + v
-        return total
-
-    counts: dict = {}
-    for d in dones:
-        add(counts, d["counts"])
-    return counts
-
-
-def tasks_engine(dones: list[dict]) -> dict:
-    """The tokenizer engine, as the manifest records it: the tasks' (a note when they differ:
-    the ids are the same under each)."""
-    engines = {json.dumps(d["engine"], sort_keys=True) for d in dones}
-    engine = dict(dones[0]["engine"])
-    others = sorted(engines - {json.dumps(engine, sort_keys=True)})
-    if others:
-        engine["note"] = (engine.get("note", "") + " tasks ran other engines too: "
-                          + "; ".join(others)).strip()
-    return engine
-
-
-def tasks_timings(dones: list[dict]) -> dict:
-    """The merged manifest's timings, from the tasks' (and now: the merge ends the build)."""
-    started = min(d["timings"]["started"] for d in dones)
-    finished = time.time()
-    tokens = sum(d["timings"]["tokens_this_run"] for d in dones)
-    seconds = finished - started
-    return {"started": started, "finished": finished, "seconds": seconds,
-            "startup_seconds": None, "steady_seconds": None, "tokens_this_run": tokens,
-            "steady_tokens_per_second": None,
-            "resumed": any(d["timings"]["resumed"] for d in dones),
-            "runs": max(d["timings"]["runs"] for d in dones),
-            "tasks": len(dones), "task_seconds": [d["timings"]["seconds"] for d in dones],
-            "tokens_per_second": tokens / seconds if seconds > 0 else None}
+def config_record(cfg: BuildConfig) -> dict:
+    """tasks.json's copy of the settings: the merge (which may run elsewhere) rebuilds the
+    BuildConfig from it."""
+    return settings_of(cfg, "output", "recorded", "run")

@@ -10,7 +10,8 @@ folder:
 
 Both are append-only; the task's checkpoint records how many tokens and documents of them are
 valid, and a resumed task cuts them back to that (as ShardSink does with its partial files).
-Once the counts of earlier tasks are known, merge.py cuts rows out of these files.
+Once the counts of earlier tasks are known, merge.py cuts rows out of these files, read as
+one split's stream over the tasks (`SplitStreams`).
 
 Checksums. A task's files wait on a shared file system, maybe for hours, until other machines
 read them; a byte that changes there (bit rot, a bad disk, a careless hand) would go into the
@@ -21,39 +22,19 @@ files (placing, merging) reads them through `TaskFile`, which checks each block 
 before its bytes are used: the cost is a hash of what is read, rounded out to whole blocks, not
 of whole files (the merge reads a shard's worth of the last tasks' tokens). The JSON records
 themselves (done.json, placed.json, tasks.json) carry the sha256 of their own content
-(`seal`). A damaged file is `TaskDamaged`: one line naming the file and the task whose re-run
-writes it again.
+(work_folder.py's `seal`). A damaged file is `TaskDamaged`: one line naming the file and the
+task whose re-run writes it again.
 """
 
+import bisect
 import contextlib
 import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 
 from longpack.atomic import open_write_ahead, writing
-from longpack.errors import SettingsError
-
-DOC_BYTES = 2 * 8
-BLOCK_BYTES = 1 << 24  # 16 MiB: a 1.3 G-token task's tokens have 160 block sums in done.json
-SEAL = "record_sha256"
-
-
-class TaskDamaged(SettingsError):
-    """A file of task `task` is not what that task wrote: re-running the task writes it again
-    (a finished task run again checks its files and runs again from its start when one is
-    damaged, task_build.py)."""
-
-    def __init__(self, path: Path, task: int, tasks: int, what: str):
-        super().__init__(f"{path}: {what}; re-run task {task} to write it again (the build's "
-                         f"command with --tasks {tasks} --task-index {task}), then `pack merge` "
-                         "if it does not merge by itself")
-        self.path, self.task = Path(path), task
-
-
-def stream_files(split: str) -> tuple[str, str]:
-    return f"{split}.tokens", f"{split}.docs"
+from pipeline.distribute.work_folder import BLOCK_BYTES, DOC_BYTES, TaskDamaged, stream_files
 
 
 def stream_paths(folder: Path, split: str) -> tuple[Path, Path]:
@@ -197,66 +178,44 @@ class TaskFile:
         return data
 
 
-def seal(record: dict) -> dict:
-    """The record with the sha256 of its own content added (under SEAL)."""
-    body = {k: v for k, v in record.items() if k != SEAL}
-    return {**body, SEAL: _digest(body)}
+class SplitStreams:
+    """The tasks' documents of one split, read lazily and checked against their tasks'
+    checksums as they are read (task_stream.TaskFile): task j's tokens are global positions
+    [offsets[j], offsets[j + 1]). `dones`: the done.json records of tasks 0..len-1 of
+    `tasks`."""
 
+    def __init__(self, folders: list[Path], split: str, dtype: np.dtype, dones: list[dict],
+                 tasks: int):
+        self.folders, self.split, self.dtype = folders, split, np.dtype(dtype)
+        self.dones, self.tasks = dones, tasks
+        self.counts = [d["counts"]["splits"][split]["tokens"] for d in dones]
+        self.offsets = np.concatenate([[0], np.cumsum(self.counts, dtype=np.int64)]).tolist()
+        self._open: dict[int, tuple] = {}
 
-def seal_broken(record: dict) -> bool:
-    """True if the record's SEAL is not its content's (a record without one, written before
-    records were sealed, is taken as it is)."""
-    return SEAL in record and record[SEAL] != _digest({k: v for k, v in record.items()
-                                                       if k != SEAL})
+    def _task(self, j: int):
+        if j not in self._open:
+            tokens, docs = read_stream(self.folders[j], self.split, self.dtype, self.dones[j], j,
+                                       self.tasks)
+            self._open[j] = tokens, docs, np.cumsum(docs[:, 0].astype(np.int64))
+        return self._open[j]
 
-
-def _digest(body: dict) -> str:
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def read_record(path: Path) -> tuple[dict | None, str | None]:
-    """(a JSON record, None), (None, what is wrong with it), or (None, None) if there is no
-    file. Nothing but a readable JSON object whose seal holds is a record."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except (FileNotFoundError, NotADirectoryError):  # a folder above it is a file: none
-        return None, None
-    except IsADirectoryError:
-        return None, "a folder, not a file"
-    except UnicodeDecodeError:
-        return None, "not UTF-8 text (damaged)"
-    try:
-        record = json.loads(text)
-    except ValueError as e:
-        return None, f"not JSON ({e}; damaged or cut)"
-    if not isinstance(record, dict):
-        return None, f"not a JSON object but {type(record).__name__} (damaged)"
-    if seal_broken(record):
-        return None, "its content does not match its sha256 (damaged since it was written)"
-    return record, None
-
-
-def shape_error(value, shape, where: str = "") -> str | None:
-    """Where `value` first differs from `shape`: a type or tuple of types (bool is not an int
-    here), a dict (these keys at least, each of its shape) or a list of one shape (a list of
-    such). None when it fits."""
-    if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return f"{where or 'it'} is not an object"
-        for key, sub in shape.items():
-            if key not in value:
-                return f"no {where + '.' if where else ''}{key}"
-            if (wrong := shape_error(value[key], sub, f"{where + '.' if where else ''}{key}")):
-                return wrong
-        return None
-    if isinstance(shape, list):
-        if not isinstance(value, list):
-            return f"{where} is not a list"
-        return next((w for i, v in enumerate(value)
-                     if (w := shape_error(v, shape[0], f"{where}[{i}]"))), None)
-    types = shape if isinstance(shape, tuple) else (shape,)
-    if (isinstance(value, bool) and int in types and bool not in types) or not isinstance(
-            value, types):
-        return f"{where} is {json.dumps(value)[:40]}, not {' or '.join(t.__name__ for t in types)}"
-    return None
+    def piece(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Tokens [a, b) and the document pieces in them: (tokens, lengths, hashes)."""
+        tokens, lengths, hashes = [], [], []
+        j = bisect.bisect_right(self.offsets, a) - 1
+        while j < len(self.counts) and self.offsets[j] < b:
+            if self.counts[j]:
+                at = self.offsets[j]
+                lo, hi = max(a, at) - at, min(b, self.offsets[j + 1]) - at
+                task_tokens, docs, ends = self._task(j)
+                first = int(np.searchsorted(ends, lo, side="right"))
+                last = int(np.searchsorted(ends, hi, side="left"))  # the document holding hi - 1
+                doc_ends = ends[first:last + 1]
+                doc_starts = doc_ends - docs[first:last + 1, 0].astype(np.int64)
+                tokens.append(task_tokens.tokens(lo, hi, self.dtype))
+                lengths.append(np.minimum(doc_ends, hi) - np.maximum(doc_starts, lo))
+                hashes.append(docs[first:last + 1, 1])
+            j += 1
+        if not tokens:
+            return np.zeros(0, self.dtype), np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        return np.concatenate(tokens), np.concatenate(lengths), np.concatenate(hashes)

@@ -10,27 +10,20 @@ array elements), whose merged output is byte-identical to the single-machine bui
 docs/SCALE.md explains the design and its costs; docs/FORMAT.md the work folder.
 """
 
-import json
 import os
 from pathlib import Path
 
-from longpack.atomic import write_json
 from longpack.errors import SettingsError
-from longpack.settings import settings_of
 from pipeline.build import Build
-from pipeline.config import WORK_DIR, BuildConfig
+from pipeline.config import BuildConfig
 from pipeline.distribute import merge as task_merge
-from pipeline.distribute.merge import TaskedBuild, TasksUnfinished, place
-from pipeline.distribute.task_build import TaskOutput, TaskProgress, TaskReports
-from pipeline.distribute.task_stream import TaskDamaged, read_record, seal, shape_error
+from pipeline.distribute.task_build import TaskOutput, TaskProgress, TaskReports, prepare_work
+from pipeline.distribute.work_folder import TaskDamaged, TaskedBuild, TasksUnfinished
 from pipeline.progress import Progress
 from pipeline.store.destination import Destination
-from pipeline.store.lock import OutputLock
-from pipeline.store.output_dir import CHECKPOINT, FINGERPRINT, TASKS, prepare_output
-from pipeline.store.remote_build import FRESH, RemoteOut
 
-__all__ = ["TaskProgress", "TasksUnfinished", "merge", "place_task", "prepare_tasks", "run_task",
-           "task_index_from_env", "tasks_from_env", "task_status"]
+__all__ = ["TaskProgress", "TasksUnfinished", "merge", "place_task",
+           "prepare_tasks", "run_task", "task_index_from_env", "tasks_from_env", "task_status"]
 
 merge = task_merge.merge
 
@@ -38,74 +31,12 @@ merge = task_merge.merge
 def prepare_tasks(cfg: BuildConfig, hub_client=None, dest: Destination | None = None
                   ) -> dict | None:
     """Check OUT and record the tasks; the finished build's manifest if OUT already holds this
-    very build (nothing to do), else None. Idempotent: every task calls it too. An --out URL:
+    very build (nothing to do), else None. Idempotent: every task does it too. An --out URL:
     the tasks run in its staging folder (`dest.local`), which every task must see."""
     dest = dest or Destination.of(cfg)
-    cfg, url = dest.local_config(cfg), dest.url
+    cfg = dest.local_config(cfg)
     with Build(cfg, hub_client) as build:
-        return _prepare(build, url)
-
-
-def _prepare(task: Build, url: str | None) -> dict | None:
-    """Under the output's lock, held only for this: a build split into tasks has many writers,
-    each task holding its own folder's lock while it runs. `url`: where the build goes (OUT is
-    then its staging folder): checked, and recorded for the steps that upload."""
-    cfg, out = task.cfg, Path(task.cfg.out)
-    work = out / WORK_DIR
-    with OutputLock(work, wait=True):
-        recorded = _read_record(work)  # present only while a build split into tasks is unfinished
-        overwrite = cfg.overwrite
-        if recorded is not None and recorded["fingerprint"] == task.fingerprint:
-            if recorded["tasks"] == cfg.tasks:
-                # A task of the build under way joins it, --overwrite or not: the first task to
-                # arrive replaced what was there, the others must not replace its work again.
-                # (No survey of OUT: with 1,000 tasks that would cost every task O(tasks).)
-                _repair_fingerprint(work, task.fingerprint)
-                return None
-            if not overwrite:
-                raise SettingsError(f"{out} is being built in {recorded['tasks']} tasks; run its "
-                                    f"tasks with --tasks {recorded['tasks']} (--overwrite "
-                                    f"starts it again in {cfg.tasks})")
-        if url is not None:
-            remote = RemoteOut(url, out)
-            found = remote.prepare(task.fingerprint, overwrite)
-            if isinstance(found, dict):  # complete: what the merge left staged is of no use
-                remote.remove_staging()
-                return found
-            overwrite = overwrite or found == FRESH  # nothing staged counts
-        if (work / CHECKPOINT).is_file() and not overwrite:
-            raise SettingsError(f"{out} holds an unfinished single-machine build: re-run it "
-                                "without --tasks to resume it, or pass --overwrite to replace it")
-        if recorded is None and (work / TASKS).is_file() and read_record(work / FINGERPRINT)[1]:
-            raise SettingsError(f"{work / TASKS} and {work / FINGERPRINT} are both damaged: "
-                                f"nothing says which build {out} holds; remove {work} and "
-                                "run every task again")
-        found = prepare_output(out, task.fingerprint, overwrite)
-        if found == "complete":
-            return json.loads((out / "manifest.json").read_text(encoding="utf-8"))
-        if _read_record(work) is None:  # none, or a damaged one (the survey found this build)
-            write_json(work / TASKS, seal({"tasks": cfg.tasks, "config": config_record(cfg),
-                                           "fingerprint": task.fingerprint, "upload_to": url}),
-                       fsync=True)
-    return None
-
-
-def _read_record(work: Path) -> dict | None:
-    """tasks.json, or None: there is none, or it is damaged (not a sealed record of its
-    shape), and the caller goes on as if there were none: the survey of OUT then decides
-    by fingerprint.json whether this is the build there, and the record is written again."""
-    record, wrong = read_record(work / TASKS)
-    if wrong or record is None or shape_error(record, {"tasks": int, "fingerprint": dict}):
-        return None
-    return record
-
-
-def _repair_fingerprint(work: Path, fingerprint: dict) -> None:
-    """fingerprint.json damaged while tasks.json (sealed) records this very fingerprint: it is
-    written again (the merge refuses a damaged one, naming a task to re-run)."""
-    found, wrong = read_record(work / FINGERPRINT)
-    if wrong or found != fingerprint:
-        write_json(work / FINGERPRINT, fingerprint)
+        return prepare_work(cfg, build.fingerprint, dest.url)
 
 
 def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
@@ -120,41 +51,22 @@ def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
         raise SettingsError(f"--task-index {index} is not a task of --tasks {cfg.tasks} "
                             f"(0 to {cfg.tasks - 1})")
     dest = dest or Destination.of(cfg)
-    cfg, url = dest.local_config(cfg), dest.url
+    cfg = dest.local_config(cfg)
     progress = Progress(enabled=show_progress) if report is None else TaskReports(index, report)
+    output = TaskOutput(cfg, index, dest.url)
     with Build(cfg, hub_client, progress, task=index) as build:
-        finished = _prepare(build, url)
-        if finished is not None:
-            return finished
-        build.run(TaskOutput(cfg, index, build.share))
+        record = build.run(output)
+    if output.merged:  # OUT holds this very build, finished: its manifest
+        return record
     out = Path(cfg.out)
-    if place:
-        _place_ready(out, index)
-    if merge and not TaskedBuild(out).missing():
-        return task_merge.merge(out)
-    return None
-
-
-def _place_ready(out: Path, index: int) -> None:
-    """Place task `index` and each later done task that was waiting for it, unless another
-    process is placing one right now (that one is skipped: it is being done)."""
-    build = TaskedBuild(out)
-    if build.missing(index):
-        return  # an earlier task is unfinished: the task finishing it will place this one
-    for i in range(index, build.tasks):
-        if not build.is_done(i):
-            break
-        if i == index:  # its own placement is checked, and placed again if damaged
-            place(out, i, wait=False, build=build, check="sha256")
-        elif build.placed(i) is None:
-            place(out, i, wait=False, build=build)
+    return task_merge.after_task(out, index, place_ready=place, merge_done=merge)
 
 
 def place_task(out: Path, index: int) -> None:
     """Phase 2 for task `index`: its interior shards (parallel over tasks, idempotent; a
     placement already there is checked by its files' sizes, a stat each, and placed again if
     damaged: its task, run again, checks their sha256 too)."""
-    place(Path(out), index, wait=True, check="size")
+    task_merge.place(Path(out), index, wait=True, check="size")
 
 
 def task_status(out: Path) -> dict:
@@ -202,9 +114,3 @@ def _env_int(name: str, default: int | None = None) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise SettingsError(f"{name}={value!r} in the environment is not a task number") from None
-
-
-def config_record(cfg: BuildConfig) -> dict:
-    """tasks.json's copy of the settings: the merge (which may run elsewhere) rebuilds the
-    BuildConfig from it."""
-    return settings_of(cfg, "output", "recorded", "run")

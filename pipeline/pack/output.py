@@ -11,6 +11,7 @@ The output holds OUT's lock while it runs and touches only files it can prove it
 (store/output_dir.py: the fingerprint says which build OUT holds, the journal what it wrote).
 """
 
+import contextlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -47,19 +48,20 @@ class ShardOutput:
         self.packers: dict[str, RowPacker] = {}
         self.sinks: dict[str, ShardSink] = {}
 
-    def held(self) -> OutputLock:
-        return OutputLock(self.work)
-
-    def begin(self, fingerprint: dict, fresh: bool = False) -> dict | BuildState:
-        """`fresh`: whatever OUT holds is of no use (an upload's store copy was replaced), as
-        with --overwrite."""
+    @contextlib.contextmanager
+    def held(self, build, fresh: bool = False):
+        """OUT's lock for the run; yields OUT's manifest if it holds this very build, else the
+        state to start or resume from. `fresh`: whatever OUT holds is of no use (an upload's
+        store copy was replaced), as with --overwrite."""
         overwrite = self.cfg.overwrite or fresh
-        refuse_tasked_build(self.out, overwrite)
-        found = prepare_output(self.out, fingerprint, overwrite)
-        if found == "complete":
-            return json.loads((self.out / "manifest.json").read_text())
-        self.journal = Journal(self.out)
-        return found or BuildState()
+        with OutputLock(self.work):
+            refuse_tasked_build(self.out, overwrite)
+            found = prepare_output(self.out, build.fingerprint, overwrite)
+            if found == "complete":
+                yield json.loads((self.out / "manifest.json").read_text())
+                return
+            self.journal = Journal(self.out)
+            yield found or BuildState()
 
     def open(self, state: BuildState, dtype: np.dtype) -> None:
         """Packers and shard sinks, each where the checkpoint left it."""

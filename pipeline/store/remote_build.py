@@ -186,21 +186,22 @@ class UploadOutput:
         self.uploader.put(path)
 
     @contextlib.contextmanager
-    def held(self):
+    def held(self, build):
+        """The staging's lock, then the store readied (the marker up) and the staged build's
+        lock; yields the store's manifest if it holds this very build already, else the state
+        the staged build starts or resumes from. Once complete, the staging goes."""
         with OutputLock(self.remote.staged.parent,
                         what=f"the staging of {redact(self.remote.url)}"):
-            with self.shards.held():
-                yield
+            found = self.remote.prepare(build.fingerprint, self.overwrite)
+            if isinstance(found, dict):  # the very build is in the store already
+                self.staging_done = True
+                yield found
+            else:
+                self.uploader = self.remote.uploader()
+                with self.shards.held(build, fresh=found == FRESH) as state:  # FRESH: nothing
+                    yield state                                                # staged counts
             if self.staging_done:
                 self.remote.remove_staging()
-
-    def begin(self, fingerprint: dict) -> dict | BuildState:
-        found = self.remote.prepare(fingerprint, self.overwrite)
-        if isinstance(found, dict):  # the very build is in the store already
-            self.staging_done = True
-            return found
-        self.uploader = self.remote.uploader()
-        return self.shards.begin(fingerprint, fresh=found == FRESH)  # FRESH: nothing staged counts
 
     def open(self, state: BuildState, dtype) -> None:
         self.shards.open(state, dtype)
