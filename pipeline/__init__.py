@@ -17,8 +17,9 @@
 
 build.py runs the arrows into the Output it is given (pack/output's ShardOutput,
 store/remote_build's UploadOutput, a task's TaskOutput in distribute/task_build), which
-checkpoints its BuildState (build_state.py); the output holds its folder's lock (store/lock: one writer) and touches only files it can prove it
-wrote (store/output_dir). cli.py is the `pack` command, config.py its settings.
+checkpoints its BuildState (build_state.py); the output holds its folder's lock (store/lock:
+one writer) and touches only files it can prove it wrote (store/output_dir). cli.py is the
+`pack` command, config.py its settings.
 
 The sub-packages, by role:
     read/        input files and their records          tokenize/   tokenizers, hashing, split

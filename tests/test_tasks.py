@@ -20,6 +20,7 @@ from pipeline.config import WORK_DIR, BuildConfig
 from pipeline.distribute import tasks
 from pipeline.distribute.layout import SplitLayout
 from pipeline.distribute.plan import plan_shares
+from pipeline.distribute.work_folder import owned_shards
 
 # The corpora and tokenizers are made once for the module (no test changes them), so the
 # single-machine builds the tasked ones are compared with are made once too (`single`).
@@ -316,7 +317,7 @@ def test_every_shard_but_the_last_is_written_by_the_one_task_holding_its_last_to
         layout = SplitLayout(counts, seq, per_shard, str(rng.choice(["pad", "drop"])))
         owners = {}
         for i, n in enumerate(counts):
-            for k in SplitLayout.owned_shards(layout.offsets[i], n, seq, per_shard):
+            for k in owned_shards(layout.offsets[i], n, seq, per_shard):
                 start, end, padded = layout.span(k)
                 assert layout.offsets[i] < end <= layout.offsets[i + 1] and not padded
                 assert end - start == per_shard * seq  # full

@@ -10,6 +10,7 @@ and every token of the shard lies in it or in tasks before it, which are done. S
 write all full shards between them, in parallel, each about its own share; a shard that began
 in earlier tasks is read from their files. Only the split's last shard (partial: its padded
 row, or fewer than R rows) is left to the merge: one per split, whatever the tasks or tokens.
+Which shards a task owns is work_folder.owned_shards: its placed.json is checked against it.
 
 Cutting a shard: its tokens and the document pieces in them (the first document may have
 begun in an earlier row, the last one go on in the next) are fed to the same RowPacker a
@@ -35,13 +36,6 @@ class SplitLayout:
         self.shards = -(-self.rows // rows_per_shard)
         self.padding = self.rows * seq - self.total if self.pad else 0
         self.dropped = 0 if self.pad else self.total - self.rows * seq
-
-    @staticmethod
-    def owned_shards(offset: int, tokens: int, seq: int, rows_per_shard: int) -> range:
-        """The full shards whose last token lies in a task's tokens [offset, offset + tokens):
-        the ones it writes. Needs only the counts of the tasks up to it."""
-        span = rows_per_shard * seq
-        return range(offset // span, (offset + tokens) // span)
 
     def span(self, k: int) -> tuple[int, int, bool]:
         """(first token, end token, padded) of shard k: padded when it holds the split's last,

@@ -65,8 +65,9 @@ def after_task(out: Path, index: int, place_ready: bool = True, merge_done: bool
             place(out, i, wait=False, build=build, check="sha256" if i == index else None)
     except TasksUnfinished:
         pass  # a task up to i is not done: the task finishing it places the rest
-    if merge_done and not build.missing():
-        return merge(out)
+    if merge_done:
+        with contextlib.suppress(TasksUnfinished):  # the task finishing the last one merges
+            return merge(out)
     return None
 
 
@@ -89,6 +90,7 @@ def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = 
     folder = task_folder(out, index)
     if not check and build.placed(index) is not None:
         return True
+    owned = {split: build.owned(index, split) for split in SPLITS}
     try:
         lock = OutputLock(folder, wait=wait, what=f"task {index} of {out}",
                           parents=False).__enter__()
@@ -100,7 +102,7 @@ def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = 
         placed = (build.intact_placement(index, check == "sha256") if check
                   else build.placed(index))
         if placed is None:
-            _place(build, index, folder)
+            _place(build, index, folder, owned)
     finally:
         lock.__exit__(None, None, None)
     return True
@@ -116,8 +118,10 @@ def _streams(build: TaskedBuild, split: str, upto: int) -> SplitStreams:
                         build.dones(upto), build.tasks)
 
 
-def _place(build: TaskedBuild, index: int, folder: Path) -> None:
-    """With an --out URL each shard goes up as it is written, and leaves the staging disk."""
+def _place(build: TaskedBuild, index: int, folder: Path, owned: dict[str, range]) -> None:
+    """The shards task `index` owns (`owned`: of each split), cut and written into its folder,
+    then placed.json. With an --out URL each shard goes up as it is written, and leaves the
+    staging disk."""
     placed = {}
     uploader = RemoteOut(build.upload_to, build.out).uploader() if build.upload_to else None
     try:
@@ -126,7 +130,7 @@ def _place(build: TaskedBuild, index: int, folder: Path) -> None:
             layout = SplitLayout(streams.counts, build.cfg.seq, build.rows_per_shard(),
                                  build.cfg.last_row)
             fmt, entries = build.format(split), {}
-            for k in build.owned(index, split):
+            for k in owned[split]:
                 files, entry = fmt.encode_shard(k, *cut_shard(layout, streams, k, build.eos_id))
                 with writing(folder / split):
                     (folder / split).mkdir(exist_ok=True)

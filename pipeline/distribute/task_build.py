@@ -100,11 +100,17 @@ class TaskOutput:
 
     def __init__(self, cfg: BuildConfig, index: int, url: str | None = None):
         self.cfg, self.index, self.url = cfg, index, url
-        self.folder = task_folder(Path(cfg.out), index)
-        self.skip_path = self.folder / SKIP_LOG
         self.share: Share | None = None
         self.merged = False
         self.streams: dict[str, TaskStream] = {}
+
+    @property
+    def folder(self) -> Path:
+        return task_folder(Path(self.cfg.out), self.index)
+
+    @property
+    def skip_path(self) -> Path:
+        return self.folder / SKIP_LOG
 
     @contextlib.contextmanager
     def held(self, build):

@@ -24,7 +24,6 @@ import numpy as np
 from longpack.atomic import sha256_file
 from longpack.errors import LongpackError, SettingsError
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.distribute.layout import SplitLayout
 from pipeline.distribute.plan import Share
 from pipeline.formats import get_format
 from pipeline.store.output_dir import FINGERPRINT, TASKS
@@ -37,6 +36,13 @@ SEAL = "record_sha256"
 
 def task_folder(out: Path, index: int) -> Path:
     return Path(out) / WORK_DIR / f"task.{index:05d}"
+
+
+def owned_shards(offset: int, tokens: int, seq: int, rows_per_shard: int) -> range:
+    """The full shards whose last token lies in a task's tokens [offset, offset + tokens):
+    the ones it places (layout.py says why). Needs only the counts of the tasks up to it."""
+    span = rows_per_shard * seq
+    return range(offset // span, (offset + tokens) // span)
 
 
 def stream_files(split: str) -> tuple[str, str]:
@@ -302,8 +308,7 @@ class TaskedBuild:
     def owned(self, i: int, split: str) -> range:
         """The full shards of `split` task i places (its done.json and those before it)."""
         tokens = [d["counts"]["splits"][split]["tokens"] for d in self.dones(i + 1)]
-        return SplitLayout.owned_shards(sum(tokens[:i]), tokens[i], self.cfg.seq,
-                                        self.rows_per_shard())
+        return owned_shards(sum(tokens[:i]), tokens[i], self.cfg.seq, self.rows_per_shard())
 
     # -- the pieces a shard is cut from ------------------------------------------------------
     def _any_done(self) -> dict:
