@@ -1,7 +1,7 @@
-"""The two steps after a build's tasks have tokenized their shares (task_build.py):
+"""The two steps after a build's tasks have tokenized their shares (task_build.py), and what a
+task does once it is done (`after_task`: it places its shards, and those of the later done tasks
+that waited for it, once the tasks before it are done; it merges if every task is done):
 
-  after_task(out, i)  what task i does once done: places the shards of the done tasks from i on
-                  whose tasks before are done, and merges when every task is done
   place(out, i)   the full shards ending in task i's tokens (layout.py), encoded into its
                   work folder (task.NNNNN/<split>/, recorded in placed.json). Needs tasks 0..i
                   done, not the later ones; tasks place in parallel, each about its own share.

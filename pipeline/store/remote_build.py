@@ -198,8 +198,9 @@ class UploadOutput:
                 yield found
             else:
                 self.uploader = self.remote.uploader()
-                with self.shards.held(build, fresh=found == FRESH) as state:  # FRESH: nothing
-                    yield state                                                # staged counts
+                # FRESH: the store held nothing of this build, so nothing staged counts either
+                with self.shards.held(build, fresh=found == FRESH) as state:
+                    yield state
             if self.staging_done:
                 self.remote.remove_staging()
 
