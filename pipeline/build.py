@@ -12,10 +12,11 @@ parts, as datatrove composes its steps.
                                              files going up as they finish
            TaskOutput (distribute/task_build.py)  one task's documents, for the merge
       -> checkpoint                       every CHECKPOINT_SECONDS and when the output asks: the
-                                          BuildState (build_state.py), written atomically
+                                          BuildState (build_state.py), which the output saves
+                                          atomically with where it stands
 
-    with Build(cfg) as build:                        # inputs, tokenizer, fingerprint
-        manifest = build.run(ShardOutput(cfg))       # or TaskOutput(...), or an uploading one
+    with Build(cfg, progress=Progress()) as build:   # inputs, tokenizer, fingerprint, share
+        manifest = build.run(ShardOutput(cfg))       # or UploadOutput(...), TaskOutput(...)
 
 Batches are submitted in order and consumed in order, at most 2 x workers ahead, so memory is
 bounded and the output is the same for any worker count. Re-running the same command resumes
@@ -67,10 +68,10 @@ class Output(Protocol):
     documents (distribute/task_build.py: TaskOutput). Build calls, in order: `held(build)` (the
     output held for the whole run, its lock; it yields the record of an output finished
     already, or the BuildState to start or resume from; it reads the build's fingerprint and
-    share), `open`, then `emit` per split and batch,
-    `checkpoint` every CHECKPOINT_SECONDS and when it `wants_checkpoint`, `finish` (the last
-    rows; each split's index), `stop_writing`, `complete` (the record written last:
-    manifest.json or done.json); `abandon` after a failure, `close` at the end."""
+    share), `open`, then `emit` per split and batch, `checkpoint` every CHECKPOINT_SECONDS
+    and when it `wants_checkpoint`, `finish` (the last rows; each split's index),
+    `stop_writing`, `complete` (the record written last: manifest.json or done.json);
+    `abandon` after a failure, `close` at the end."""
 
     skip_path: Path  # skipped.jsonl
 
