@@ -51,7 +51,7 @@ def test_one_big_file_moves_the_progress_before_it_ends(tmp_path, monkeypatch, b
     import numpy as np
 
     import pipeline.build as build_mod
-    import pipeline.read.batches as inputs
+    import pipeline.read.batches as batches
     from conftest import make_texts, write_jsonl
     from pipeline.config import BuildConfig
 
@@ -63,7 +63,7 @@ def test_one_big_file_moves_the_progress_before_it_ends(tmp_path, monkeypatch, b
             super().update(docs, tokens, bytes_done)
 
     monkeypatch.setattr(build_mod, "Progress", Recorded)
-    monkeypatch.setattr(inputs, "BATCH_DOCS", 100)
+    monkeypatch.setattr(batches, "BATCH_DOCS", 100)
     rng = np.random.default_rng(0)
     path = write_jsonl(tmp_path / "one.jsonl.gz",
                        [{"text": t + rng.bytes(200).hex()} for t in make_texts(2000)], "gz")
