@@ -74,6 +74,7 @@ class Output(Protocol):
     `abandon` after a failure, `close` at the end."""
 
     skip_path: Path  # skipped.jsonl
+    already_complete: bool  # once held: it held this very build, finished; nothing is written
 
     def held(self, build: "Build") -> contextlib.AbstractContextManager[dict | BuildState]: ...
     def open(self, state: BuildState, dtype: np.dtype) -> None: ...
@@ -118,7 +119,7 @@ class Build:
         # set by run: the output, its state, this run's clock and counters
         self.output: Output | None = None
         self.state: BuildState | None = None
-        self.already_complete = self.resumed = False
+        self.resumed = False
         self.tokens_at_start, self.bytes_done = 0, 0
         self.t_first = self.t_last = None
         self.last_checkpoint = 0.0
@@ -138,8 +139,7 @@ class Build:
         """Build (or resume, or find complete) the output; returns its record (manifest)."""
         self.output = output
         with output.held(self) as found:
-            self.already_complete = isinstance(found, dict)
-            if self.already_complete:  # nothing to do: the finished output's record
+            if isinstance(found, dict):  # nothing to do: the finished output's record
                 return found
             try:
                 return self._run(found)
@@ -342,7 +342,8 @@ class Build:
                    "steady_seconds": loop, "tokens_this_run": new_tokens,
                    "steady_tokens_per_second": new_tokens / loop if loop else None,
                    "resumed": self.resumed, "runs": self.state.runs}
-        self.progress.finished(self.state.counts["documents"], self.state.counts["tokens"])
+        c = self.state.counts  # the whole share is behind it (a resumed run may have read none)
+        self.progress.finished(c["documents"], c["tokens"], self.share.bytes)
         return self.output.complete(self, indexes, timings)
 
 

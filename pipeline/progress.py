@@ -66,7 +66,7 @@ class Progress:
                          f"({_si(new_tokens / elapsed)}/s){done}{eta} \x1b[K")
         sys.stderr.flush()
 
-    def finished(self, documents: int, tokens: int) -> None:
+    def finished(self, documents: int, tokens: int, total_bytes: int) -> None:
         pass  # the line was cleared when reading ended
 
     def close(self) -> None:

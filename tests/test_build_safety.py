@@ -449,6 +449,17 @@ def test_an_out_inside_an_input_folder_is_refused_before_anything_is_written(tmp
     assert build(glob, show_progress=False)["fingerprint"] == first["fingerprint"]
 
 
+def test_an_input_folder_without_data_files_says_so_first(tmp_path, byte_tokenizer):
+    """What is wrong with --input itself is said before where --out lies."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("no jsonl here")
+    cfg = BuildConfig(out=str(folder / "out"), dataset="jsonl", inputs=(str(folder),),
+                      tokenizer=byte_tokenizer, seq=65)
+    with pytest.raises(SettingsError, match=f"--input {folder}: no jsonl files there"):
+        build(cfg, show_progress=False)
+
+
 def test_a_build_that_packs_no_document_is_an_error_not_an_empty_build(tmp_path,
                                                                       byte_tokenizer):
     """A misspelt --text-field skipped every record and exited 0 with an empty build."""

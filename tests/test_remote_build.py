@@ -23,7 +23,7 @@ from pipeline.build import build
 from pipeline.cli import pack
 from pipeline.config import BuildConfig
 from pipeline.distribute.launch import LaunchConfig, launch
-from pipeline.store.remote_build import MARKER
+from pipeline.store.remote_build import MARKER, RemoteOut
 from pipeline.store.uploader import MAX_STAGED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,6 +221,33 @@ def test_gs_and_other_fsspec_stores_go_through_the_same_layer(tmp_path, corpus, 
     manifest.pop("timings")
     files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
     assert files == build_tree(tmp_path / "local")
+    store.remove(list(store.sizes()))
+
+
+def test_an_upload_cut_short_once_the_staged_build_is_complete_is_finished_by_the_rerun(
+        tmp_path, corpus, byte_tokenizer, monkeypatch):
+    """Killed, or the connection lost, after the staged build's manifest was written but before
+    everything was up: the re-run sends the rest (the manifest last) and says it built, not
+    that the build was complete already."""
+    build(settings(tmp_path / "local", corpus, byte_tokenizer), show_progress=False)
+    cfg = settings("memory://cut-short/ds", corpus, byte_tokenizer, staging=str(tmp_path / "s"))
+    store = Store("memory://cut-short/ds")
+    with monkeypatch.context() as mp:
+        def lost(self, manifest):
+            raise StorageError("the connection was lost")
+        mp.setattr(RemoteOut, "finish", lost)
+        with pytest.raises(StorageError, match="the connection was lost"):
+            launch(cfg, LaunchConfig(), show_progress=False)
+    assert "manifest.json" not in store.sizes()
+    outcome = launch(cfg, LaunchConfig(), show_progress=False)
+    assert not outcome.already_complete
+    files = {rel: store.read_bytes(rel) for rel in store.sizes()}
+    manifest = json.loads(files.pop("manifest.json"))
+    manifest.pop("timings")
+    files["manifest.json"] = json.dumps(manifest, sort_keys=True).encode()
+    assert files == build_tree(tmp_path / "local")
+    assert not any((tmp_path / "s").iterdir())  # the staging went with the finished upload
+    assert launch(cfg, LaunchConfig(), show_progress=False).already_complete
     store.remove(list(store.sizes()))
 
 

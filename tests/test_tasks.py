@@ -345,3 +345,37 @@ def test_real_corpora_split_into_tasks_give_the_single_machine_bytes(tmp_path, s
         run_tasks_in_order(BuildConfig(out=str(out), tasks=n, **base),
                            random.Random(n).sample(range(n), n))
         assert build_tree(out) == want, f"{n} tasks"
+
+
+def test_a_task_resumed_after_reading_its_whole_share_reports_the_share_done(
+        tmp_path, jsonl_corpus, byte_tokenizer, monkeypatch):
+    """A launcher sums its tasks' last reports: a task resumed from a checkpoint taken after
+    all its input was read reads nothing more, and still reports its whole share behind it."""
+    import pipeline.build as build_mod
+
+    cfg = settings(tmp_path / "out", jsonl_corpus, byte_tokenizer, tasks=2)
+    with monkeypatch.context() as mp:
+        mp.setattr(build_mod.Build, "_finish", lambda self: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            tasks.run_task(cfg, 0, merge=False)
+    reports = []
+    tasks.run_task(cfg, 0, report=reports.append, merge=False)
+    assert reports[-1].bytes_total > 0 and reports[-1].bytes_done == reports[-1].bytes_total
+
+
+def test_placing_a_task_of_a_build_merged_meanwhile_does_nothing(tmp_path, jsonl_corpus,
+                                                                 byte_tokenizer, monkeypatch):
+    """A task reads the work folder, another process merges (the work folder goes), then the
+    task places: nothing to do, not a traceback."""
+    from pipeline.distribute import merge as merge_mod
+    from pipeline.distribute.work_folder import TaskedBuild
+
+    cfg = settings(tmp_path / "out", jsonl_corpus, byte_tokenizer, tasks=2)
+    for i in range(2):
+        tasks.run_task(cfg, i, merge=False)
+    out = tmp_path / "out"
+    build = TaskedBuild(out)
+    assert not build.missing()  # what the placing task saw before the merge
+    tasks.merge(out)
+    monkeypatch.setattr(merge_mod, "_merged", lambda out: False)  # the merge ended in between
+    assert merge_mod.place(out, 1, wait=False, build=build)

@@ -20,7 +20,7 @@ def run(cfg: BuildConfig, how: LaunchConfig, dest: Destination,
         output = dest.output(local)
         with Build(local, progress=Progress(enabled=show_progress)) as build:
             manifest = build.run(output)
-        return Outcome(manifest, already_complete=build.already_complete)
+        return Outcome(manifest, already_complete=output.already_complete)
     manifest = None
     for i in range(cfg.tasks) if index is None else (index,):  # every task in turn, or one
         manifest = tasks.run_task(cfg, i, merge=how.merge, show_progress=show_progress,

@@ -90,7 +90,6 @@ def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = 
     folder = task_folder(out, index)
     if not check and build.placed(index) is not None:
         return True
-    owned = {split: build.owned(index, split) for split in SPLITS}
     try:
         lock = OutputLock(folder, wait=wait, what=f"task {index} of {out}",
                           parents=False).__enter__()
@@ -98,7 +97,8 @@ def place(out: Path, index: int, wait: bool = True, build: TaskedBuild | None = 
         return True
     except SettingsError:  # another process is placing it
         return False
-    try:
+    try:  # under the lock: a merge that finished meanwhile was FolderGone above
+        owned = {split: build.owned(index, split) for split in SPLITS}
         placed = (build.intact_placement(index, check == "sha256") if check
                   else build.placed(index))
         if placed is None:

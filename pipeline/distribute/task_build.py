@@ -84,8 +84,8 @@ class TaskReports:
             self.last = now
             self.report(TaskProgress(self.index, documents, tokens, bytes_done, self.total))
 
-    def finished(self, documents: int, tokens: int) -> None:
-        self.report(TaskProgress(self.index, documents, tokens, self.total, self.total))
+    def finished(self, documents: int, tokens: int, total_bytes: int) -> None:
+        self.report(TaskProgress(self.index, documents, tokens, total_bytes, total_bytes))
 
     def close(self) -> None:
         pass
@@ -95,13 +95,13 @@ class TaskOutput:
     """Where task `index` of a build writes: its folder (above), its documents by split
     (task_stream.py) rather than rows, which it cannot cut before the tasks ahead of it are
     counted; done.json last. An Output of build.py. `url`: the build's --out URL (OUT = cfg.out
-    is then its staging folder), or None. `merged`, once held: OUT held this very build,
-    finished, and the run found its manifest."""
+    is then its staging folder), or None. `already_complete`, once held: OUT held this very
+    build, finished (merged), and the run found its manifest."""
 
     def __init__(self, cfg: BuildConfig, index: int, url: str | None = None):
         self.cfg, self.index, self.url = cfg, index, url
         self.share: Share | None = None
-        self.merged = False
+        self.already_complete = False
         self.streams: dict[str, TaskStream] = {}
 
     @property
@@ -119,8 +119,8 @@ class TaskOutput:
         state to run from: its checkpoint, or the start of its share."""
         self.share = build.share
         finished = prepare_work(self.cfg, build.fingerprint, self.url)
-        self.merged = finished is not None
-        if self.merged:
+        self.already_complete = finished is not None
+        if self.already_complete:
             yield finished
             return
         with OutputLock(self.folder, what=f"task {self.index} of {self.cfg.out}", parents=False):

@@ -56,7 +56,7 @@ def run_task(cfg: BuildConfig, index: int, *, report=None, place: bool = True,
     output = TaskOutput(cfg, index, dest.url)
     with Build(cfg, hub_client, progress, task=index) as build:
         record = build.run(output)
-    if output.merged:  # OUT holds this very build, finished: its manifest
+    if output.already_complete:  # OUT holds this very build, finished: its manifest
         return record
     out = Path(cfg.out)
     return task_merge.after_task(out, index, place_ready=place, merge_done=merge)

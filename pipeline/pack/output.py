@@ -44,6 +44,7 @@ class ShardOutput:
         self.work = self.out / WORK_DIR
         self.skip_path = self.out / "skipped.jsonl"
         self.journal: Journal | None = None
+        self.already_complete = False
         self.writer = None  # the shard writer thread, while open
         self.packers: dict[str, RowPacker] = {}
         self.sinks: dict[str, ShardSink] = {}
@@ -57,7 +58,8 @@ class ShardOutput:
         with OutputLock(self.work):
             refuse_tasked_build(self.out, overwrite)
             found = prepare_output(self.out, build.fingerprint, overwrite)
-            if found == "complete":
+            self.already_complete = found == "complete"
+            if self.already_complete:
                 yield json.loads((self.out / "manifest.json").read_text())
                 return
             self.journal = Journal(self.out)

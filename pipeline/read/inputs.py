@@ -15,28 +15,12 @@ from pipeline.read.records import is_broken_link
 def open_inputs(cfg, dataset, hub_client=None):
     """(the build's input files, their description for the fingerprint)."""
     if cfg.inputs:
-        _refuse_output_in_inputs(cfg.out, cfg.inputs)
         files = InputFiles(expand_inputs(dataset, list(cfg.inputs), cfg.out))
         return files, files.description
     if dataset.hub_repo is None:
         raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
     hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
     return hub, hub.describe()
-
-
-def _refuse_output_in_inputs(out: str, inputs) -> None:
-    """OUT inside an --input folder: the build's own files (skipped.jsonl, index.json, ...)
-    would be read as input by its next run, which could then neither resume nor find it
-    complete. (An input file under OUT: expand_inputs.)"""
-    if is_url(out):
-        return
-    root = os.path.realpath(out)
-    for spec in inputs:
-        folder = os.path.realpath(os.path.expanduser(spec)) if not is_url(spec) else None
-        if folder and os.path.isdir(folder) and root.startswith(folder + os.sep):
-            raise SettingsError(f"--out {out} is inside --input {spec}, which the build reads: "
-                                "its own files would become its input; choose an --out "
-                                f"outside {spec}")
 
 
 def expand_inputs(dataset, inputs: list[str], out: str | None = None) -> list:
@@ -48,44 +32,62 @@ def expand_inputs(dataset, inputs: list[str], out: str | None = None) -> list:
 
     A broken symlink matching the patterns inside a directory or glob is kept in the list: the
     build reads it as one BROKEN_LINK skip, so it is counted and logged, not lost without a word.
-    A broken link named directly is an error, like any missing file. No local file may lie
-    under `out` (the build's --out): the build's own files would become its input."""
+    A broken link named directly is an error, like any missing file. `out`: the build's --out,
+    which may neither lie inside an input folder nor hold an input file."""
     found: set[str] = set()
     remote = {}
     for spec in inputs:
-        if is_url(spec):
-            from pipeline.read.remote_inputs import expand_remote
+        if not is_url(spec):
+            picked = _local_files(dataset, spec)
+            if out is not None and not is_url(out):
+                _refuse_own_output(out, spec, picked)
+            found.update(picked)
+            continue
+        from pipeline.read.remote_inputs import expand_remote
 
-            remote.update({f.url: f for f in expand_remote(dataset, spec)})
-            continue
-        spec = os.path.expanduser(spec)
-        if os.path.isfile(spec):
-            found.add(os.path.abspath(spec))
-            continue
-        if os.path.isdir(spec):
-            candidates = [os.path.join(root, f) for root, _, files in os.walk(spec) for f in files]
-        elif glob.has_magic(spec):
-            candidates = glob.glob(spec, recursive=True)
-        elif os.path.exists(spec):  # a FIFO, a socket, a device: no file to read twice
-            raise SettingsError(f"--input {spec} is neither a file nor a directory (a pipe or "
-                                "a device?); write the data to a file and give that")
-        else:
-            raise SettingsError(f"--input {spec}: no such file or directory")
-        picked = [os.path.abspath(c) for c in candidates
-                  if (os.path.isfile(c) or is_broken_link(c))
-                  and dataset.names.match(os.path.basename(c))]
-        if not picked:
-            raise SettingsError(
-                f"--input {spec}: no {dataset.name} files there (looked for "
-                f"{', '.join(dataset.patterns)}); use --dataset to pick another format")
-        found.update(picked)
-    root = None if out is None or is_url(out) else os.path.realpath(out)
-    for p in sorted(found) if root else ():
+        remote.update({f.url: f for f in expand_remote(dataset, spec)})
+    return sorted([Path(p) for p in found] + list(remote.values()), key=str)
+
+
+def _local_files(dataset, spec: str) -> list[str]:
+    """The absolute paths a local --input names: the file, or the dataset's files in a folder
+    or matching a glob (a broken link among them too)."""
+    path = os.path.expanduser(spec)
+    if os.path.isfile(path):
+        return [os.path.abspath(path)]
+    if os.path.isdir(path):
+        candidates = [os.path.join(root, f) for root, _, files in os.walk(path) for f in files]
+    elif glob.has_magic(path):
+        candidates = glob.glob(path, recursive=True)
+    elif os.path.exists(path):  # a FIFO, a socket, a device: no file to read twice
+        raise SettingsError(f"--input {path} is neither a file nor a directory (a pipe or "
+                            "a device?); write the data to a file and give that")
+    else:
+        raise SettingsError(f"--input {path}: no such file or directory")
+    picked = [os.path.abspath(c) for c in candidates
+              if (os.path.isfile(c) or is_broken_link(c))
+              and dataset.names.match(os.path.basename(c))]
+    if not picked:
+        raise SettingsError(
+            f"--input {path}: no {dataset.name} files there (looked for "
+            f"{', '.join(dataset.patterns)}); use --dataset to pick another format")
+    return picked
+
+
+def _refuse_own_output(out: str, spec: str, files: list[str]) -> None:
+    """OUT inside the --input folder `spec`, or one of its files under OUT: the build's own
+    files (skipped.jsonl, index.json, ...) would be read as input by its next run, which could
+    then neither resume nor find it complete."""
+    root = os.path.realpath(out)
+    folder = os.path.realpath(os.path.expanduser(spec))
+    if os.path.isdir(folder) and root.startswith(folder + os.sep):
+        raise SettingsError(f"--out {out} is inside --input {spec}, which the build reads: its "
+                            f"own files would become its input; choose an --out outside {spec}")
+    for p in sorted(files):
         if os.path.realpath(p).startswith(root + os.sep):
             raise SettingsError(f"--input takes in {p}, which is under --out {out}: the build's "
                                 "own files would become its input; choose an --out outside "
                                 "the inputs")
-    return sorted([Path(p) for p in found] + list(remote.values()), key=str)
 
 
 class InputFiles:

@@ -181,6 +181,7 @@ class UploadOutput:
         self.shards = ShardOutput(cfg, publish=self._publish)
         self.skip_path = self.shards.skip_path
         self.staging_done = False  # the staged copy is of no more use: it goes with the lock
+        self.already_complete = False  # the store held this very build before the run
 
     def _publish(self, path: Path) -> None:
         self.uploader.put(path)
@@ -194,12 +195,14 @@ class UploadOutput:
                         what=f"the staging of {redact(self.remote.url)}"):
             found = self.remote.prepare(build.fingerprint, self.overwrite)
             if isinstance(found, dict):  # the very build is in the store already
-                self.staging_done = True
+                self.staging_done = self.already_complete = True
                 yield found
             else:
                 self.uploader = self.remote.uploader()
                 # FRESH: the store held nothing of this build, so nothing staged counts either
                 with self.shards.held(build, fresh=found == FRESH) as state:
+                    if isinstance(state, dict):  # staged complete, cut short on its way up
+                        self._finish_upload(state)
                     yield state
             if self.staging_done:
                 self.remote.remove_staging()
@@ -224,10 +227,14 @@ class UploadOutput:
 
     def complete(self, build, indexes: dict, timings: dict) -> dict:
         manifest = self.shards.complete(build, indexes, timings)
-        self._close_uploader()  # the shards in flight up first
+        self._finish_upload(manifest)
+        return manifest
+
+    def _finish_upload(self, manifest: dict) -> None:
+        """The rest up, checked, the manifest last (the shards in flight first)."""
+        self._close_uploader()
         self.remote.finish(manifest)
         self.staging_done = True
-        return manifest
 
     def abandon(self) -> None:
         self.shards.abandon()
