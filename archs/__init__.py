@@ -91,18 +91,19 @@ class TooLarge(ValueError):
 
 
 def build(name: str, device: str | torch.device | None = None, **overrides) -> torch.nn.Module:
-    """`device="meta"` builds without allocating (so a 5B preset can be counted anywhere).
+    """On `device`, or torch's default device (`torch.set_default_device`) when none is named.
+    `device="meta"` builds without allocating (so a 5B preset can be counted anywhere).
     On any other device the weights are sized first (`footprint`, on meta) and a model whose
     weights the device's memory cannot hold is refused (TooLarge) before anything is
     allocated."""
     cfg = config(name, **overrides)
     family = name if name in FAMILIES else PRESETS[name]
-    where = torch.device(device or "cpu")
+    where = torch.device(device) if device is not None else torch.get_default_device()
     if where.type == "meta":
         with where, _MetaInitSkipped():
             return FAMILIES[family][1](cfg)
     size = footprint(name, **overrides)
-    refuse_unfit(name, overrides, size["params"], size["bytes"], "its weights", device)
+    refuse_unfit(name, overrides, size["params"], size["bytes"], "its weights", where)
     with where:
         return FAMILIES[family][1](cfg)
 

@@ -154,12 +154,26 @@ def document_mask_mod(segments: torch.Tensor):
     return mask_mod
 
 
-def _flex_document_attention(q, k, v, doc_starts, enable_gqa):
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+def document_block_mask(doc_starts: torch.Tensor, seq: int):
+    """The FlexAttention block mask of rows whose documents start at doc_starts (B, K)."""
+    from torch.nn.attention.flex_attention import create_block_mask
 
-    B, _, T, _ = q.shape
-    mask = create_block_mask(document_mask_mod(segment_ids(doc_starts, T)), B, None, T, T,
-                             device=q.device)
+    return create_block_mask(document_mask_mod(segment_ids(doc_starts, seq)), doc_starts.shape[0],
+                             None, seq, seq, device=doc_starts.device)
+
+
+# Outside any compiled graph: without gradients, Inductor fuses the mask's making (its sort) into
+# the flex kernel, and that kernel read out of bounds on an H200 ("an illegal memory access",
+# torch 2.11, every shape tried; docs/BENCHMARKS.md). With gradients the fused graph is correct
+# and fast, so training keeps it; a graph break per layer costs inference little.
+_eager_document_block_mask = torch.compiler.disable(document_block_mask)
+
+
+def _flex_document_attention(q, k, v, doc_starts, enable_gqa):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    make = document_block_mask if torch.is_grad_enabled() else _eager_document_block_mask
+    mask = make(doc_starts, q.shape[2])
     return flex_attention(q, k, v, block_mask=mask, enable_gqa=enable_gqa)
 
 

@@ -120,15 +120,17 @@ def test_the_loss_backward_allocates_no_second_logits_sized_tensor():
 
 
 def test_the_loss_refuses_a_second_backward_and_bad_targets():
-    h = torch.randn(4, 8, requires_grad=True)
-    w = torch.randn(10, 8, requires_grad=True)
-    loss = chunked_cross_entropy(h, w, torch.tensor([1, 2, -100, 3]))
+    # on the CPU whatever the default device: a bad target is a device-side assert on a GPU,
+    # which ends the process's CUDA context rather than raising here
+    h = torch.randn(4, 8, requires_grad=True, device="cpu")
+    w = torch.randn(10, 8, requires_grad=True, device="cpu")
+    loss = chunked_cross_entropy(h, w, torch.tensor([1, 2, -100, 3], device="cpu"))
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="backward ran twice"):
         loss.backward()
     for bad in (-5, 10):  # neither ignored (-100) nor in the vocabulary: an error, not a zero
         with pytest.raises((RuntimeError, IndexError)):
-            chunked_cross_entropy(h, w, torch.tensor([1, bad, 0, 3]))
+            chunked_cross_entropy(h, w, torch.tensor([1, bad, 0, 3], device="cpu"))
 
 
 def test_bf16_loss_matches_the_plain_head_under_autocast():
@@ -274,6 +276,36 @@ def test_flex_attention_path_matches_the_cpu_path():
     assert torch.allclose(flex, attention(q, k, v, starts), atol=1e-5)
 
 
+@pytest.mark.slow
+def test_compiled_flex_makes_the_block_mask_outside_the_graph_without_gradients():
+    """Without gradients the block mask is made eagerly (Inductor's fused mask-and-flex kernel
+    crashed on a GPU there); with gradients it stays in the one graph that trains fast. Seen
+    here by what dynamo hands the backend: the mask's sort is in a graph or it is not."""
+    import warnings
+
+    from archs.layers import _flex_document_attention
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    q = torch.randn(2, 4, 128, 16)  # no gradient of q: Flex has no backward on a CPU
+    starts = torch.tensor([[0, 50, 90, -1], [0, 127, -1, -1]])
+    fn = torch.compile(lambda q, s: _flex_document_attention(q, q, q, s, False), backend=keep)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.no_grad():
+            out = fn(q, starts)
+        inference = list(graphs)
+        graphs.clear()
+        fn(q, starts)  # grad mode on
+    assert inference and not any("sort" in g for g in inference)
+    assert any("sort" in g for g in graphs)
+    assert torch.allclose(out, attention(q, q, q, starts), atol=1e-5)
+
+
 @pytest.mark.parametrize("name", FAMILY_TINY)
 def test_bf16_autocast_forward_and_backward(name):
     torch.manual_seed(0)
@@ -284,6 +316,16 @@ def test_bf16_autocast_forward_and_backward(name):
     out["loss"].backward()
     assert torch.isfinite(out["loss"]) and all(
         p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_build_puts_the_model_on_torchs_default_device():
+    torch.set_default_device("meta")
+    try:
+        model = archs.build("neox-tiny")
+    finally:
+        torch.set_default_device(None)
+    assert all(p.is_meta for p in model.parameters())
+    assert all(not p.is_meta for p in archs.build("neox-tiny").parameters())
 
 
 def test_neox_1_2b_is_1_414_billion_parameters():

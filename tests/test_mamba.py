@@ -10,7 +10,8 @@ from archs.mamba import MambaMixer, ssd_chunked, ssd_recurrent
 
 
 def scan_inputs(b=2, T=37, G=2, R=3, P=4, N=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
+    # on torch's default device (the GPU suite runs these tests with CUDA as the default)
+    g = torch.Generator(torch.get_default_device()).manual_seed(seed)
     return (torch.randn(b, T, G, R, P, generator=g), torch.rand(b, T, G, R, generator=g) * 0.5,
             -torch.rand(G, R, generator=g) * 2 - 0.1, torch.randn(b, T, G, N, generator=g),
             torch.randn(b, T, G, N, generator=g))

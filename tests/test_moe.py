@@ -151,9 +151,9 @@ def test_load_balance_loss_is_minimal_for_uniform_routing():
         _, uniform = experts(x)
         experts.router.weight[0, 0] = 20.0
         _, skewed = experts(x.abs())  # expert 0 first for every token
-    assert uniform["balance"] == pytest.approx(1.0, abs=1e-6)
+    assert uniform["balance"].item() == pytest.approx(1.0, abs=1e-6)
     assert skewed["balance"] > 1.05
-    assert uniform["z"] == pytest.approx(torch.log(torch.tensor(4.0)).item() ** 2, rel=1e-5)
+    assert uniform["z"].item() == pytest.approx(torch.log(torch.tensor(4.0)).item() ** 2, rel=1e-5)
 
 
 def test_balance_and_z_losses_train_the_router():

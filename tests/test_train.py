@@ -60,12 +60,13 @@ def test_val_loss_is_the_mean_over_real_targets_whatever_the_batching(tmp_path, 
     shards = padded_build(tmp_path, byte_tokenizer)
     build = open_build(str(shards), tmp_path / "cache", "1gb", seq=13)
     torch.manual_seed(0)
-    model = archs.build("neox-tiny", vocab_size=50257)
+    device = launched().device  # where evaluate puts the batches: a GPU where there is one
+    model = archs.build("neox-tiny", vocab_size=50257, device=device)
     rows = [build.val.get(i) for i in range(len(build.val))]
     assert len(rows) == 5
     from training.batch import make_batch
 
-    batch = make_batch(rows)
+    batch = make_batch(rows, device)
     with torch.no_grad():
         logits = model(batch["input_ids"], batch["doc_starts"])
     real = batch["targets"] != -100
@@ -110,7 +111,7 @@ def test_grad_accum_splits_the_step_without_changing_its_loss(tmp_path, byte_tok
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
 
 
-TIMINGS = ("seconds", "data_seconds", "tokens_per_second", "eta_seconds")
+TIMINGS = ("seconds", "data_seconds", "tokens_per_second", "eta_seconds", "mfu")
 
 
 def records(run, drop=TIMINGS):
