@@ -19,8 +19,9 @@ from pathlib import Path
 from longpack.errors import LongpackError, SettingsError
 
 
-def _config(cls, settings: dict, command: str):
-    """cls(**settings): an unknown name refused in one line with the nearest known one, a value
+def _config(cls, settings: dict, command: str, synonyms: dict | None = None):
+    """cls(**settings): an unknown name refused in one line with the nearest known one (or the
+    setting another tool's name means, `synonyms`: as a config file's keys are), a value
     of the wrong type in one line naming the setting; a path may be a Path, a list of them a
     list or one path."""
     from longpack.settings import suggest
@@ -29,7 +30,7 @@ def _config(cls, settings: dict, command: str):
     given = {}
     for name, value in settings.items():
         if name not in fields:
-            near = suggest(name, list(fields))
+            near = suggest(name, list(fields), synonyms)
             raise SettingsError(f"{name!r} is not a setting of {command}"
                                 + (f"; did you mean {near!r}?" if near else ""))
         parses_text = fields[name].metadata.get("callback") is not None  # a size: "500MB"
@@ -128,10 +129,10 @@ def stats(path, verify: bool = False, throughput: float | None = None,
 def train(resume: str = "auto", log=None, **settings) -> list[dict]:
     """`train`: TrainConfig's settings; returns the metrics history (one dict a step, as
     metrics.jsonl holds). `log` gets the console's lines (default: none)."""
-    from training.config import TrainConfig
+    from training.config import SYNONYM_OF, TrainConfig
     from training.loop import train as run_training
 
-    cfg = _config(TrainConfig, settings, "train")
+    cfg = _config(TrainConfig, settings, "train", SYNONYM_OF)
     return run_training(cfg, resume=_typed("resume", resume, str),
                         log=_callable("log", log or (lambda line: None)))
 

@@ -103,3 +103,11 @@ def test_what_the_commands_refuse_the_functions_refuse_in_one_line(tmp_path, sha
             call()
         assert says in str(e.value), str(e.value)
     assert longpack.stats(shards, throughput=1e6)["checks"]["ok"]
+
+
+def test_train_suggests_its_name_for_another_trainers_setting():
+    # as a config file's key is answered (training/config.py's synonyms)
+    with pytest.raises(SettingsError, match="did you mean 'lr'"):
+        longpack.train(shards="x", out="o", learning_rate=1e-3)
+    with pytest.raises(SettingsError, match="did you mean 'grad_accum'"):
+        longpack.train(shards="x", out="o", gradient_accumulation_steps=4)

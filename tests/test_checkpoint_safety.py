@@ -25,14 +25,17 @@ class Planted:
 
 
 def seal(step_dir):
-    """COMPLETE as a checkpoint writes it: the attacker can always do this much."""
+    """COMPLETE remade over the folder's files as a checkpoint writes it (its record line
+    kept): the attacker can always do this much."""
     complete = step_dir / "COMPLETE"
     lines = complete.read_text().splitlines()
-    if len(lines) == 1 and "  " not in lines[0]:
-        complete.write_text(sha256_file(step_dir / "state.pt") + "\n")
+    record = [line for line in lines if line.startswith("longpack checkpoint")]
+    if "  " not in lines[0]:  # a whole checkpoint: state.pt's hash alone
+        complete.write_text("\n".join([sha256_file(step_dir / "state.pt"), *record]) + "\n")
     else:
-        complete.write_text("".join(f"{sha256_file(step_dir / line.split('  ', 1)[1])}  "
-                                    f"{line.split('  ', 1)[1]}\n" for line in lines))
+        names = sorted(p.name for p in step_dir.iterdir() if p.name != "COMPLETE")
+        complete.write_text("".join(f"{sha256_file(step_dir / n)}  {n}\n" for n in names)
+                            + "".join(f"{line}\n" for line in record))
 
 
 @pytest.mark.parametrize("sharded", [False, True])
@@ -109,3 +112,141 @@ def test_a_damaged_only_checkpoint_is_not_said_to_fall_back_to_one_before_it(tmp
     assert checkpoint.load_latest(run, said.append) is None
     assert len(said) == 1 and said[0].startswith(f"skipping checkpoint {run / 'step-00000002'}: ")
     assert said[0].endswith("; it was the only one: none is left to use"), said
+
+
+# -- issue 41: a DCP bytes item, damaged parts past COMPLETE, pruning, the optimizer switch -----
+
+def sharded_run(tmp_path, shards, steps=2):
+    """A one-process --fsdp run whose checkpoints (steps 1..steps) are sharded (DCP)."""
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=steps, save_every=1, keep_last=steps, warmup=0,
+                 workers=0, fsdp=True), log=lambda m: None)
+    return run
+
+
+def plant_bytes_items(step, marker, prefixes=("model.", "optimizers.state.")):
+    """What an attacker with write access does, with DCP's own classes only: one entry of each
+    prefix re-pointed as a bytes item whose pickle creates `marker` when torch.load runs it
+    with weights_only=False (DCP's default planner), in a new .distcp; COMPLETE remade."""
+    import io
+
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    metadata = pickle.loads((step / ".metadata").read_bytes())  # the attacker trusts it
+    payload = io.BytesIO()
+    torch.save(Planted(marker), payload)
+    (step / "__9_0.distcp").write_bytes(payload.getvalue())
+    for prefix in prefixes:
+        fqn = next(k for k in sorted(metadata.state_dict_metadata) if k.startswith(prefix))
+        metadata.state_dict_metadata[fqn] = BytesStorageMetadata()
+        metadata.storage_data[MetadataIndex(fqn)] = _StorageInfo(
+            "__9_0.distcp", 0, len(payload.getvalue()))
+    (step / ".metadata").write_bytes(pickle.dumps(metadata))
+    seal(step)
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_holds_no_pickled_item_and_a_planted_one_is_never_run(tmp_path,
+                                                                                   shards):
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from training import checkpoint
+
+    run = sharded_run(tmp_path, shards)
+    step = run / "step-00000002"
+    kinds = {type(m) for m in pickle.loads((step / ".metadata").read_bytes())
+             .state_dict_metadata.values()}
+    assert kinds == {TensorStorageMetadata}  # lr, betas, ... are in state.pt, read weights-only
+    with torch.serialization.safe_globals(checkpoint.NUMPY_GLOBALS):  # the RNG state's arrays
+        saved = torch.load(step / "state.pt", weights_only=True)
+    assert saved["param_groups"][0]["lr"] > 0
+    marker = tmp_path / "planted"
+    plant_bytes_items(step, marker)
+    base = ["--shards", str(shards), "--out", str(run), "--max-steps", "4", "--warmup", "0",
+            "--batch-size", "4", "--workers", "0"]
+    for extra in (["--fsdp"], []):  # sharded, and a plain process reading it whole
+        result = CliRunner().invoke(train_cli, base + extra)
+        assert result.exit_code == 1 and not marker.exists(), result.output
+        line = result.output.strip().splitlines()[-1]
+        assert "Traceback" not in result.output and line.startswith("Error: ")
+        assert "holds more than data" in line and "nothing in it was run" in line, line
+    for command in (["export", str(run), "--to", "safetensors", "--out", str(tmp_path / "o")],
+                    ["generate", str(run), "--prompt", "abc", "--max-new-tokens", "2"],
+                    ["eval", str(run), "--shards", str(shards)]):
+        result = CliRunner().invoke(zoo, command)
+        assert result.exit_code != 0 and not marker.exists(), (command, result.output)
+        assert "Traceback" not in result.output, result.output
+        assert result.output.strip().splitlines()[-1].startswith("Error: "), result.output
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_damaged_past_its_complete_falls_back_to_the_one_before(tmp_path,
+                                                                                      shards):
+    """Truncated, deleted, or metadata that is not DCP's, with COMPLETE remade to match: named
+    in one line, and the checkpoint before it is used."""
+    import shutil
+
+    from training import checkpoint
+
+    made = sharded_run(tmp_path, shards)
+    pristine = {p.name: p.read_bytes() for p in (made / "step-00000002").iterdir()}
+    part = next(n for n in pristine if n.endswith(".distcp"))
+    damages = {"truncated": lambda: (step / part).write_bytes(pristine[part][:100]),
+               "deleted": lambda: (step / part).unlink(),
+               "metadata": lambda: (step / ".metadata").write_bytes(b"not a pickle at all")}
+    expected = {"truncated": "is shorter than .metadata says", "deleted": "is missing",
+                "metadata": "is not a DCP metadata file"}
+    for kind, damage in damages.items():
+        run = tmp_path / kind
+        shutil.copytree(made, run)
+        step = run / "step-00000002"
+        damage()
+        seal(step)
+        said = []
+        _, path = checkpoint.load_latest(run, said.append)
+        assert path.name == "step-00000001", kind
+        assert len(said) == 1 and expected[kind] in said[0] and "using the one before" in said[0]
+        resumed = []
+        train(config(shards, run, max_steps=3, save_every=1, keep_last=3, warmup=0, workers=0,
+                     fsdp=True), log=resumed.append)
+        assert any("resumed from" in m and "step-00000001" in m for m in resumed), resumed
+
+
+@pytest.mark.slow
+def test_a_run_prunes_and_resumes_only_its_own_checkpoints(tmp_path, shards):
+    import shutil
+
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=2, save_every=1, keep_last=1, warmup=0, workers=0),
+          log=lambda m: None)
+    export = run / "step-hf"  # zoo export --out inside the run folder
+    result = CliRunner().invoke(zoo, ["export", str(run), "--to", "safetensors", "--out",
+                                      str(export)])
+    assert result.exit_code == 0, result.output
+    best = run / "step-00000002-best"  # a user's copy
+    shutil.copytree(run / "step-00000002", best)
+    renamed = run / "step-00000009"  # a copy under a checkpoint's name: its record says step 2
+    shutil.copytree(run / "step-00000002", renamed)
+    said = []
+    train(config(shards, run, max_steps=4, save_every=1, keep_last=1, warmup=0, workers=0),
+          log=said.append)
+    assert any("resumed from" in m and "step-00000002 at step 2" in m for m in said), said
+    assert sorted(p.name for p in run.glob("step-*")) == [
+        "step-00000002-best", "step-00000004", "step-00000009", "step-hf"]
+    assert (export / "model.safetensors").is_file() and (best / "COMPLETE").is_file()
+
+
+@pytest.mark.slow
+def test_resuming_with_another_optimizer_says_what_changed(tmp_path, shards):
+    run = tmp_path / "run"
+    train(config(shards, run, max_steps=2, save_every=2, warmup=0, workers=0),
+          log=lambda m: None)
+    result = CliRunner().invoke(train_cli, [
+        "--shards", str(shards), "--out", str(run), "--max-steps", "4", "--warmup", "0",
+        "--batch-size", "4", "--workers", "0", "--optimizer", "muon"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert "--optimizer adamw" in line and "--optimizer muon" in line, line

@@ -51,7 +51,7 @@ for name in ("archs", "training", "pipeline", "longpack"):
 import transformers.utils.import_utils as available
 available._torchvision_available = False
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 spec, out = json.load(open(sys.argv[1])), sys.argv[2]
 results = {}
@@ -67,6 +67,19 @@ for i, (folder, job) in enumerate(spec.items()):
               "mask": both["attention_mask"].tolist(), "prompt": one["input_ids"][0].tolist(),
               "greedy": model.generate(**one, **greedy)[0, one["input_ids"].shape[1]:].tolist(),
               "batched": model.generate(**both, **greedy)[:, both["input_ids"].shape[1]:].tolist()}
+    # the user's own round trip: save_pretrained of the loaded model, from_pretrained of that
+    # (in float32, as exported), and transformers' text-generation pipeline
+    again = f"{out}/resaved-{i}"
+    model.save_pretrained(again)
+    reloaded = AutoModelForCausalLM.from_pretrained(again, trust_remote_code=True)
+    with torch.no_grad():
+        torch.save(reloaded(torch.tensor(job["ids"])).logits, f"{out}/{i}-resaved.pt")
+    result["resaved"] = {name: json.load(open(f"{again}/{name}"))
+                         for name in ("config.json", "generation_config.json")}
+    generator = pipeline("text-generation", model=reloaded, tokenizer=tok)
+    result["pipeline"] = generator(job["prompts"][0], max_new_tokens=job["new"], do_sample=False,
+                                   return_full_text=False)[0]["generated_text"]
+    result["greedy_text"] = tok.decode(result["greedy"], skip_special_tokens=True)
     if job["beams"]:  # the cached path's beams (reorder_cache) against recomputation's
         beams = dict(max_new_tokens=4, num_beams=3, do_sample=False)
         result["beams"] = [model.generate(**one, **beams, use_cache=c)[0].tolist()
@@ -98,6 +111,7 @@ def standalone(folders: dict[str, dict], tmp: Path) -> dict:
     results = json.loads((out / "results.json").read_text())
     for i, folder in enumerate(folders):
         results[folder]["logits"] = torch.load(out / f"{i}.pt")
+        results[folder]["resaved_logits"] = torch.load(out / f"{i}-resaved.pt")
     return results
 
 
@@ -160,6 +174,22 @@ def test_a_standalone_transformers_gives_archs_logits(families, name):
     with torch.no_grad():
         ours = trained.model(ids)
     assert (result["logits"] - ours).abs().max().item() <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ALL)
+def test_a_loaded_export_survives_its_users_round_trip_and_pipeline(families, name):
+    """save_pretrained of the loaded model, from_pretrained of that: the same logits, no
+    generation setting taken from the model's own fields (MoE's experts per token was once
+    `top_k`, which transformers moved into generation_config.json as top-k sampling); the
+    text-generation pipeline gives the greedy tokens."""
+    _, _, child = families[name]
+    assert torch.equal(child["resaved_logits"], child["logits"])
+    config, generation = child["resaved"]["config.json"], child["resaved"]["generation_config.json"]
+    assert "top_k" not in config and "top_k" not in generation
+    if name.startswith(("moe", "hybrid")):
+        assert config["num_experts_per_tok"] == 2
+    assert child["pipeline"] == child["greedy_text"]
 
 
 @pytest.mark.slow

@@ -241,3 +241,20 @@ def test_the_memory_estimate_counts_the_logits_the_loss_keeps():
     assert loss_bytes(4 * 64, 50257) == 8 * 4 * 64 * 50257  # all kept, with their gradient
     assert 8 * 32767 * 50257 * 4 > LOGITS_BUDGET_BYTES  # seq 32k: chunked and recomputed
     assert loss_bytes(8 * 32767, 50257) == 8 * CE_CHUNK * 50257
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "-inf", "0"])
+def test_gpu_memory_must_be_a_positive_finite_number(value):
+    r = run_cli("--shards", "x", "--dry-run", "--gpu-memory", value)
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output  # a usage error
+    assert "--gpu-memory must be a positive, finite number of GiB" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_a_weight_decay_that_would_flip_every_weight_is_refused():
+    from longpack.errors import SettingsError
+
+    for wd, lr in ((1e300, 3e-4), (2.0, 0.5)):
+        with pytest.raises(SettingsError, match="lr x weight decay must be below 1"):
+            TrainConfig(shards=("x",), out="o", weight_decay=wd, lr=lr, min_lr=0)
+    TrainConfig(shards=("x",), out="o", weight_decay=1.0, lr=0.5, min_lr=0)  # halves: allowed

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_checkpoint_safety import plant_bytes_items
 
 from conftest import one_thread_as_under_torchrun, run_train_jobs
 from training import checkpoint
@@ -54,8 +55,14 @@ def runs(tmp_path_factory, shards_once):
     # a single-process run stopped at step 3 (a whole checkpoint) for the 2-process --fsdp run
     # to resume
     train(one(shards, tmp / "1to2", model="neox-tiny"), stop_at=3, **quiet)
+    # a sharded checkpoint with a planted bytes item, for 2 processes to resume (issue 41)
+    train(one(shards, tmp / "planted", model="neox-tiny", fsdp=True), stop_at=3, **quiet)
+    plant_bytes_items(tmp / "planted" / "step-00000003", tmp / "planted-marker")
+    planted = ["--shards", str(shards), "--out", str(tmp / "planted"), "--fsdp", "--batch-size",
+               "2", "--max-steps", str(STEPS), "--warmup", "2", "--workers", "0"]
     jobs = [{"config": two(shards, tmp / f"fsdp-{m}", model=m, fsdp=True)} for m in FAMILIES]
     jobs += [
+        {"argv": planted, "stdout": str(tmp / "planted.out")},
         {"config": two(shards, tmp / "fsdp-mtp-mod", model="moe-tiny", model_args=MTP_MOD,
                        fsdp=True)},
         {"config": two(shards, tmp / "stopped", model="neox-tiny", fsdp=True), "stop_at": 3},
@@ -75,6 +82,15 @@ def runs(tmp_path_factory, shards_once):
         singles["mtp-mod"] = train(one(shards, tmp / "one-mtp-mod", model="moe-tiny",
                                        model_args=MTP_MOD), **quiet)
     return tmp, shards, singles
+
+
+def test_two_processes_never_run_a_planted_checkpoint_item(runs):
+    tmp, _, _ = runs
+    assert not (tmp / "planted-marker").exists()
+    for rank in (0, 1):
+        line = (tmp / f"planted.out.rank{rank}").read_text().strip().splitlines()[-1]
+        assert line.startswith("Error: ") and "holds more than data" in line, line
+        assert "nothing in it was run" in line
 
 
 @pytest.mark.parametrize("model", FAMILIES)

@@ -81,8 +81,9 @@ def test_upload_next_to_a_local_out_and_resume_from_a_checkpoint_url(tmp_path, s
     assert sorted(steps_in(s3, "r")) == ["step-00000002", "step-00000004"]
     local = (run / "step-00000004" / "state.pt").read_bytes()
     assert s3.read("r/step-00000004/state.pt") == local
-    assert s3.read("r/step-00000004/COMPLETE").decode().strip() == \
-        checkpoint.sha256_file(run / "step-00000004" / "state.pt")
+    assert s3.read("r/step-00000004/COMPLETE").decode().splitlines() == [
+        checkpoint.sha256_file(run / "step-00000004" / "state.pt"),
+        "longpack checkpoint of step 4"]
     # a checkpoint named by its URL is fetched into the new run and resumed
     other = tmp_path / "other"
     said = []

@@ -6,13 +6,15 @@ JOBS.json is a list of {"config": TrainConfig's fields, "stop_at": step or null}
 {"argv": the `train` command's arguments, "stdout": PATH}; they run in order in the same
 processes, over one process group made here (train() uses a group it finds and leaves it). Each
 config run's console lines go to OUT/console.txt (rank 0); each command's stdout to
-PATH.rank0, PATH.rank1, ... (what each process of `torchrun ... train ARGV` would print)."""
+PATH.rank0, PATH.rank1, ... (what each process of `torchrun ... train ARGV` would print, a
+refusal's "Error: " line included)."""
 
 import contextlib
 import json
 import sys
 from pathlib import Path
 
+import click
 import torch.distributed as dist
 
 from training.config import TrainConfig
@@ -30,7 +32,10 @@ def main(path: str) -> None:
 
                 with open(f"{job['stdout']}.rank{procs.rank}", "w") as out, \
                         contextlib.redirect_stdout(out):
-                    train_cli.main(args=job["argv"], prog_name="train", standalone_mode=False)
+                    try:
+                        train_cli.main(args=job["argv"], prog_name="train", standalone_mode=False)
+                    except click.ClickException as e:  # what `train` prints before exit 1
+                        print(f"Error: {e.format_message()}")
                 dist.barrier()
                 continue
             cfg = TrainConfig(**job["config"])

@@ -3,7 +3,10 @@ they hold (`capture`) and how a run takes it back (`check_model`, `check_data`, 
 
 A checkpoint is written into `.step-N.tmp/`, with a `COMPLETE` file written last, then renamed;
 `RUN/latest` names the newest. Loading takes the newest checkpoint whose files match COMPLETE,
-saying (in one line) which it skips.
+saying (in one line) which it skips. A run reads and prunes only its own checkpoints: folders
+named exactly `step-NNNNNNNN` whose COMPLETE ends in the record `longpack checkpoint of step N`
+of that same N (or, written before the record, a COMPLETE of file hashes alone). Anything else
+in RUN (an export, a user's copy `step-00000002-best`) is never resumed from nor removed.
 
 state.pt holds model, optimizers, grad scaler, RNG states, the step, the shards' fingerprint
 and seq, the config, and the batch hashes of the last RECENT_HASHES steps: a resumed run
@@ -23,6 +26,7 @@ through an allow-list (checkpoint_dcp.SafeReader).
 """
 
 import random
+import re
 import shutil
 import sys
 from dataclasses import asdict
@@ -37,6 +41,9 @@ from training.mixture import MixedOrder, history_until, same_until
 from training.step import TrainState
 
 FORMAT = 2  # 1 (no "format" key): the same plus "history", every step's metrics record
+STEP_NAME = re.compile(r"step-(\d{8})")
+RECORD = "longpack checkpoint of step {}"  # COMPLETE's last line
+INCOMPLETE = "not a complete checkpoint (no COMPLETE file)"
 RECENT_HASHES = 16
 # numpy's array and dtype, which np.random.get_state() holds: data, rebuilt without running code
 NUMPY_GLOBALS = [(getattr(np, "_core", None) or np.core).multiarray._reconstruct, np.ndarray,
@@ -56,7 +63,8 @@ def save(run: Path, step: int, s: TrainState, state: dict, keep_last: int,
         tmp.mkdir()
     if sharded:
         distributed.barrier(procs)
-        checkpoint_dcp.save_parts(tmp, s.model, s.optimizers)  # returns once all have written
+        # returns once all have written; the param_groups (plain values) go in state.pt
+        state = {**state, "param_groups": checkpoint_dcp.save_parts(tmp, s.model, s.optimizers)}
     else:
         state = {**state, "model": s.model.state_dict(),
                  "optimizers": [o.state_dict() for o in s.optimizers]}
@@ -64,15 +72,52 @@ def save(run: Path, step: int, s: TrainState, state: dict, keep_last: int,
         torch.save(state, tmp / "state.pt")
         files = sorted(p.name for p in tmp.iterdir())
         (tmp / "COMPLETE").write_text(
-            "".join(f"{sha256_file(tmp / name)}  {name}\n" for name in files) if sharded
-            else sha256_file(tmp / "state.pt") + "\n")
-        shutil.rmtree(final, ignore_errors=True)
+            ("".join(f"{sha256_file(tmp / name)}  {name}\n" for name in files) if sharded
+             else sha256_file(tmp / "state.pt") + "\n") + RECORD.format(step) + "\n")
+        if final.exists():
+            if not is_checkpoint(final):  # not this code's: never removed, even to write here
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise TrainingError(f"{final} is in the way of this run's checkpoint and was not "
+                                    "written by it; move it out of the run folder and resume")
+            shutil.rmtree(final)
         tmp.rename(final)
         write_bytes(run / "latest", (final.name + "\n").encode())
-        for old in to_remove(sorted(p.name for p in run.glob("step-*")), final.name, keep_last):
+        for old in to_remove([p.name for p in checkpoints(run)], final.name, keep_last):
             shutil.rmtree(run / old, ignore_errors=True)
     distributed.barrier(procs)
     return final if procs.main else None
+
+
+def is_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint this code wrote (`not_a_checkpoint` says why not)."""
+    return not_a_checkpoint(path) is None
+
+
+def not_a_checkpoint(path: Path) -> str | None:
+    """Why `path` is not a checkpoint this code wrote, or None: one is named step-NNNNNNNN and
+    has a COMPLETE whose record names that step (or, before the record, hashes alone)."""
+    name = STEP_NAME.fullmatch(path.name)
+    complete = path / "COMPLETE"
+    if name is None or path.is_symlink() or not path.is_dir():
+        return "not a checkpoint folder of this run (step-NNNNNNNN)"
+    if not complete.is_file():
+        return INCOMPLETE
+    try:
+        lines = complete.read_text().strip().split("\n")
+    except (OSError, UnicodeDecodeError):
+        return "its COMPLETE file is not a checkpoint's"
+    if lines[-1].startswith("longpack checkpoint"):
+        if lines[-1] != RECORD.format(int(name.group(1))):
+            return f"its COMPLETE records another step ({lines[-1]!r}): a copy, left as it is"
+        return None
+    if all(re.fullmatch(r"[0-9a-f]{64}( {2}\S.*)?", line) for line in lines):
+        return None  # written before the record
+    return "its COMPLETE file is not a checkpoint's"
+
+
+def checkpoints(run: Path) -> list[Path]:
+    """RUN's checkpoints (is_checkpoint), oldest first."""
+    return sorted((p for p in run.glob("step-*") if is_checkpoint(p)), key=lambda p: p.name)
 
 
 def to_remove(names: list[str], saved: str, keep_last: int) -> list[str]:
@@ -102,9 +147,12 @@ def warn(line: str) -> None:
 
 def load_latest(run: Path, say=warn) -> tuple[dict, Path] | None:
     """The newest sound checkpoint of RUN; `say` is told of each one skipped, in one line."""
-    paths = sorted(run.glob("step-*"), reverse=True)
+    paths = sorted((p for p in run.glob("step-*") if STEP_NAME.fullmatch(p.name)), reverse=True)
     for n, path in enumerate(paths):
         try:
+            problem = not_a_checkpoint(path)
+            if problem:
+                raise ValueError(problem)
             state = _read(path)
         except Exception as e:  # truncated, missing or unreadable: fall back to the one before
             say(f"skipping checkpoint {path}: {e}; " + ("using the one before it"
@@ -116,26 +164,24 @@ def load_latest(run: Path, say=warn) -> tuple[dict, Path] | None:
 
 
 def _read(path: Path) -> dict:
-    problem = damage(path)
+    problem = damage(path) or (checkpoint_dcp.damage(path)
+                               if checkpoint_dcp.is_sharded_checkpoint(path) else None)
     if problem:
         raise ValueError(problem)
     try:
         with torch.serialization.safe_globals(NUMPY_GLOBALS):
             return torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # a pickle asking for more than data: refused, not run
-        first = str(e).strip().splitlines()
-        why = next((line.strip() for line in first if "GLOBAL" in line or "global" in line),
-                   first[0] if first else type(e).__name__)
         raise ValueError(f"state.pt holds more than a checkpoint's data, which is never loaded "
-                         f"(nothing in it was run): {why}") from None
+                         f"(nothing in it was run): {checkpoint_dcp.refusal(e)}") from None
 
 
 def damage(path: Path) -> str | None:
     """What is wrong with the checkpoint folder's files against its COMPLETE, or None."""
     complete = path / "COMPLETE"
     if not complete.is_file():
-        return "not a complete checkpoint (no COMPLETE file)"
-    lines = complete.read_text().split("\n")
+        return INCOMPLETE
+    lines = complete.read_text(errors="replace").split("\n")
     listed = dict(reversed(line.split("  ", 1)) for line in lines if "  " in line)
     if not listed:  # a whole checkpoint: state.pt's sha256 alone
         listed = {"state.pt": lines[0].strip()}
@@ -189,6 +235,12 @@ def check_model(found: tuple[dict, Path], cfg) -> None:
         raise TrainingError(f"{path} holds a {was} model and this run asks for --model "
                             f"{cfg.model}; pass --model {was} to resume it, or --resume never "
                             "or another --out to start a new run")
+    was_opt = state["config"].get("optimizer", "adamw")
+    if was_opt != cfg.optimizer:  # its state is another optimizer's: nothing of it would load
+        raise TrainingError(f"{path} was trained with --optimizer {was_opt} and this run asks for "
+                            f"--optimizer {cfg.optimizer}; pass --optimizer {was_opt} to resume "
+                            "it, or --resume never or another --out to start a new run with "
+                            f"{cfg.optimizer}")
     saved = state.get("model_config")  # absent in checkpoints before --model-arg
     if saved is not None:
         import archs
@@ -240,13 +292,18 @@ def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
     sharded = fsdp.is_sharded(s.model)
     try:
         if checkpoint_dcp.is_sharded_checkpoint(path):
-            checkpoint_dcp.load_into(path, s.model, s.optimizers, distributed=sharded)
+            checkpoint_dcp.load_into(path, s.model, s.optimizers, state.get("param_groups"),
+                                     distributed=sharded)
         elif sharded:
             checkpoint_dcp.load_whole_into(state, s.model, s.optimizers)
         else:
             s.model.load_state_dict(state["model"])
             for opt, saved in zip(s.optimizers, state["optimizers"]):
                 opt.load_state_dict(saved)
+    except checkpoint_dcp.Unreadable as e:  # damaged past its COMPLETE, or crafted: nothing ran
+        raise TrainingError(f"{path} cannot be read ({e}); resume from an earlier checkpoint "
+                            "(--resume RUN/step-NNNNNNNN), or pass --resume never or another "
+                            "--out to start afresh") from None
     except (RuntimeError, KeyError, ValueError) as e:  # other shapes: archs/ changed since
         raise TrainingError(f"{path}: its weights do not fit --model {cfg.model} as archs/ "
                             f"builds it now ({str(e).strip().splitlines()[0]}); pass --resume "

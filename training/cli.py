@@ -84,8 +84,9 @@ def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **setti
              is not click.core.ParameterSource.DEFAULT]
     if given and not dry_run:
         raise click.UsageError(f"{', '.join(given)}: only with --dry-run (they shape its plan)")
-    if not gpu_memory > 0:
-        raise click.UsageError(f"--gpu-memory must be positive (GiB; got {gpu_memory})")
+    if not 0 < gpu_memory < float("inf"):
+        raise click.UsageError(f"--gpu-memory must be a positive, finite number of GiB (got "
+                               f"{gpu_memory})")
     if list_models:
         click.echo(preset_table(settings["shards"], settings["seq"]))
         return

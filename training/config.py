@@ -197,6 +197,11 @@ class TrainConfig:
             raise SettingsError(f"--muon-lr must be positive (got {self.muon_lr})")
         if self.muon_lr == math.inf:
             raise SettingsError("--muon-lr must be finite (got inf)")
+        peak = max(self.lr, self.muon_lr or 0)
+        if peak * self.weight_decay >= 1:  # decoupled decay scales weights by 1 - lr x wd a step
+            raise SettingsError(f"--weight-decay {self.weight_decay} at a learning rate of {peak} "
+                                "would shrink every weight by 100% or more a step (lr x "
+                                "weight decay must be below 1; 0.1 is usual)")
         if self.muon_ns_steps >= 100:  # torch.optim.Muon's bound, met at the first step
             raise SettingsError(f"--muon-ns-steps must be below 100 (got {self.muon_ns_steps}; "
                                 "5 is usual)")

@@ -4,11 +4,17 @@ This file is shipped as is into every exported folder of a family transformers h
 for (MoE and its hybrids, Mamba, resonance), next to modeling_longpack.py and archs' own model
 files; it imports nothing of longpack. config.json holds `family` ("moe", "mamba" or
 "resonance") and every field of that family's config dataclass (archs/<family>.py) at its top
-level; modeling_longpack.py rebuilds the dataclass from them. `max_position_embeddings` is the
+level (under CONFIG_NAMES' names where transformers reads a name as something else);
+modeling_longpack.py rebuilds the dataclass from them. `max_position_embeddings` is the
 context the model is meant for: the longer of its `max_seq` and the rows it trained on.
 """
 
 from transformers import PretrainedConfig
+
+# Fields stored under another name in config.json: transformers reads a top-level `top_k` as a
+# generation setting (top-k sampling) and moves it to generation_config.json on save, so MoE's
+# experts per token is stored under transformers' own MoE name.
+CONFIG_NAMES = {"top_k": "num_experts_per_tok"}
 
 
 class LongpackConfig(PretrainedConfig):

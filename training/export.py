@@ -40,8 +40,7 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> Trained
             raise TrainingError(f"{run}: no complete checkpoint (step-NNNNNNNN/ with COMPLETE); "
                                 "pass the --out of a train run")
     else:
-        steps = sorted(int(p.name[5:]) for p in run.glob("step-*")
-                       if p.name[5:].isdigit() and (p / "COMPLETE").is_file())
+        steps = [int(p.name[5:]) for p in checkpoint.checkpoints(run)]
         have = (f"its complete checkpoints are of steps {', '.join(map(str, steps))}" if steps
                 else f"{run} has no complete checkpoint")
         found = checkpoint.load(run / f"step-{step:08d}", f"--step {step}:",

@@ -78,10 +78,17 @@ def remote_config(model, context: int, ids: dict) -> dict:
     return {"architectures": ["LongpackForCausalLM"], "model_type": "longpack",
             "auto_map": {"AutoConfig": f"{CONFIGURATION}.LongpackConfig",
                          "AutoModelForCausalLM": f"{MODELING}.LongpackForCausalLM"},
-            "family": family_of(model), **asdict(model.cfg), "checkpointing": False,
+            "family": family_of(model), **stored_fields(model.cfg), "checkpointing": False,
             "max_position_embeddings": context, "tie_word_embeddings": tied,
             "use_cache": True, **ids, "torch_dtype": "float32",
             "transformers_version": transformers.__version__}
+
+
+def stored_fields(cfg) -> dict:
+    """The family config's fields as config.json holds them (configuration_longpack's names)."""
+    from training.configuration_longpack import CONFIG_NAMES
+
+    return {CONFIG_NAMES.get(k, k): v for k, v in asdict(cfg).items()}
 
 
 def remote_weights(model) -> dict:

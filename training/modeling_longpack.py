@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .configuration_longpack import LongpackConfig
+from .configuration_longpack import CONFIG_NAMES, LongpackConfig
 
 # transformers copies a local folder's code into its module cache only as far as the file it
 # loads imports it directly (a hub repository's also through the files' own imports), so every
@@ -80,8 +80,9 @@ class LongpackForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: LongpackConfig):
         super().__init__(config)
         family_config, family_model = FAMILIES[config.family]
-        settings = {f.name: getattr(config, f.name) for f in fields(family_config)
-                    if hasattr(config, f.name)}
+        stored = {f.name: CONFIG_NAMES.get(f.name, f.name) for f in fields(family_config)}
+        settings = {name: getattr(config, key) for name, key in stored.items()
+                    if hasattr(config, key)}
         self.model = family_model(family_config(**{**settings, "checkpointing": False}))
         self.decodes = hasattr(self.model, "new_cache") and self.model.new_cache() is not None
         self.post_init()

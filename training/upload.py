@@ -19,7 +19,6 @@ failure is raised at the next submit or at close, as one StorageError line; the 
 checkpoint is whole whatever happens to the upload.
 """
 
-import re
 import shutil
 import tempfile
 import threading
@@ -27,8 +26,6 @@ from pathlib import Path
 
 from longpack import StorageError, Store, redact
 from training import checkpoint
-
-STEP = re.compile(r"step-(\d{8})")
 
 
 class RemoteRun:
@@ -89,7 +86,7 @@ class RemoteRun:
     def _steps(self) -> tuple[list[str], list[str]]:
         """(complete checkpoint folders, the others: uploads cut short), oldest first."""
         sizes = self.store.sizes()
-        steps = {rel.split("/")[0] for rel in sizes if STEP.fullmatch(rel.split("/")[0])}
+        steps = {rel.split("/")[0] for rel in sizes if checkpoint.STEP_NAME.fullmatch(rel.split("/")[0])}
         complete = {s for s in steps if f"{s}/COMPLETE" in sizes and f"{s}/state.pt" in sizes}
         return sorted(complete), sorted(steps - complete)
 
@@ -124,7 +121,7 @@ class RemoteRun:
         writes it) the run's metrics.jsonl, when RUN has none. A checkpoint whose files do not
         match its COMPLETE is skipped for the one before (it is not removed: the bucket is
         not this machine's to clean)."""
-        local = [p.name for p in run.glob("step-*") if (p / "COMPLETE").is_file()]
+        local = [p.name for p in checkpoint.checkpoints(run)]
         newest_local = max(local, default="")
         for name in reversed(self.complete_steps()):
             if name <= newest_local:
