@@ -124,10 +124,11 @@ def sharded_run(tmp_path, shards, steps=2):
     return run
 
 
-def plant_bytes_items(step, marker, prefixes=("model.", "optimizers.state.")):
+def plant_bytes_items(step, marker, prefixes=("model.", "optimizers.state."), as_bytes=True):
     """What an attacker with write access does, with DCP's own classes only: one entry of each
     prefix re-pointed as a bytes item whose pickle creates `marker` when torch.load runs it
-    with weights_only=False (DCP's default planner), in a new .distcp; COMPLETE remade."""
+    with weights_only=False (DCP's default planner), in a new .distcp; COMPLETE remade.
+    `as_bytes=False`: the entries stay tensors, their data re-pointed to the pickle."""
     import io
 
     import torch
@@ -138,11 +139,15 @@ def plant_bytes_items(step, marker, prefixes=("model.", "optimizers.state.")):
     payload = io.BytesIO()
     torch.save(Planted(marker), payload)
     (step / "__9_0.distcp").write_bytes(payload.getvalue())
+    planted = _StorageInfo("__9_0.distcp", 0, len(payload.getvalue()))
     for prefix in prefixes:
         fqn = next(k for k in sorted(metadata.state_dict_metadata) if k.startswith(prefix))
-        metadata.state_dict_metadata[fqn] = BytesStorageMetadata()
-        metadata.storage_data[MetadataIndex(fqn)] = _StorageInfo(
-            "__9_0.distcp", 0, len(payload.getvalue()))
+        if as_bytes:
+            metadata.state_dict_metadata[fqn] = BytesStorageMetadata()
+            metadata.storage_data[MetadataIndex(fqn)] = planted
+        else:
+            for index in [i for i in metadata.storage_data if i.fqn == fqn]:
+                metadata.storage_data[index] = planted
     (step / ".metadata").write_bytes(pickle.dumps(metadata))
     seal(step)
 
@@ -164,6 +169,7 @@ def test_a_sharded_checkpoint_holds_no_pickled_item_and_a_planted_one_is_never_r
         saved = torch.load(step / "state.pt", weights_only=True)
     assert saved["param_groups"][0]["lr"] > 0
     marker = tmp_path / "planted"
+    pristine = {p.name: p.read_bytes() for p in step.iterdir()}
     plant_bytes_items(step, marker)
     base = ["--shards", str(shards), "--out", str(run), "--max-steps", "4", "--warmup", "0",
             "--batch-size", "4", "--workers", "0"]
@@ -180,6 +186,19 @@ def test_a_sharded_checkpoint_holds_no_pickled_item_and_a_planted_one_is_never_r
         assert result.exit_code != 0 and not marker.exists(), (command, result.output)
         assert "Traceback" not in result.output, result.output
         assert result.output.strip().splitlines()[-1].startswith("Error: "), result.output
+    # a tensor item whose data is re-pointed to the pickle: DCP reads tensors weights-only
+    for name, data in pristine.items():
+        (step / name).write_bytes(data)
+    plant_bytes_items(step, marker, prefixes=("model.",), as_bytes=False)
+    result = CliRunner().invoke(train_cli, base + ["--fsdp"])
+    assert result.exit_code == 1 and not marker.exists(), result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("Error: ") and "cannot be read" in line and "GLOBAL" in line, line
+    assert "weights_only" not in line  # torch's advice to load it unsafely is not passed on
+    result = CliRunner().invoke(zoo, ["export", str(run), "--to", "safetensors", "--out",
+                                      str(tmp_path / "o2")])
+    assert result.exit_code == 1 and not marker.exists(), result.output
+    assert "GLOBAL" in result.output.strip().splitlines()[-1], result.output
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -364,3 +365,30 @@ def test_a_damaged_manifest_is_one_line_for_train_and_zoo_eval(tmp_path, shards,
     assert says in r.output.strip().splitlines()[-1]
     r = CliRunner().invoke(zoo, ["eval", str(tmp_path / "no-run"), "--shards", str(shards)])
     assert "Traceback" not in r.output and isinstance(r.exception, SystemExit), r.output
+
+
+def test_a_step_reads_nothing_back_to_the_host_between_logged_steps(tmp_path, byte_tokenizer,
+                                                                    monkeypatch):
+    """The step's numbers stay on the device (the CPU can queue the next step on a GPU): over
+    12 steps logged every 4, the trainer copies numbers to the host at steps 0, 4 and 8 and at
+    the last (its evaluation and checkpoint), once each, and nowhere else."""
+    import training
+
+    package = str(Path(training.__file__).parent)
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _real=real, _name=name, **kwargs):
+            caller = sys._getframe(1).f_code
+            if caller.co_filename.startswith(package) and not caller.co_filename.endswith(
+                    ("evaluate.py", "checkpoint.py", "checkpoint_dcp.py")):
+                reads.append(f"{Path(caller.co_filename).name}:{caller.co_name}.{_name}")
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    shards = padded_build(tmp_path, byte_tokenizer)
+    history = train(config(shards, tmp_path / "r", max_steps=12, log_every=4, save_every=100,
+                           eval_every=100, workers=0), log=lambda m: None)
+    assert len(history) == 12
+    assert reads == ["step.py:read_steps.tolist"] * 4, reads

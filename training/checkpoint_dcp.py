@@ -203,6 +203,9 @@ def _first_failure(e: CheckpointException) -> Exception:
                 return inner
             if "mismatch sizes" in line or "size mismatch" in line:
                 return RuntimeError(line)
+            if isinstance(inner, pickle.UnpicklingError):  # a tensor item asking for more
+                return Unreadable(f"an item holds more than data, which is never loaded "
+                                  f"(nothing in it was run): {refusal(inner)}")
             return Unreadable(f"{type(inner).__name__}: {line}")
     return Unreadable((str(e).strip().splitlines() or ["unreadable"])[0])
 

@@ -60,6 +60,15 @@ def total(value: float, procs: Processes) -> float:
     return float(t)
 
 
+def summed(t: torch.Tensor, procs: Processes) -> torch.Tensor:
+    """A tensor summed over all processes, left on the device (nothing is read to the host)."""
+    if procs.world == 1:
+        return t
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
 def smallest(value: int, procs: Processes) -> int:
     """The smallest of an integer over all processes."""
     if procs.world == 1:

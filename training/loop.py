@@ -34,7 +34,7 @@ from training.evaluate import split_loss
 from training.loader import StepBatches, batches
 from training.metrics import MetricsLog, check_installed, duration, peak_flops
 from training.mixture import MixedOrder, Sources, make_order, open_sources
-from training.step import prepare, train_step
+from training.step import prepare, read_steps, train_step
 from training.upload import RemoteRun
 
 SHARD_CACHE = "shard-cache"  # in the run directory, without --cache
@@ -114,39 +114,44 @@ def _train(cfg, resume, log, stop_at, procs):
             contextlib.closing(metrics) if metrics else contextlib.nullcontext(), \
             contextlib.closing(batches(batches_of, step, last, cfg.workers,
                                        cfg.prefetch)) as stream:
+        pending = []  # the steps since the numbers were last read: (record, StepResult, t0)
         while step < last:
             t0 = time.perf_counter()
             micro_batches = [model_inputs(next(stream), device) for _ in range(cfg.grad_accum)]
             waited = time.perf_counter() - t0
             out = train_step(state, micro_batches, step, cfg, procs)
-            if out.loss is not None and not math.isfinite(out.loss):
-                raise TrainingError(f"loss is {out.loss} at step {step}; the last good "
-                                    f"checkpoint is in {run} (resume from it with a lower --lr)")
-            seconds = time.perf_counter() - t0
-            record = {"step": step, "loss": out.loss, **loss_terms(out.terms),
-                      "targets": out.targets, "lr": out.lr, "grad_norm": out.grad_norm,
-                      "tokens": (step + 1) * step_tokens, "batch": order.step_hash(step),
-                      "seconds": seconds, "data_seconds": waited,
-                      "tokens_per_second": step_tokens / seconds}
-            if peak:
-                flops = model.flops_per_token(data.seq - 1) * step_tokens
-                record["mfu"] = flops / seconds / (peak * procs.world)
+            record = {"step": step, "lr": out.lr, "tokens": (step + 1) * step_tokens,
+                      "batch": order.step_hash(step), "data_seconds": waited}
             if device.type == "cuda":
                 record["memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             if data.mixed:
                 record.update(source_counts(data, order, step + 1))
-            if (step + 1) % cfg.eval_every == 0 or step + 1 == last:
-                record.update(evaluate(model, data, cfg, procs) or {})
-            record.update(eta.after(step))
-            history.append(record)
-            if metrics:
-                metrics.write(record)
-            if "console" in cfg.report_to and (step % cfg.log_every == 0 or "val_loss" in record):
-                log(console_line(record, last))
+            pending.append((record, out, t0))
+            evaluating = (step + 1) % cfg.eval_every == 0 or step + 1 == last
             step += 1
-            stopping = distributed.anyone(stop.requested, procs) or (
-                stop_at is not None and step >= stop_at)
-            if step % cfg.save_every == 0 or step == last or stopping:
+            # The step's numbers stay on the device until a logged step, an evaluation or a
+            # checkpoint: then every pending step's are read in one copy, and the processes
+            # agree on a signal (one process alone reads its own flag at every step).
+            stopping = stop_at is not None and step >= stop_at
+            saving = step % cfg.save_every == 0 or step == last
+            reading = (step - 1) % cfg.log_every == 0 or evaluating or saving or stopping
+            if procs.world == 1 or reading:
+                stopping = stopping or distributed.anyone(stop.requested, procs)
+            if not (reading or stopping):
+                continue
+            records = finished(pending, run, model, data, step_tokens, peak, procs.world)
+            pending = []
+            if evaluating:
+                records[-1].update(evaluate(model, data, cfg, procs) or {})
+            for record in records:
+                record.update(eta.after(record["step"]))
+                history.append(record)
+                if metrics:
+                    metrics.write(record)
+                if "console" in cfg.report_to and (record["step"] % cfg.log_every == 0
+                                                   or "val_loss" in record):
+                    log(console_line(record, last))
+            if saving or stopping:
                 if procs.main and remote:
                     remote.wait()  # the previous checkpoint's upload, if still running
                 saved = checkpoint.save(run, step, state, checkpoint.capture(
@@ -157,6 +162,30 @@ def _train(cfg, resume, log, stop_at, procs):
                 log(f"stopped at step {step}: re-run the same command to resume")
                 break
     return history
+
+
+def finished(pending: list, run: Path, model, data: Sources, step_tokens: int, peak,
+             world: int) -> list[dict]:
+    """The pending steps' records, their device numbers read in one copy (read_steps). Their
+    time is the interval's wall clock shared out evenly (a GPU's steps run behind the CPU's
+    queueing of them). A loss that is not finite stops the run, naming its step."""
+    numbers = read_steps([out for _, out, _ in pending])
+    seconds = (time.perf_counter() - pending[0][2]) / len(pending)
+    records = []
+    for (record, _, _), n in zip(pending, numbers):
+        if n["loss"] is not None and not math.isfinite(n["loss"]):
+            raise TrainingError(f"loss is {n['loss']} at step {record['step']}; the last good "
+                                f"checkpoint is in {run} (resume from it with a lower --lr)")
+        done = {"step": record.pop("step"), "loss": n["loss"], **loss_terms(n["terms"]),
+                "targets": n["targets"], "lr": record.pop("lr"), "grad_norm": n["grad_norm"],
+                "tokens": record.pop("tokens"), "batch": record.pop("batch"),
+                "seconds": seconds, "data_seconds": record.pop("data_seconds"),
+                "tokens_per_second": step_tokens / seconds}
+        if peak:
+            flops = model.flops_per_token(data.seq - 1) * step_tokens
+            done["mfu"] = flops / seconds / (peak * world)
+        records.append({**done, **record})  # then memory_gib, each source's counts
+    return records
 
 
 def run_folder(cfg: TrainConfig) -> tuple[Path, RemoteRun | None]:

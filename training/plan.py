@@ -257,8 +257,9 @@ def probe(cfg: TrainConfig, data, procs: distributed.Processes, vocab: int, rows
         out = train_step(state, [batch], i, cfg, procs, clock=lambda: _now(device))
         micro.append(out.forward_backward_seconds)
         updates.append(out.update_seconds)
-        losses.append(out.loss)
-        loss = "-" if out.loss is None else f"{out.loss:.4f}"  # "-": padding only
+        step_loss = out.read()["loss"]
+        losses.append(step_loss)
+        loss = "-" if step_loss is None else f"{step_loss:.4f}"  # "-": padding only
         say(f"  probe       step {i + 1}/{PROBE_STEPS + 1}: "
             f"{out.forward_backward_seconds + out.update_seconds:.3f} s, loss {loss}"
             + (" (warm-up, not counted)" if i == 0 else ""))

@@ -4,7 +4,9 @@
                                  the run calls it (DDP over the processes, torch.compile)
     train_step(state, micro_batches, step, cfg, procs)
                                  forward + backward of each micro-batch (fp16: scaled), then
-                                 unscale, clip, optimizer step, scaler update
+                                 unscale, clip, optimizer step, scaler update; its numbers
+                                 stay on the device
+    read_steps(results)          many steps' numbers on the host, in one copy
 
 The step's loss is the mean over the real (not padding) targets of the whole global batch,
 however it is cut into micro-batches and processes: a micro-batch weighs by its real targets,
@@ -15,7 +17,7 @@ next-token loss; `aux`; MoE's balance, z_loss, mtp, ...) is averaged with the sa
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -48,15 +50,33 @@ class TrainState:
 
 @dataclass(frozen=True)
 class StepResult:
-    loss: float | None  # None: no real target in the step (windows of padding only)
-    targets: int  # real targets of the global batch
+    """One step's numbers. `values` stays on the device, so that the step makes no host
+    synchronisation and the CPU can queue the next one: the loop reads many steps' values in
+    one copy (`read_steps`)."""
+    names: tuple[str, ...]  # model.loss's scalars, "loss" first
+    values: torch.Tensor  # float64: each name's sum x real targets, then real targets, grad norm
     lr: float
-    grad_norm: float  # before clipping
     forward_backward_seconds: float  # by `clock`
     update_seconds: float
-    # each other scalar of model.loss's dict (ce, aux, MoE's terms), the same weighted mean as
-    # `loss`; None where `loss` is None
-    terms: dict = field(default_factory=dict)
+
+    def read(self) -> dict:
+        return read_steps([self])[0]
+
+
+def read_steps(results: list[StepResult]) -> list[dict]:
+    """Each step's numbers on the host, all in one copy: {"loss": the mean over the global
+    batch's real targets (None: the step had none, windows of padding only), "targets": their
+    number, "grad_norm": before clipping, "terms": each other scalar of model.loss's dict (ce,
+    aux, MoE's terms) as the same weighted mean}."""
+    rows = torch.stack([r.values for r in results]).tolist() if results else []
+    steps = []
+    for result, row in zip(results, rows):
+        *sums, targets, grad_norm = row
+        targets = round(targets)
+        means = {k: v / targets if targets else None for k, v in zip(result.names, sums)}
+        loss = means.pop("loss")
+        steps.append({"loss": loss, "targets": targets, "grad_norm": grad_norm, "terms": means})
+    return steps
 
 
 def prepare(model: torch.nn.Module, cfg, procs: distributed.Processes) -> TrainState:
@@ -84,9 +104,9 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
     t0 = clock()
     lr = lr_at(step, cfg)
     set_lr(state.optimizers, lr, cfg)
-    counts = torch.stack([(b["targets"] != -100).sum() for b in micro_batches]).tolist()
-    targets = round(distributed.total(sum(counts), procs))
-    sums: dict[str, float] = {}  # of each scalar of the loss's dict x the micro-batch's targets
+    counts = torch.stack([(b["targets"] != -100).sum() for b in micro_batches]).double()
+    targets = distributed.summed(counts.sum(), procs)  # the global batch's, on the device
+    sums = None  # of each scalar of the loss's dict x the micro-batch's targets (float64)
     for micro, (batch, count) in enumerate(zip(micro_batches, counts)):
         # DDP averages gradients on the last micro-step only, over the ranks (FSDP at every
         # micro-step): x world undoes that average, so the gradient is of the global mean.
@@ -97,15 +117,12 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
                 doc_starts = full_width(doc_starts, batch["input_ids"].shape[1])
             with autocast(cfg, procs.device):
                 out = state.loss(batch["input_ids"], batch["targets"], doc_starts)
-            weight = count * procs.world / max(targets, 1)
+            weight = (count * procs.world / targets.clamp(min=1)).float()
             state.scaler.scale(out["loss"] * weight).backward()
-        names = [k for k, v in out.items() if v.ndim == 0]  # "loss" first: model.loss's order
-        values = torch.stack([out[k].detach().float() for k in names]).tolist()  # one sync
-        for name, value in zip(names, values):
-            sums[name] = sums.get(name, 0.0) + value * count
-    means = {k: v / targets if targets else None
-             for k, v in zip(sums, totals(list(sums.values()), procs))}
-    loss = means.pop("loss")
+        names = tuple(k for k, v in out.items() if v.ndim == 0)  # "loss" first: model.loss's
+        values = torch.stack([out[k].detach().float().double() for k in names]) * count
+        sums = values if sums is None else sums + values
+    sums = distributed.summed(sums, procs)
     t1 = clock()
     for opt in state.optimizers:
         state.scaler.unscale_(opt)
@@ -114,19 +131,9 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
         state.scaler.step(opt)  # fp16: skipped when the gradients overflowed
         opt.zero_grad(set_to_none=True)
     state.scaler.update()
-    grad_norm = float(fsdp.whole(norm))
-    return StepResult(loss, targets, lr, grad_norm, t1 - t0, clock() - t1, means)
-
-
-def totals(values: list[float], procs: distributed.Processes) -> list[float]:
-    """Each number summed over all processes, in one all-reduce (float64)."""
-    if procs.world == 1 or not values:
-        return values
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64, device=procs.device)
-    dist.all_reduce(t)
-    return t.tolist()
+    grad_norm = fsdp.whole(norm).detach().double().reshape(1)
+    values = torch.cat([sums, targets.reshape(1), grad_norm.to(sums.device)])
+    return StepResult(names, values, lr, t1 - t0, clock() - t1)
 
 
 def autocast(cfg, device: torch.device):
