@@ -111,8 +111,8 @@ def build(name: str, device: str | torch.device | None = None, **overrides) -> t
 class _MetaInitSkipped(TorchDispatchMode):
     """A weight on the meta device has no values, so initializing it computes nothing; but
     torch runs each in-place random or fill op on meta through its Python reference kernels,
-    ~2/3 of the time of building a model there (`list_models`: 5.5 s -> 1.9 s without them).
-    This skips those ops for meta tensors only (this thread's, while the mode is on)."""
+    most of the time of building a model there. This skips those ops for meta tensors only
+    (this thread's, while the mode is on)."""
 
     SKIPPED = {torch.ops.aten.normal_.default, torch.ops.aten.uniform_.default,
                torch.ops.aten.zero_.default, torch.ops.aten.fill_.Scalar,
@@ -199,8 +199,8 @@ def _sizes(name: str, vocab_size: int, seq: int) -> dict:
 
 @functools.lru_cache(maxsize=1024)
 def _sizes_once(name: str, vocab_size: int, seq: int) -> tuple:
-    """A preset's sizes, measured once per process (~0.05 s each even with _MetaInitSkipped;
-    a table is ~30 of them, and zoo list, train --list-models and the plan ask again)."""
+    """A preset's sizes, counted once per process: a table is ~30 of them, and zoo list,
+    train --list-models and the plan ask again."""
     model = build(name, device="meta", vocab_size=vocab_size)
     params = model.num_params()
     active = model.active_params() if hasattr(model, "active_params") else params

@@ -112,8 +112,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     may have fewer heads (grouped-query attention).
 
     Without doc_starts: one causal SDPA call. On CUDA: FlexAttention with a document mask
-    (O(T) memory at 32k). On CPU (FlexAttention has no CPU backward in torch 2.13): causal SDPA
-    per document, measured 6.6x faster than a dense [T, T] mask at 4k.
+    (O(T) memory at 32k). On CPU (FlexAttention has no CPU backward): causal SDPA per document,
+    which skips the masked blocks a dense [T, T] mask would compute.
     """
     enable_gqa = k.shape[1] != q.shape[1]
     if doc_starts is None:
@@ -163,9 +163,9 @@ def document_block_mask(doc_starts: torch.Tensor, seq: int):
 
 
 # Outside any compiled graph: without gradients, Inductor fuses the mask's making (its sort) into
-# the flex kernel, and that kernel read out of bounds on an H200 ("an illegal memory access",
-# torch 2.11, every shape tried; docs/BENCHMARKS.md). With gradients the fused graph is correct
-# and fast, so training keeps it; a graph break per layer costs inference little.
+# the flex kernel, and that kernel read out of bounds on a GPU ("an illegal memory access" at
+# every shape tried; docs/BENCHMARKS.md). With gradients the fused graph is correct and fast, so
+# training keeps it; a graph break per layer costs inference little.
 _eager_document_block_mask = torch.compiler.disable(document_block_mask)
 
 
@@ -209,8 +209,9 @@ class LinearCrossEntropy(torch.autograd.Function):
     reads it and the log-probabilities to write a third (N, V) tensor. Here the gradient of
     the logits, softmax - onehot, is made in place from the kept log-probabilities (one exp
     pass) and the per-row scale (upstream gradient, ignored rows) goes on the (N, d) sides of
-    the two matmuls, not on the (N, V) matrix: at vocab 50k that was ~10% of a small model's
-    step (tools/bench_archs.py). Memory is the same (N, V) fp32 tensor F.cross_entropy keeps.
+    the two matmuls, not on the (N, V) matrix, which at a vocabulary of 50k is a visible share of
+    a small model's step (tools/bench_archs.py). Memory is the same (N, V) fp32 tensor
+    F.cross_entropy keeps.
     Under autocast the matmuls run in the autocast dtype, as the plain head's would. Its
     backward consumes what it kept, so it runs once (no retain_graph)."""
 

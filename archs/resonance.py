@@ -131,7 +131,7 @@ class LongConv(nn.Module):
 
     def forward(self, u: torch.Tensor, doc_starts: torch.Tensor | None) -> torch.Tensor:
         # u (B, T, d). The FFTs run in fp32 along time, on a contiguous (B, d, T) copy: one copy
-        # does the cast and the layout (an FFT over a strided axis was 2x slower backward).
+        # does the cast and the layout (an FFT over a strided axis is slower, backward most).
         B, T, d = u.shape
         x = u.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
         kernel = resonance_kernel(self.log_alpha, self.omega, self.amp, self.phase, T)  # (d, T)

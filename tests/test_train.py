@@ -4,6 +4,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -392,3 +393,18 @@ def test_a_step_reads_nothing_back_to_the_host_between_logged_steps(tmp_path, by
                            eval_every=100, workers=0), log=lambda m: None)
     assert len(history) == 12
     assert reads == ["step.py:read_steps.tolist"] * 4, reads
+
+
+def test_a_failed_evaluation_leaves_the_model_in_training_mode():
+    from training.evaluate import split_loss
+
+    class Damaged:  # a val split whose second row cannot be read
+        def get(self, i):
+            if i:
+                raise OSError("val shard damaged")
+            return np.arange(9), np.array([0]), None  # tokens, document starts, no hashes
+
+    model = archs.build("neox-tiny").train()
+    with pytest.raises(OSError, match="damaged"):
+        split_loss(model, Damaged(), 2, 1)
+    assert model.training

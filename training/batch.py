@@ -78,8 +78,8 @@ def make_batch(rows: list, device: torch.device = CPU) -> dict:
 def full_width(doc_starts: torch.Tensor, seq: int) -> torch.Tensor:
     """doc_starts [B, K] padded with -1 to [B, seq], one column per position of the row (the
     most documents a row can hold): the same shape for every batch. collate makes it as wide as
-    the batch's most documents, which changes from batch to batch, and torch.compile compiled the
-    model again at each new width (on a GPU, neox-tiny's first step took 21.6 s and its second
-    more than 20 s; mamba-tiny on the CPU: 3 graphs over 4 widths, 1 at full width). The padding
-    changes no number: every model reads doc_starts up to its first -1 (tests/test_train_compile.py)."""
+    the batch's most documents, which changes from batch to batch, and torch.compile would
+    compile the model again at each new width (docs/BENCHMARKS.md, the first GPU). The padding
+    changes no number: every model reads doc_starts up to its first -1
+    (tests/test_train_compile.py counts the graphs)."""
     return torch.nn.functional.pad(doc_starts, (0, seq - doc_starts.shape[1]), value=-1)

@@ -30,16 +30,19 @@ def split_loss(model, rows, n: int, batch_size: int, device: torch.device = CPU,
     was_training = model.training
     model.eval()
     loss_sum, targets = 0.0, 0
-    with torch.no_grad():
-        for i in starts[rank::world]:
-            batch = make_batch([rows.get(r) for r in range(i, min(i + batch_size, n))], device)
-            with autocast(cfg, device) if cfg is not None else contextlib.nullcontext():
-                out = model.loss(batch["input_ids"], batch["targets"],
-                                 batch["doc_starts"] if doc_mask else None)
-            count = int((batch["targets"] != -100).sum())
-            loss_sum += out["ce"].item() * count  # ce is the mean over these targets
-            targets += count
-    model.train(was_training)
+    try:
+        with torch.no_grad():
+            for i in starts[rank::world]:
+                batch = make_batch([rows.get(r) for r in range(i, min(i + batch_size, n))],
+                                   device)
+                with autocast(cfg, device) if cfg is not None else contextlib.nullcontext():
+                    out = model.loss(batch["input_ids"], batch["targets"],
+                                     batch["doc_starts"] if doc_mask else None)
+                count = int((batch["targets"] != -100).sum())
+                loss_sum += out["ce"].item() * count  # ce is the mean over these targets
+                targets += count
+    finally:  # a failed evaluation (a damaged val shard) leaves the model as it found it
+        model.train(was_training)
     return loss_sum, targets
 
 

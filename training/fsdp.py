@@ -17,8 +17,9 @@ groups, so the all-gathers stay inside a group and only the gradients cross grou
 
 --precision bf16: parameters are gathered in bf16 for compute and gradients reduced in fp32,
 over fp32 master weights (MixedPrecisionPolicy). fp16 (a gradient scaler over sharded
-gradients) and Muon (its Newton-Schulz step needs whole matrices) are refused with --fsdp, in
-one line, by TrainConfig.
+gradients) is refused with --fsdp, in one line, by TrainConfig. Muon runs on sharded
+parameters: its Newton-Schulz step needs whole matrices, which training/optim.py gathers
+(tests/test_train_fsdp.py: Muon on sharded parameters is Muon on whole ones).
 
 Gradients are reduce-scattered at every micro-step of an accumulation (memory stays sharded;
 skipping the sync would keep whole unsharded gradients between micro-steps). Clipping uses the

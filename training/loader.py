@@ -9,13 +9,11 @@ With `workers` > 0, worker w builds items w, w + W, w + 2W, ... (W = workers) in
 takes them in turn, so the order is kept without sorting. A slot holds the tokens and the small
 arrays (padding, document starts): everything is written once, by the worker, and read in place.
 Two semaphores per worker count the filled and the free slots; taking or giving one is an atomic
-operation in shared memory, and a system call only when a side has to sleep (with a pipe, two
-system calls a batch, the loader delivered 0.66-0.70 of raw memmap slicing on 2 cores; 1.04-1.11
-now, best of 5 rounds: docs/BENCHMARKS.md). A slot is handed back when the trainer asks for the
-next batch, so a batch must be used (moved to the device or copied) before then. On the same
-shards torch's DataLoader, which makes a new shared-memory segment per tensor, delivered 4-33x
-slower, and a thread pool, whose threads share one interpreter lock, 1.7x slower
-(tools/bench_loader.py).
+operation in shared memory, and a system call only when a side has to sleep (a pipe costs two
+system calls a batch). A slot is handed back when the trainer asks for the next batch, so a
+batch must be used (moved to the device or copied) before then. torch's DataLoader makes a new
+shared-memory segment per tensor, and a thread pool's threads share one interpreter lock: both
+are slower on the same shards (tools/bench_loader.py; the figures in docs/BENCHMARKS.md).
 
 Errors: a typed error in a worker (a DataError naming a damaged shard, training/verify.py)
 reaches the trainer as the same error, its one line intact; anything else as a LoaderError with

@@ -21,8 +21,8 @@ in seconds on a laptop). Under torchrun --world-size is refused: the launch's ow
 the world.
 
 On a GPU a probe step is one full micro-batch (batch_size x seq): the measurement is the run's.
-On a CPU that would take minutes (neox-tiny at seq 32768: 8 x 32767 tokens, ~23 TFLOPs a step,
-four of them were 13 minutes with nothing printed), so a CPU probe step is cut to about
+On a CPU that would take minutes (neox-tiny at seq 32768: 8 x 32767 tokens, ~23 TFLOPs a
+step), so a CPU probe step is cut to about
 CPU_PROBE_FLOPS (fewer rows, then a shorter prefix of a row) and its time is scaled up by the
 ratio of FLOPs (model.flops_per_token at each length, so attention's growth with the length is
 counted); the output says what was probed and that it was scaled. The forward and backward are
