@@ -140,8 +140,8 @@ def train(resume: str = "auto", log=None, **settings) -> list[dict]:
 def export(run, out, to: str = "hf", **settings) -> list[str]:
     """`zoo export RUN --to hf|safetensors --out OUT` (step, license, max_shard_size as its
     flags); returns notes for the user (what could not be written)."""
-    from training.export import export_run
-    from training.zoo_config import ExportConfig
+    from archs.zoo.runs import export_run
+    from archs.zoo.settings import ExportConfig
 
     cfg = _config(ExportConfig, {"run": run, "out": out, "to": to, **settings}, "zoo export")
     return export_run(cfg)[1]

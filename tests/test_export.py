@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from test_train import config
 
 import archs
+from archs.zoo.cli import zoo
+from archs.zoo.transformers_compat import import_transformers
 from training.loop import train
-from training.transformers_compat import import_transformers
-from training.zoo_cli import zoo
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_a_trained_gpt_neox_loads_in_transformers_with_the_same_logits(tmp_path,
     assert result.exit_code == 0, result.output
     hf, info = transformers.GPTNeoXForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), info  # no missing, unexpected or mismatched keys
-    from training.export import load_run
+    from archs.zoo.runs import load_run
 
     ours = load_run(neox_run).model
     ids = torch.randint(0, ours.cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -101,8 +101,8 @@ def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
     included."""
     pytest.importorskip("transformers")
     transformers = import_transformers()
+    from archs.zoo.hf_folder import write_tokenizer
     from pipeline.tokenize.tokenizer import load_tokenizer
-    from training.hf_folder import write_tokenizer
 
     ref = load_tokenizer(str(shared / "tokenizers" / name))
     write_tokenizer(ref, tmp_path, 2048)
@@ -160,7 +160,7 @@ def test_the_key_value_cache_gives_the_full_forwards_logits(preset, args):
 
 
 def test_capacity_bound_moe_generates_by_recomputation():
-    from training.generate import generate
+    from archs.zoo.generate import generate
 
     torch.manual_seed(0)
     model = archs.build("moe-tiny", vocab_size=300, capacity_factor=1.0).eval()
@@ -176,8 +176,8 @@ def test_capacity_bound_moe_generates_by_recomputation():
 def test_greedy_generation_is_transformers_greedy_generation(tmp_path, neox_run):
     pytest.importorskip("transformers")
     transformers = import_transformers()
-    from training.export import load_run
-    from training.generate import generate
+    from archs.zoo.generate import generate
+    from archs.zoo.runs import load_run
 
     out = tmp_path / "hf"
     assert CliRunner().invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out",
@@ -200,7 +200,7 @@ def test_zoo_generate_samples_reproducibly(neox_run):
     sampled = [runner.invoke(zoo, [*args, "--temperature", "1.0", "--top-k", "50", "--top-p",
                                    "0.9", "--seed", str(s)]).output for s in (1, 1, 2)]
     assert sampled[0] == sampled[1]  # the same seed, the same text
-    from training.generate import next_token
+    from archs.zoo.generate import next_token
 
     logits = torch.tensor([0.0, 5.0, 4.9, -3.0])
     picks = {next_token(logits, 1.0, 2, None, torch.Generator().manual_seed(s)) for s in range(50)}
@@ -211,8 +211,8 @@ def test_zoo_generate_samples_reproducibly(neox_run):
 
 
 def test_generation_samples_only_ids_the_tokenizer_decodes(byte_tokenizer):
+    from archs.zoo.generate import generate
     from pipeline import load_tokenizer
-    from training.generate import generate
 
     tokenizer = load_tokenizer(byte_tokenizer)  # 256 bytes and <|endoftext|> = 50256: holes
     allowed = torch.from_numpy(tokenizer.decodable())

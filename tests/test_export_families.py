@@ -2,7 +2,7 @@
 its hybrids, MTP, Mixture-of-Depths, capacity-bound routing), Mamba and resonance with archs'
 own files under a thin PreTrainedModel. Each folder is loaded by a Python process that cannot
 import longpack (one process for all of them), which gives archs' logits (1e-4) and
-`training.generate.generate`'s greedy tokens, alone and in a left-padded batch; the folders are
+`archs.zoo.generate.generate`'s greedy tokens, alone and in a left-padded batch; the folders are
 what the hub takes (modes, no hidden files, every named file present, a model card)."""
 
 import json
@@ -18,13 +18,13 @@ from click.testing import CliRunner
 from test_train import config
 
 import archs
-from training.export import TrainedRun, load_run
-from training.generate import generate
-from training.hf_export import export_hf
-from training.hf_folder import layout_problems
-from training.hf_remote import shipped_files
-from training.transformers_compat import import_transformers
-from training.zoo_cli import zoo
+from archs.zoo.cli import zoo
+from archs.zoo.generate import generate
+from archs.zoo.hf_export import export_hf
+from archs.zoo.hf_folder import layout_problems
+from archs.zoo.hf_remote import shipped_files
+from archs.zoo.runs import TrainedRun, load_run
+from archs.zoo.transformers_compat import import_transformers
 
 pytest.importorskip("transformers")
 
@@ -46,7 +46,7 @@ for name in ("archs", "training", "pipeline", "longpack"):
     except ImportError:
         continue
     raise SystemExit(f"{name} imports in the child: the folder is not shown to stand alone")
-# This environment's broken torchvision (see training/transformers_compat.py); these two lines
+# This environment's broken torchvision (see archs/zoo/transformers_compat.py); these two lines
 # can go once the environment fix lands.
 import transformers.utils.import_utils as available
 available._torchvision_available = False
@@ -355,12 +355,12 @@ def test_export_refusals_and_a_failure_leaves_nothing(tmp_path, byte_run, monkey
     trained = byte_run("resonance-tiny")
     with pytest.raises(TrainingError, match="--license 'Apache 2.0': give a license id"):
         export_hf(trained, tmp_path / "a", license="Apache 2.0")
-    import training.hf_export
+    import archs.zoo.hf_export
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(training.hf_export, "write_weights", broken)
+    monkeypatch.setattr(archs.zoo.hf_export, "write_weights", broken)
     with pytest.raises(TrainingError, match="could not be written .*disk full.*nothing was left"):
         export_hf(trained, tmp_path / "b")
     assert not any(p.name.startswith((".b.", "b")) for p in tmp_path.iterdir())

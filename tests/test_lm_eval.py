@@ -32,11 +32,11 @@ import pytest
 from click.testing import CliRunner
 from test_train import config
 
+from archs.zoo.cli import zoo
+from archs.zoo.transformers_compat import import_transformers
 from conftest import write_jsonl
 from pipeline.formats.shards import open_split
 from training.loop import train
-from training.transformers_compat import import_transformers
-from training.zoo_cli import zoo
 
 EOS_TEXT = "<|endoftext|>"
 

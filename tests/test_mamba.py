@@ -57,7 +57,7 @@ def test_decoding_recurrently_gives_the_full_forwards_logits(args):
 
 
 def test_zoo_generates_with_the_recurrent_form(tmp_path):
-    from training.generate import generate
+    from archs.zoo.generate import generate
 
     torch.manual_seed(0)
     model = archs.build("mamba-tiny").eval()

@@ -1,4 +1,4 @@
-"""The memory plan (training/memory.py, `train --dry-run [--world-size N] [--json]`): the states
+"""The memory plan (archs/memory.py, `train --dry-run [--world-size N] [--json]`): the states
 are the bytes of the real tensors (one process; two under FSDP and DDP with gloo), the
 activation formula is held against the tensors autograd saves and against the CPU's measured
 peak for every family, and the dry run prints it per process without launching anything."""
@@ -13,8 +13,8 @@ import torch
 from click.testing import CliRunner
 
 import archs
+from archs import activations, memory
 from longpack import SettingsError
-from training import activations, memory
 from training.cli import train as train_cli
 from training.config import TrainConfig
 from training.distributed import Processes
@@ -268,7 +268,7 @@ def test_the_plan_shards_states_under_fsdp_and_recomputes_under_checkpointing():
 
 
 def test_a_run_is_refused_by_its_floor_per_process_world_size_aware(monkeypatch):
-    from training.plan import check_memory
+    from training.fits import check_memory
 
     cfg = TrainConfig(shards="x", model="neox-125m", batch_size=1, precision="bf16")
     fsdp = TrainConfig(shards="x", model="neox-125m", batch_size=1, precision="bf16", fsdp=True)

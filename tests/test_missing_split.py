@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 from test_train import config
 
+from archs.zoo.cli import zoo
 from pipeline.cli import pack
 from training.cli import train as train_cli
 from training.loop import train
-from training.zoo_cli import zoo
 
 
 @pytest.fixture(params=["mds", "memmap"])

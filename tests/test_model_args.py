@@ -9,9 +9,9 @@ import torch
 from click.testing import CliRunner
 
 import archs
+from archs.zoo.cli import zoo
 from training import checkpoint
 from training.cli import train as train_cli
-from training.zoo_cli import zoo
 
 
 def args(shards, out, model, *extra):

@@ -282,7 +282,7 @@ def test_a_run_whose_estimate_passes_the_memory_while_its_floor_fits_is_warned(
     """Refused only past the floor (a run that fits is never refused), a run between the floor
     and the plan's estimate used to start without a word, then the kernel killed it (gpt-neox
     at batch 2 on this 23.5 GiB machine: signal 9 after 69 s)."""
-    from training.plan import plan_memory
+    from training.fits import plan_memory
 
     cfg = TrainConfig(shards=str(gpt2_vocab_shards_once), model="neox-tiny", batch_size=4)
     mem = plan_memory(cfg, 50257, 64, 1)

@@ -358,7 +358,7 @@ def test_models_draw_no_random_numbers_while_training(name):
     (b"[1]", "not a longpack manifest (no everything: it is not a JSON object)"),  # TypeError
 ])
 def test_a_damaged_manifest_is_one_line_for_train_and_zoo_eval(tmp_path, shards, content, says):
-    from training.zoo_cli import zoo
+    from archs.zoo.cli import zoo
 
     (shards / "manifest.json").write_bytes(content)
     r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(tmp_path / "r")])

@@ -235,8 +235,8 @@ def test_list_models_sizes_presets_at_the_build_vocabulary(shards):
 
 
 def test_the_memory_estimate_counts_the_logits_the_loss_keeps():
+    from archs.activations import CE_CHUNK, loss_bytes
     from archs.layers import LOGITS_BUDGET_BYTES
-    from training.plan import CE_CHUNK, loss_bytes
 
     assert loss_bytes(4 * 64, 50257) == 8 * 4 * 64 * 50257  # all kept, with their gradient
     assert 8 * 32767 * 50257 * 4 > LOGITS_BUDGET_BYTES  # seq 32k: chunked and recomputed

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from test_train import padded_build
 
 import archs
+from archs.zoo.cli import zoo
 from conftest import vocab_of
 from longpack.errors import SettingsError
 from training.batch import make_batch
@@ -23,7 +24,6 @@ from training.cli import train as train_cli
 from training.config import TrainConfig
 from training.distributed import launched
 from training.loop import train
-from training.zoo_cli import zoo
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 MOE = ("n_pred_tokens=2", "mod_capacity=0.5")  # MTP and a depth-routed block: every aux term

@@ -29,9 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import archs  # noqa: E402
+from archs.memory import GIB  # noqa: E402
 from training.config import TrainConfig  # noqa: E402
-from training.memory import GIB  # noqa: E402
-from training.plan import plan_memory  # noqa: E402
+from training.fits import plan_memory  # noqa: E402
 
 
 def options(gpus: int, node: int) -> list[tuple[str, dict]]:

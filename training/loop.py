@@ -31,6 +31,7 @@ from training import checkpoint, distributed
 from training.batch import model_inputs
 from training.config import TrainConfig
 from training.evaluate import split_loss
+from training.fits import check_memory
 from training.loader import StepBatches, batches
 from training.metrics import MetricsLog, check_installed, duration, peak_flops
 from training.mixture import MixedOrder, Sources, make_order, open_sources
@@ -75,8 +76,6 @@ def _train(cfg, resume, log, stop_at, procs):
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         vocab = data.manifest["tokenizer"]["vocab_size"]
-        from training.plan import check_memory  # here: plan.py imports this module
-
         check_memory(cfg, vocab, data.seq - 1, device)  # one line, before any allocation
         model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides()).to(device)
         state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile

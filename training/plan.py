@@ -2,16 +2,16 @@
 
 First, at once, the static plan: resolved config, parameters (total and active, at the build's
 vocabulary), tokens per step, steps, epochs over the shards, training FLOPs
-(model.flops_per_token) and the memory one process needs (training/memory.py, the model sized
+(model.flops_per_token) and the memory one process needs (archs/memory.py, the model sized
 on the meta device): weights, gradients and optimizer state (exact, sharded as --fsdp lays them
 out), DDP's or FSDP's buffers, activations at the run's batch x seq with and without activation
 checkpointing, their total and whether it fits --gpu-memory. A run, or a dry run, whose floor
 (`memory.memory_plan`'s: what it needs whatever the activation formula's error) passes this
-device's memory is refused in one line before any weight is allocated (`check_memory`, which
-training/loop.py calls too before it builds the model). Then a probe, one line per probe step: a
-warm-up and PROBE_STEPS timed steps, each step.train_step on one micro-batch: the step the run
-takes (grad scaler, clipping, the optimizers, DDP under torchrun, torch.compile), its loss said
-beside its time.
+device's memory is refused in one line before any weight is allocated (training/fits.py's
+`check_memory`, which training/loop.py calls too before it builds the model). Then a probe,
+one line per probe step: a warm-up and PROBE_STEPS timed steps, each step.train_step on one
+micro-batch: the step the run takes (grad scaler, clipping, the optimizers, DDP under torchrun,
+torch.compile), its loss said beside its time.
 
 `--world-size N` plans for N processes from this one, launching nothing: the memory is each of
 the N's (sharded over them under --fsdp), the steps and epochs use the N's global batch, this
@@ -32,7 +32,6 @@ scaled (and multiplied by --grad-accum), the update after them is not.
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,11 +39,13 @@ from pathlib import Path
 import torch
 
 import archs
+from archs import memory
 from longpack import SettingsError
 from pipeline import REPEAT_WARNING_EPOCHS
-from training import activations, distributed, memory
+from training import distributed
 from training.batch import make_batch
 from training.config import TrainConfig
+from training.fits import check_memory, plan_memory
 from training.loop import resolve_steps
 from training.metrics import duration
 from training.mixture import make_order, open_sources
@@ -54,7 +55,6 @@ PROBE_STEPS = 2  # timed, after one warm-up
 CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
 MIN_PROBE_TOKENS = 16
 GPU_MEMORY = 80 * memory.GIB  # --gpu-memory's default
-CE_CHUNK, loss_bytes = activations.CE_CHUNK, activations.loss_bytes  # the loss's, as before
 
 
 def plan(cfg: TrainConfig, say=print, world_size: int | None = None,
@@ -151,78 +151,6 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes,
 
 MEMORY_KEYS = ("params", "grads", "optimizer", "buffers", "activations", "total",
                "activations_checkpointed", "activations_full")
-
-
-def plan_memory(cfg: TrainConfig, vocab: int, seq: int, world: int) -> dict:
-    """training/memory.py's memory_plan for this run on `world` processes, and its sharding
-    (words). SettingsError, one line, for a model no tensor can hold or --fsdp-replicas that
-    do not divide the processes."""
-    overrides = cfg.model_overrides()
-    if cfg.fsdp and world % cfg.fsdp_replicas:
-        raise SettingsError(f"--fsdp-replicas {cfg.fsdp_replicas} must divide the {world} "
-                            "processes (each replica is a group of world / R processes)")
-    try:
-        lay = memory.layout(cfg.model, vocab_size=vocab, **overrides)
-    except archs.TooLarge as e:
-        raise SettingsError(f"{_model_flags(cfg)}: {e}") from None
-    sharding = memory.Sharding(world, cfg.fsdp, cfg.fsdp_replicas)
-    model_cfg = archs.config(cfg.model, vocab_size=vocab, **overrides)
-    out = memory.memory_plan(lay, model_cfg, cfg.batch_size, seq, cfg.precision, cfg.optimizer,
-                             sharding, cfg.activation_checkpointing, cfg.doc_mask)
-    return {**out, "count": lay.count, "bytes": 4 * lay.count + lay.buffer_bytes,
-            "sharding": sharding.name}
-
-
-def check_memory(cfg: TrainConfig, vocab: int, seq: int, device: torch.device,
-                 world: int | None = None) -> dict:
-    """The run's memory per process on `world` processes (this launch's by default), the model
-    sized on the meta device (nothing allocated, not every layer built). SettingsError, one
-    line, when its floor (memory.memory_plan: what it needs whatever the activations formula's
-    error, so a run that fits is never refused) passes the device's memory (the CPU's shared by
-    this machine's processes under torchrun), or when the weights pass the CPU's, where the
-    model is built before it moves to a GPU."""
-    world = distributed.launched().world if world is None else world
-    mem = plan_memory(cfg, vocab, seq, world)
-    need = mem["floor"]
-    sharing = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
-    have = archs.device_memory(device)
-    if have is not None and need * sharing > have:
-        shared = f" for {sharing} processes" if sharing > 1 else ""
-        per = (mem["params"] + mem["grads"] + mem["optimizer"]) / mem["count"]
-        sharded = f", {mem['sharding']}" if cfg.fsdp else ""
-        raise SettingsError(
-            f"{_model_flags(cfg)}: {mem['count']:,} parameters at the build's vocabulary of "
-            f"{vocab:,}; training needs at least {_gib(need * sharing)}{shared} ({per:.3g} "
-            f"bytes a parameter for the weights, gradients and {_optimizer(cfg)} state"
-            f"{sharded}, the loss's logits, each block's input for a micro-batch of "
-            f"{cfg.batch_size:,} x {seq:,} tokens) and {device} has {_gib(have)} of memory: "
-            "choose a smaller model, --batch-size or --seq")
-    if have is not None and mem["total"] * sharing > have and distributed.launched().rank == 0:
-        # the floor fits, the estimate does not: the run may be killed for memory, by the
-        # kernel on a CPU (no message of its own), so it is said before it starts
-        print(f"train: warning: the memory plan's estimate is {_gib(mem['total'] * sharing)} "
-              f"and {device} has {_gib(have)}: the run may run out of memory (train --dry-run "
-              "shows the plan; a smaller --batch-size or --seq, or --activation-checkpointing, "
-              "needs less)", file=sys.stderr, flush=True)
-    host = archs.device_memory("cpu")
-    if device.type != "cpu" and host is not None and mem["bytes"] > host:
-        raise SettingsError(
-            f"{_model_flags(cfg)}: {mem['count']:,} parameters; their weights "
-            f"({_gib(mem['bytes'])}) are built in the CPU's memory before they move to "
-            f"{device}, and it has {_gib(host)}: choose a smaller model")
-    return mem
-
-
-def _optimizer(cfg: TrainConfig) -> str:
-    return "AdamW" if cfg.optimizer == "adamw" else "Muon (momentum) and AdamW"
-
-
-def _model_flags(cfg: TrainConfig) -> str:
-    return f"--model {cfg.model}" + "".join(f" --model-arg {a}" for a in cfg.model_args)
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB"
 
 
 def probe_shape(flops_per_token, seq: int, batch_size: int, device) -> tuple[int, int]:
@@ -339,7 +267,7 @@ def render_memory(p: dict) -> list[str]:
              f"{'with' if c['activation_checkpointing'] else 'without'} activation "
              f"checkpointing ({other})")]
     return ([f"  memory      per process ({procs}), a micro-batch of {c['batch_size']:,} x "
-             f"{p['seq']:,} tokens (training/memory.py):"]
+             f"{p['seq']:,} tokens (archs/memory.py):"]
             + [f"    {name:<12}{size(n):>12}  {what}" for name, n, what in rows]
             + [f"    {'total':<12}{size(m['total']):>12}  {fits} --gpu-memory "
                f"{size(p['gpu_memory'])}"])

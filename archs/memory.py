@@ -6,7 +6,7 @@ refuses a run that cannot fit (`check_memory`).
     states(layout, optimizer, Sharding(world, fsdp, replicas), rank)
                                -> {"params", "grads", "optimizer", "buffers"}: exact bytes
     memory_plan(layout, model_cfg, batch, seq, precision, optimizer, sharding, checkpointing)
-                               -> the states, activations (training/activations.py: with and
+                               -> the states, activations (archs/activations.py: with and
                                   without checkpointing), total, and the floor a refusal uses
 
 States, exact (tests/test_memory_plan.py sums the real tensors after a step: one process, and
@@ -48,7 +48,7 @@ import math
 from dataclasses import dataclass
 
 import archs
-from training.activations import CAST_ROLES, activations
+from archs.activations import CAST_ROLES, activations
 
 MUON_ROLES = ("matrix", "experts")  # training/optim.py's MUON
 DDP_BUCKET_VIEW = False  # training/step.py's DDP: gradient_as_bucket_view (False: buckets copy)

@@ -3,7 +3,7 @@
     trained = load_run(Path("runs/x"), step=None)   # the newest sound checkpoint
     trained.model, trained.tokenizer, trained.seq, trained.step, trained.train_config
 
-`zoo export --to hf` (every family: training/hf_export.py) and `--to safetensors`
+`zoo export --to hf` (every family: archs/zoo/hf_export.py) and `--to safetensors`
 (`archs.save`, which `archs.load` reads) write it out.
 """
 
@@ -96,11 +96,11 @@ def _tokenizer(manifest: dict | None):
 
 
 def export_run(cfg) -> tuple:
-    """`zoo export` (an ExportConfig, training/zoo_config.py): RUN's model (its newest sound
+    """`zoo export` (an ExportConfig, archs/zoo/settings.py): RUN's model (its newest sound
     checkpoint, or step-N's) written to --out, a new or empty directory. Returns the model and
     notes for the user (what could not be written)."""
-    from training.hf_export import DEFAULT_LICENSE, export_hf
-    from training.hf_folder import refuse_taken, staged
+    from archs.zoo.hf_export import DEFAULT_LICENSE, export_hf
+    from archs.zoo.hf_folder import refuse_taken, staged
 
     out = Path(cfg.out)
     refuse_taken(out)  # before the checkpoint is read

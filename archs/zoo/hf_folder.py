@@ -38,8 +38,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from archs.zoo.transformers_compat import import_transformers
 from longpack import TrainingError
-from training.transformers_compat import import_transformers
 
 FILE_MODE, DIR_MODE = 0o644, 0o755
 

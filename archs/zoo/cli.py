@@ -16,9 +16,9 @@ from pathlib import Path
 
 import click
 
+from archs.zoo.settings import EvalConfig, ExportConfig, GenerateConfig, ListConfig
 from longpack.cli import Group
 from longpack.settings import click_options
-from training.zoo_config import EvalConfig, ExportConfig, GenerateConfig, ListConfig
 
 
 @click.group(cls=Group)
@@ -46,7 +46,7 @@ def list_presets(**settings):
 @click_options(ExportConfig)
 def export(**settings):
     """Write a trained run's model for use outside longpack."""
-    from training.export import export_run
+    from archs.zoo.runs import export_run
 
     cfg = ExportConfig(**settings)
     model, notes = export_run(cfg)
@@ -64,10 +64,10 @@ def evaluate(**settings):
     import math
     import tempfile
 
+    from archs.zoo.runs import load_run
     from longpack import LongpackError
     from training.data import open_build, read_manifest
     from training.evaluate import bits_per_byte, split_loss
-    from training.export import load_run
 
     cfg = EvalConfig(**settings)
     run, shards, split, seq = Path(cfg.run), cfg.shards, cfg.split, cfg.seq
@@ -133,9 +133,9 @@ def generate(**settings):
     document (after the tokenizer's EOS)."""
     import torch
 
+    from archs.zoo.generate import TextStream, context, stream
+    from archs.zoo.runs import load_run
     from longpack import LongpackError
-    from training.export import load_run
-    from training.generate import TextStream, context, stream
 
     cfg = GenerateConfig(**settings)
     run, prompt, max_new_tokens = Path(cfg.run), cfg.prompt, cfg.max_new_tokens
@@ -180,5 +180,5 @@ def generate(**settings):
     click.echo(text.flush())
 
 
-if __name__ == "__main__":  # python -m training.zoo_cli
+if __name__ == "__main__":  # python -m archs.zoo.cli
     zoo()

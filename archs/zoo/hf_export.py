@@ -11,12 +11,12 @@ is, for every family.
   LayerNorms and biases are the same computation in both, so the logits agree to float32
   rounding.
 - MoE (hybrids included), Mamba and resonance: archs' own model files under a thin
-  PreTrainedModel, `from_pretrained(DIR, trust_remote_code=True)` (training/hf_remote.py says
+  PreTrainedModel, `from_pretrained(DIR, trust_remote_code=True)` (archs/zoo/hf_remote.py says
   why Mamba is not transformers' Mamba2).
 
 Every folder also holds the build's tokenizer, generation_config.json,
 special_tokens_map.json and a model card (README.md); the weights are safetensors, sharded past
-`max_shard_size` with an index; files 0644, folders 0755, nothing hidden (training/
+`max_shard_size` with an index; files 0644, folders 0755, nothing hidden (archs/zoo/
 hf_folder.py). `max_position_embeddings` is the model's context: the longer of its `max_seq`
 and the rows it trained on (a tiny preset's max_seq is 256; a run may train on 1,024-token
 rows). The folder appears whole or not at all.
@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 import archs
-from longpack import TrainingError
-from training.hf_folder import (
+from archs.zoo.hf_folder import (
     layout_problems,
     set_modes,
     staged,
@@ -39,8 +38,9 @@ from training.hf_folder import (
     write_tokenizer,
     write_weights,
 )
-from training.hf_remote import ARCHS, remote_config, remote_weights, ship_code, shipped_files
-from training.model_card import model_card
+from archs.zoo.hf_remote import ARCHS, remote_config, remote_weights, ship_code, shipped_files
+from archs.zoo.model_card import model_card
+from longpack import TrainingError
 
 DEFAULT_LICENSE = "other"  # the weights' terms follow the data's: the user says (--license)
 LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]*")  # the hub's license ids: apache-2.0, cc-by-4.0, ...
@@ -108,7 +108,7 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def hf_config(model, ids: dict, context: int) -> dict:
-    from training.transformers_compat import import_transformers
+    from archs.zoo.transformers_compat import import_transformers
 
     cfg = model.cfg
     head_dim = cfg.d_model // cfg.n_heads
