@@ -29,8 +29,7 @@ def config(shards, out, **kw):
 
 
 def weights(run):
-    state, _ = checkpoint.load_latest(run)
-    return state["model"]
+    return checkpoint.model_state(checkpoint.load_latest(run))
 
 
 def padded_build(tmp_path, byte_tokenizer, val_text_bytes=20):

@@ -74,10 +74,6 @@ def launched(tmp_path_factory, shards_once):
                                                               "mix": mix}
 
 
-def run_state(run):
-    return checkpoint.load_latest(run)[0]
-
-
 def records(run):
     """The run's metrics history, as metrics.jsonl has it (the checkpoint does not)."""
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -93,7 +89,7 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path, shards_onc
     assert [h["batch"] for h in two] == [h["batch"] for h in one]  # the same rows each step
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
     assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], rel=1e-5)
-    a, b = run_state(tmp_path / "one")["model"], run_state(run)["model"]
+    a, b = (checkpoint.model_state(checkpoint.load_latest(r)) for r in (tmp_path / "one", run))
     # bitwise: the same thread count, and a sum of two gradients has one order
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -122,7 +118,7 @@ def test_ranks_weigh_by_their_real_targets(tmp_path, launched):
     assert [h["targets"] for h in two] == [68] * STEPS
     assert [h["loss"] for h in two] == pytest.approx([h["loss"] for h in one], rel=1e-5)
     assert two[-1]["val_loss"] == pytest.approx(one[-1]["val_loss"], rel=1e-5)
-    a, b = run_state(tmp_path / "one")["model"], run_state(run)["model"]
+    a, b = (checkpoint.model_state(checkpoint.load_latest(r)) for r in (tmp_path / "one", run))
     # not bitwise: the processes' losses are weighed by 64 and 4 targets of 68
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
 

@@ -27,6 +27,8 @@ from training.upload import RemoteRun
 
 QUIET = dict(log=lambda m: None)
 
+PARTS = {"state.pt", "COMPLETE", ".metadata", "__0_0.distcp"}  # a one-process checkpoint's files
+
 
 def steps_in(s3, prefix: str) -> dict[str, set[str]]:
     """step folder -> its files, in the bucket under `prefix`."""
@@ -54,7 +56,7 @@ def test_a_run_into_a_bucket_resumes_bitwise_on_a_fresh_machine(tmp_path, shards
     cfg = config(shards, url, save_every=2, keep_last=2)
     fresh_machine(tmp_path, monkeypatch, "machine-a")
     train(cfg, stop_at=4, **QUIET)  # preempted after step 4
-    assert steps_in(s3, "run") == {f"step-0000000{n}": {"state.pt", "COMPLETE"} for n in (2, 4)}
+    assert steps_in(s3, "run") == {f"step-0000000{n}": PARTS for n in (2, 4)}
     assert json.loads(s3.read("run/metrics.jsonl").splitlines()[-1])["step"] == 3
 
     machine_b = fresh_machine(tmp_path, monkeypatch, "machine-b")
@@ -81,9 +83,9 @@ def test_upload_next_to_a_local_out_and_resume_from_a_checkpoint_url(tmp_path, s
     assert sorted(steps_in(s3, "r")) == ["step-00000002", "step-00000004"]
     local = (run / "step-00000004" / "state.pt").read_bytes()
     assert s3.read("r/step-00000004/state.pt") == local
-    assert s3.read("r/step-00000004/COMPLETE").decode().splitlines() == [
-        checkpoint.sha256_file(run / "step-00000004" / "state.pt"),
-        "longpack checkpoint of step 4"]
+    assert s3.read("r/step-00000004/COMPLETE") == (run / "step-00000004" / "COMPLETE").read_bytes()
+    assert s3.read("r/step-00000004/COMPLETE").decode().splitlines()[-1] == \
+        "longpack checkpoint of step 4"
     # a checkpoint named by its URL is fetched into the new run and resumed
     other = tmp_path / "other"
     said = []
@@ -158,15 +160,17 @@ def test_gs_and_other_stores_through_the_same_layer(tmp_path, shards, monkeypatc
         assert first.exit_code == 0, first.output
         assert f"checkpoints uploaded to {url}" in first.output
         store = Store(url)
-        assert sorted(store.sizes()) == ["latest", "metrics.jsonl", "step-00000002/COMPLETE",
-                                         "step-00000002/state.pt"]
+        assert sorted(store.sizes()) == ["latest", "metrics.jsonl", "step-00000002/.metadata",
+                                         "step-00000002/COMPLETE",
+                                         "step-00000002/__0_0.distcp", "step-00000002/state.pt"]
         second = runner.invoke(train_cli, [*args, "--max-steps", "3",
                                            "--staging", str(tmp_path / "elsewhere")])
         assert second.exit_code == 0, second.output
         assert "at step 2" in second.output
         assert list((tmp_path / "elsewhere").glob("*/run/step-00000003/COMPLETE"))
         assert sorted(s for s in store.sizes() if s.startswith("step-")) == \
-            ["step-00000003/COMPLETE", "step-00000003/state.pt"]
+            ["step-00000003/.metadata", "step-00000003/COMPLETE", "step-00000003/__0_0.distcp",
+             "step-00000003/state.pt"]
         lines = store.read_bytes("metrics.jsonl").decode().splitlines()
         assert [json.loads(line)["step"] for line in lines] == [0, 1, 2]
     finally:
@@ -320,7 +324,7 @@ def test_machines_without_a_shared_disk_resume_from_the_same_checkpoint(tmp_path
     assert losses(a / "run") == losses(straight / "a" / "run")
     one, other = weights(straight / "a" / "run"), weights(a / "run")
     assert all(torch.equal(one[k], other[k]) for k in one)
-    assert steps_in(s3, "r") == {f"step-0000000{n}": {"state.pt", "COMPLETE"} for n in (3, 6, 9)}
+    assert steps_in(s3, "r") == {f"step-0000000{n}": PARTS for n in (3, 6, 9)}
 
 
 def test_an_upload_that_fails_is_raised_at_the_next_wait_as_one_line(tmp_path, s3):

@@ -35,15 +35,25 @@ def test_resume_is_exact(tmp_path, shards):
     assert [h for _, h in state["recent_hashes"]] == [h["batch"] for h in straight]
 
 
-def as_previous_format(path, run):
-    """Rewrite the checkpoint in `path` as longpack wrote them before FORMAT 2: no "format",
-    and the metrics records of every step before it in "history"."""
-    state = torch.load(path / "state.pt", weights_only=False)
-    del state["format"]
-    state["history"] = [r for r in records(run, drop=()) if r["step"] < state["step"]]
-    torch.save(state, path / "state.pt")
+def as_previous_format(path, run, cfg):
+    """Rewrite the one-process checkpoint in `path` as longpack wrote them before FORMAT 2: the
+    model and the optimizers in state.pt (torch.save, the optimizer state by position), no
+    "format", and the metrics records of every step before it in "history"."""
+    import archs
     from longpack.atomic import sha256_file
+    from training.checkpoint_dcp import load_into
+    from training.optim import make_optimizers
 
+    state = torch.load(path / "state.pt", weights_only=False)
+    model = archs.build(cfg.model, **state["model_config"])
+    optimizers = make_optimizers(model, cfg)
+    load_into(path, model, optimizers, state.pop("param_groups"), distributed=False)
+    del state["format"]
+    state.update(model=model.state_dict(), optimizers=[o.state_dict() for o in optimizers],
+                 history=[r for r in records(run, drop=()) if r["step"] < state["step"]])
+    for part in [path / ".metadata", *path.glob("*.distcp")]:
+        part.unlink()
+    torch.save(state, path / "state.pt")
     (path / "COMPLETE").write_text(sha256_file(path / "state.pt") + "\n")
 
 
@@ -51,8 +61,9 @@ def as_previous_format(path, run):
 def test_a_checkpoint_of_the_previous_format_resumes_exactly(tmp_path, shards):
     straight = train(config(shards, tmp_path / "a", max_steps=4, workers=0), log=lambda m: None)
     run = tmp_path / "b"
-    train(config(shards, run, max_steps=4, workers=0), log=lambda m: None, stop_at=2)
-    as_previous_format(run / "step-00000002", run)
+    cfg = config(shards, run, max_steps=4, workers=0)
+    train(cfg, log=lambda m: None, stop_at=2)
+    as_previous_format(run / "step-00000002", run, cfg)
     said = []
     resumed = train(config(shards, run, max_steps=4, workers=0), log=said.append)
     assert "resumed from" in said[0] and "at step 2" in said[0]

@@ -140,8 +140,12 @@ def test_ctrl_c_stops_an_unbounded_generation_cleanly(tmp_path, shards):
     # EOS's logit 0 where the greedy pick's is above 0: the text never ends by itself
     latest = run / "step-00000001"
     state = torch.load(latest / "state.pt", weights_only=False)
-    state["model"]["head.weight"][state["tokenizer"]["eos_id"]] = 0
-    torch.save(state, latest / "state.pt")
+    weights = checkpoint.model_state((state, latest))
+    weights["head.weight"][state["tokenizer"]["eos_id"]] = 0
+    # written back as a checkpoint of format 2 (the weights in state.pt), which zoo reads too
+    for part in [latest / ".metadata", *latest.glob("*.distcp")]:
+        part.unlink()
+    torch.save({**state, "format": 2, "model": weights}, latest / "state.pt")
     (latest / "COMPLETE").write_text(checkpoint.sha256_file(latest / "state.pt") + "\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "archs.zoo.cli", "generate", str(run), "--prompt", "alpha",

@@ -99,7 +99,8 @@ def resume(args) -> None:
          [(r["loss"], r.get("batch")) for r in a] == [(r["loss"], r.get("batch")) for r in b],
          "", f"{len(a)} and {len(b)} steps' losses and batch hashes")
     try:
-        wa, wb = (checkpoint.load_latest(work / r)[0]["model"] for r in ("straight", "resumed"))
+        wa, wb = (checkpoint.model_state(checkpoint.load_latest(work / r))
+                  for r in ("straight", "resumed"))
         same = wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     except Exception as e:  # a run that left no checkpoint
         print(f"  weights: {type(e).__name__}: {e}", flush=True)

@@ -8,16 +8,16 @@ named exactly `step-NNNNNNNN` whose COMPLETE ends in the record `longpack checkp
 of that same N (or, written before the record, a COMPLETE of file hashes alone). Anything else
 in RUN (an export, a user's copy `step-00000002-best`) is never resumed from nor removed.
 
-state.pt holds model, optimizers, grad scaler, RNG states, the step, the shards' fingerprint
-and seq, the config, and the batch hashes of the last RECENT_HASHES steps: a resumed run
-recomputes those from its own order and refuses to go on if they differ. Its size does not
-grow with the run: the metrics of the steps done are in RUN/metrics.jsonl, not here.
-Checkpoints of longpack before FORMAT 2 also held the whole metrics history; they load, and
-that copy is ignored. A run with --fsdp writes a sharded checkpoint instead
-(checkpoint_dcp.py): state.pt without the model and optimizers, which each process writes its
-part of; COMPLETE then lists the sha256 of every file ("HASH  NAME" lines; one bare hash: that
-of state.pt, as whole checkpoints have it). Either kind resumes with or without --fsdp, under
-any number of processes.
+state.pt holds the grad scaler, RNG states, the step, the shards' fingerprint and seq, the
+config, the optimizers' param_groups and the batch hashes of the last RECENT_HASHES steps: a
+resumed run recomputes those from its own order and refuses to go on if they differ. The model
+and the optimizers' tensors are DCP files beside it, each process's part (checkpoint_dcp.py),
+whatever the number of processes and sharding; COMPLETE lists the sha256 of every file
+("HASH  NAME" lines) and ends with the record. Any checkpoint resumes with or without --fsdp,
+under any number of processes. Its size does not grow with the run: the metrics of the steps
+done are in RUN/metrics.jsonl, not here. Checkpoints of earlier formats load: format 2 held the
+model and optimizers in state.pt (but for --fsdp runs; COMPLETE: state.pt's hash alone), format
+1 also the whole metrics history, which is ignored.
 
 Loading never runs code from a checkpoint (a run's folder may come from a shared bucket):
 state.pt is read with torch.load(weights_only=True), which builds tensors and plain Python
@@ -40,7 +40,9 @@ from training import checkpoint_dcp, distributed, fsdp
 from training.mixture import MixedOrder, history_until, same_until
 from training.step import TrainState
 
-FORMAT = 2  # 1 (no "format" key): the same plus "history", every step's metrics record
+# 3: the model and optimizers' tensors in DCP files for every run; 2: in state.pt (torch.save)
+# but for --fsdp runs; 1 (no "format" key): 2 plus "history", every step's metrics record.
+FORMAT = 3
 STEP_NAME = re.compile(r"step-(\d{8})")
 RECORD = "longpack checkpoint of step {}"  # COMPLETE's last line
 INCOMPLETE = "not a complete checkpoint (no COMPLETE file)"
@@ -56,24 +58,23 @@ def save(run: Path, step: int, s: TrainState, state: dict, keep_last: int,
     part); rank 0 writes state.pt and COMPLETE. Returns the folder on rank 0."""
     final = run / f"step-{step:08d}"
     tmp = run / f".step-{step:08d}.tmp"
-    sharded = fsdp.is_sharded(s.model)
     if procs.main:
         run.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-    if sharded:
-        distributed.barrier(procs)
-        # returns once all have written; the param_groups (plain values) go in state.pt
-        state = {**state, "param_groups": checkpoint_dcp.save_parts(tmp, s.model, s.optimizers)}
-    else:
-        state = {**state, "model": s.model.state_dict(),
-                 "optimizers": [o.state_dict() for o in s.optimizers]}
+    distributed.barrier(procs)
+    # A sharded model: every process writes its part, returning once all have written. Else
+    # the first process holds the whole model and writes it alone, as the rest of the
+    # checkpoint, so DDP's machines need no shared disk. The param_groups go in state.pt.
+    sharded = fsdp.is_sharded(s.model)
+    if sharded or procs.main:
+        groups = checkpoint_dcp.save_parts(tmp, s.model, s.optimizers, distributed=sharded)
     if procs.main:
-        torch.save(state, tmp / "state.pt")
+        torch.save({**state, "param_groups": groups}, tmp / "state.pt")
         files = sorted(p.name for p in tmp.iterdir())
         (tmp / "COMPLETE").write_text(
-            ("".join(f"{sha256_file(tmp / name)}  {name}\n" for name in files) if sharded
-             else sha256_file(tmp / "state.pt") + "\n") + RECORD.format(step) + "\n")
+            "".join(f"{sha256_file(tmp / name)}  {name}\n" for name in files)
+            + RECORD.format(step) + "\n")
         if final.exists():
             if not is_checkpoint(final):  # not this code's: never removed, even to write here
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -289,17 +290,12 @@ def describe(history: list, step: int) -> str:
 def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
     """Load the checkpoint into the train state and the RNGs; returns its step."""
     state, path = found
-    sharded = fsdp.is_sharded(s.model)
     try:
         if checkpoint_dcp.is_sharded_checkpoint(path):
             checkpoint_dcp.load_into(path, s.model, s.optimizers, state.get("param_groups"),
-                                     distributed=sharded)
-        elif sharded:
+                                     distributed=fsdp.is_sharded(s.model))
+        else:  # a checkpoint of format 2 or before: the model and optimizers in state.pt
             checkpoint_dcp.load_whole_into(state, s.model, s.optimizers)
-        else:
-            s.model.load_state_dict(state["model"])
-            for opt, saved in zip(s.optimizers, state["optimizers"]):
-                opt.load_state_dict(saved)
     except checkpoint_dcp.Unreadable as e:  # damaged past its COMPLETE, or crafted: nothing ran
         raise TrainingError(f"{path} cannot be read ({e}); resume from an earlier checkpoint "
                             "(--resume RUN/step-NNNNNNNN), or pass --resume never or another "
@@ -311,6 +307,14 @@ def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
     s.scaler.load_state_dict(state["scaler"])
     set_rng_state(state["rng"])
     return state["step"]
+
+
+def model_state(found: tuple[dict, Path]) -> dict[str, torch.Tensor]:
+    """The checkpoint's model weights by name, whole, on the CPU (either format)."""
+    state, path = found
+    if checkpoint_dcp.is_sharded_checkpoint(path):
+        return checkpoint_dcp.tensors(path, "model.")
+    return state["model"]
 
 
 def rng_state() -> dict:

@@ -1,8 +1,9 @@
-"""Sharded checkpoints (`train --fsdp`): each process writes its part of the model and the
-optimizer state with torch.distributed.checkpoint (DCP), and rank 0 the rest (state.pt: step,
-RNG, config, the data's fingerprint) and COMPLETE, after every process has written.
+"""Checkpoints' tensors, for every run (one process, DDP, FSDP): each process writes its part of
+the model and the optimizer state with torch.distributed.checkpoint (DCP), and rank 0 the rest
+(state.pt: step, RNG, config, the data's fingerprint, the optimizers' param_groups) and
+COMPLETE, after every process has written. A one-process run's checkpoint is a one-part one.
 
-    step-NNNNNNNN/  __R_0.distcp (process R's shards)  .metadata (DCP's index of them)
+    step-NNNNNNNN/  __R_0.distcp (process R's part)    .metadata (DCP's index of them)
                     state.pt (rank 0: no weights)      COMPLETE (last: sha256 of every file)
 
 DCP stores each tensor under its name with the piece each process held (a DTensor's shard,
@@ -33,7 +34,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -137,17 +138,22 @@ def damage(folder: Path) -> str | None:
     return None
 
 
-def save_parts(folder: Path, model: torch.nn.Module, optimizers: list) -> list:
-    """Every process: its part of the model and optimizer tensors into `folder` (a collective).
-    Returns the optimizers' param_groups (plain values, the same on every process), which the
-    caller keeps in state.pt: DCP is given tensors only, so it pickles nothing."""
+def save_parts(folder: Path, model: torch.nn.Module, optimizers: list,
+               distributed: bool) -> list:
+    """The model and optimizer tensors into `folder`: with `distributed` (a sharded model) every
+    process calls it and writes its part, a collective; else the calling process writes them
+    whole, alone. Returns the optimizers' param_groups (plain values, the
+    same on every process), which the caller keeps in state.pt: DCP is given tensors only, so
+    it pickles nothing."""
     model_state, optim_state = get_state_dict(model, optimizers)
     tensors = {"model": model_state, "optimizers": {"state": optim_state["state"]}}
     kept = [key for key, value in _leaves(tensors) if not isinstance(value, torch.Tensor)]
     if kept:  # an optimizer whose state is not all tensors: say so rather than pickle it
         raise TrainingError(f"the optimizer state holds values that are not tensors ({kept[0]}); "
                             "a checkpoint holds tensors only")
-    dcp.save(tensors, checkpoint_id=folder)
+    with warnings.catch_warnings():  # no_dist: "assuming ... a single process", as meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(tensors, checkpoint_id=folder, no_dist=not distributed)
     return optim_state["param_groups"]
 
 
@@ -211,8 +217,9 @@ def _first_failure(e: CheckpointException) -> Exception:
 
 
 def load_whole_into(state: dict, model: torch.nn.Module, optimizers: list) -> None:
-    """A whole checkpoint (state.pt's model and optimizers, as one process saved them) into a
-    sharded model: its optimizer state is keyed by position, re-keyed by parameter name."""
+    """A checkpoint of format 2 or before (state.pt's model and optimizers, as one process saved
+    them) into a model, sharded or not: its optimizer state is keyed by position, re-keyed by
+    parameter name."""
     names = {id(p): n for n, p in model.named_parameters()}
     by_name = {"state": {}, "param_groups": []}
     for opt, saved in zip(optimizers, state["optimizers"]):
@@ -225,12 +232,16 @@ def load_whole_into(state: dict, model: torch.nn.Module, optimizers: list) -> No
                    options=StateDictOptions(full_state_dict=True))
 
 
-def model_weights(folder: Path, model: torch.nn.Module) -> None:
-    """Only the model's weights of a sharded checkpoint into a plain model, in this one process
-    (zoo export, generate, eval)."""
-    weights = model.state_dict()
+def tensors(folder: Path, prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint whose name starts with `prefix` (the model's weights by
+    default), whole, on the CPU, named without it; read in this one process through SafeReader
+    and SafeLoadPlanner (zoo export, generate, eval; tests comparing runs)."""
     try:
-        _read(folder, {"model": weights}, distributed=False)
+        metadata = SafeReader(folder).read_metadata()
+        target = {name: torch.empty(meta.size, dtype=meta.properties.dtype)
+                  for name, meta in metadata.state_dict_metadata.items()
+                  if name.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
+        _read(folder, target, distributed=False)
     except (Unreadable, RuntimeError) as e:
         raise TrainingError(f"{folder} cannot be read: {e}") from None
-    model.load_state_dict(weights)
+    return {name[len(prefix):]: t for name, t in target.items()}

@@ -15,7 +15,7 @@ import torch
 
 import archs
 from longpack import TrainingError
-from training import checkpoint, checkpoint_dcp
+from training import checkpoint
 
 
 @dataclass
@@ -48,16 +48,14 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> Trained
     state, path = found
     name = state["config"]["model"]
     overrides = state.get("model_config") or {}
-    sharded = checkpoint_dcp.is_sharded_checkpoint(path)  # train --fsdp: weights in parts
-    try:  # a whole checkpoint's vocabulary is its weights' (model_config is newer than it)
-        vocab = overrides["vocab_size"] if sharded else state["model"]["embed.weight"].shape[0]
+    weights = checkpoint.model_state(found)
+    try:  # the vocabulary is the weights' (model_config is newer than some checkpoints)
+        vocab = weights["embed.weight"].shape[0]
         model = archs.build(name, **{**overrides, "vocab_size": vocab})
-    except (KeyError, ValueError, TypeError) as e:
-        raise TrainingError(f"{path}: its model ({name}) cannot be built here ({e})") from None
-    if sharded:
-        checkpoint_dcp.model_weights(path, model)
-    else:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(weights)
+    except (KeyError, ValueError, TypeError, RuntimeError) as e:
+        raise TrainingError(f"{path}: its model ({name}) cannot be built here "
+                            f"({str(e).strip().splitlines()[0]})") from None
     model.eval()
     manifest = _manifest(state["config"].get("shards"))
     # checkpoints record the build's tokenizer; older ones only where the build still is
