@@ -13,7 +13,7 @@ device's memory (TooLarge) before it allocates anything.
 
 Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
 `num_params()`, `flops_per_token(seq)` and `param_roles()` (each parameter's role, which
-training/optim.py groups by; MoE also `active_params()`).
+training/optim/optimizers.py groups by; MoE also `active_params()`).
 
     input_ids, doc_starts
       |  layers.py      positions and document masks, rotary, attention, the stacked-LM frame

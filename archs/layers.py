@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# What each parameter is, for the optimizer (training/optim.py decides what each role gets).
+# What each parameter is, for the optimizer (training/optim/optimizers.py decides what each role gets).
 # Each model file lists its parameters' roles by name; a parameter it does not list is an error.
 OPTIMIZER_ROLES = {
     "matrix": "a hidden weight matrix [out, in] (attention, MLP, projections)",

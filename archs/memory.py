@@ -15,19 +15,20 @@ Parameters are fp32 (the master weights; --precision bf16 is autocast, or FSDP's
 MixedPrecisionPolicy over them) and so are gradients.
 Without --fsdp every process holds all of them (DDP), and DDP's gradient buckets are a second
 fp32 copy of the gradients that the all-reduce works on (`buffers`; the trainer's
-DistributedDataParallel has gradient_as_bucket_view=False: DDP_BUCKET_VIEW). With --fsdp
-(FSDP2 `fully_shard` on each block, then the root: training/fsdp.py) the world is --fsdp-replicas
-groups of shard = world / replicas processes; a parameter with r rows (dim 0) is cut as
-torch.chunk cuts it, in chunks of c = ceil(r / shard) rows, process i of a group owning rows
-[i c, min((i + 1) c, r)) (the last ones fewer, or none). FSDP2 stores each process's shard
+DistributedDataParallel has gradient_as_bucket_view=False: DDP_BUCKET_VIEW). With --fsdp (FSDP2
+`fully_shard` on each block, then the root: training/parallel/fsdp.py) the world is
+--fsdp-replicas groups of shard = world / replicas processes; a parameter with r rows (dim 0) is
+cut as torch.chunk cuts it, in chunks of c = ceil(r / shard) rows, process i of a group owning
+rows [i c, min((i + 1) c, r)) (the last ones fewer, or none). FSDP2 stores each process's shard
 padded to c rows (FSDPParam._sharded_param_data) and its gradient is a view into the group's
 padded reduce-scatter output: 4 c (other dims) bytes each, on every process. The optimizer's
 state is made by zeros_like of the unpadded local shard: AdamW's exp_avg and exp_avg_sq (fp32)
-and a 4-byte step per parameter; Muon (training/optim.py: the matrix and experts roles) one fp32
-momentum, AdamW the rest. The first process of a group owns the most (c rows): the plan reports
-it. Module buffers (rotary's inverse frequencies) are whole on every process, with the weights.
-Under --fsdp Muon gathers one whole matrix (weight, gradient, momentum) at a time for its update
-(training/optim.py): a transient of the optimizer step, when no activation is held, left out.
+and a 4-byte step per parameter; Muon (training/optim/optimizers.py: the matrix and experts
+roles) one fp32 momentum, AdamW the rest. The first process of a group owns the most (c rows):
+the plan reports it. Module buffers (rotary's inverse frequencies) are whole on every process,
+with the weights. Under --fsdp Muon gathers one whole matrix (weight, gradient, momentum) at a
+time for its update (training/optim/optimizers.py): a transient of the optimizer step, when no
+activation is held, left out.
 
 FSDP's buffers, an estimate (`fsdp_buffers`): a block's parameters are all-gathered before it
 runs and freed after (reshard_after_forward) while the next one's all-gather is already issued
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 import archs
 from archs.activations import CAST_ROLES, activations
 
-MUON_ROLES = ("matrix", "experts")  # training/optim.py's MUON
+MUON_ROLES = ("matrix", "experts")  # training/optim/optimizers.py's MUON
 DDP_BUCKET_VIEW = False  # training/step.py's DDP: gradient_as_bucket_view (False: buckets copy)
 
 

@@ -1,6 +1,7 @@
 """Object storage: the one layer every URL goes through (build inputs: read/remote_inputs.py; build
 outputs: store/remote_build.py + store/uploader.py; `pack stats`: stats/remote.py; the trainer's
-shards: training/data.py, and checkpoints: training/upload.py). Local paths never come here.
+shards: training/data/builds.py, and checkpoints: training/checkpoints/upload.py). Local paths
+never come here.
 
     store = Store("s3://bucket/prefix")        # fsspec: s3fs, gcsfs, adlfs, memory, ...
     store.put_file(Path("shard.00000.mds.zstd"), "train/shard.00000.mds.zstd")

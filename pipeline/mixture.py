@@ -1,7 +1,7 @@
 """Data mixtures as the user writes them: named builds and the share of each (`train --shards
 web=./fw --shards code=./code --mix web=0.7,code=0.3 --mix-stage 90%:web=0.2,code=0.8`, and
 `pack stats A B --mix ...`). Parsing and validation only; how the trainer draws the rows is
-training/mixture.py's.
+training/data/mixture.py's.
 
     sources = parse_sources(["web=./fw", "./code"])        # [("web", "./fw"), ("code", "./code")]
     weights = parse_weights("web=7,code=3", ["web", "code"])   # {"web": 0.7, "code": 0.3}

@@ -17,7 +17,7 @@ from archs import activations, memory
 from longpack import SettingsError
 from training.cli import train as train_cli
 from training.config import TrainConfig
-from training.distributed import Processes
+from training.parallel.distributed import Processes
 
 FAMILIES = ["neox-tiny", "moe-tiny", "mamba-tiny", "resonance-tiny", "hybrid-tiny"]
 VOCAB = 37  # odd: FSDP pads the embedding's and head's rows
@@ -56,7 +56,7 @@ SHARDED = r"""
 import json, sys, torch, torch.distributed as dist
 import archs
 from training.config import TrainConfig
-from training.distributed import Processes
+from training.parallel.distributed import Processes
 from training.step import prepare
 
 def storage_bytes(tensors):
@@ -73,7 +73,7 @@ for name, replicas, optimizer in json.loads(sys.argv[1]):
     torch.manual_seed(0)
     model = archs.build(name, vocab_size=37)
     ids = torch.randint(0, 37, (2, 33))
-    # the trainer's own preparation: DDP, or --fsdp (training/fsdp.py) before the optimizers
+    # the trainer's own preparation: DDP, or --fsdp (training/parallel/fsdp.py) before the optimizers
     cfg = TrainConfig(shards="x", model=name, optimizer=optimizer, fsdp=replicas > 0,
                       fsdp_replicas=max(replicas, 1))
     state = prepare(model, cfg, procs)

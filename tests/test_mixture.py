@@ -15,8 +15,8 @@ from longpack.errors import DataError, SettingsError, TrainingError
 from pipeline.mixture import parse_sources, parse_stage, parse_weights
 from training.cli import train as train_cli
 from training.config import TrainConfig
-from training.mixture import MixedOrder
-from training.sampler import GlobalOrder, batch_hash
+from training.data.mixture import MixedOrder
+from training.data.sampler import GlobalOrder, batch_hash
 
 FP = ["a" * 16, "b" * 16, "c" * 16]
 

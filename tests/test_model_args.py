@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 import archs
 from archs.zoo.cli import zoo
-from training import checkpoint
+from training.checkpoints import checkpoint
 from training.cli import train as train_cli
 
 

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 import archs
 from training.config import TrainConfig
-from training.optim import Muon, make_optimizers
+from training.optim.optimizers import Muon, make_optimizers
 
 # Written from the model files' layouts, independently of their PARAM_ROLES tables: each
 # parameter name must match exactly one pattern of its family.
@@ -174,7 +174,7 @@ def test_onecycle_and_cosine_with_warm_restarts_shapes():
 
     from longpack import SettingsError
     from training.config import TrainConfig
-    from training.schedule import lr_at
+    from training.optim.schedule import lr_at
 
     one = TrainConfig(shards="x", max_steps=100, warmup=0, lr=1.0, min_lr=0.01,
                       schedule="onecycle")

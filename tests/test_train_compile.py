@@ -1,13 +1,13 @@
-"""A compiled run compiles its model once: the batch's doc_starts has one shape (training/batch.py
+"""A compiled run compiles its model once: the batch's doc_starts has one shape (training/data/batch.py
 full_width), and the padding that gives it that shape changes no number of any family."""
 
 import pytest
 import torch
 
 import archs
-from training.batch import full_width
 from training.config import TrainConfig
-from training.distributed import Processes
+from training.data.batch import full_width
+from training.parallel.distributed import Processes
 from training.step import prepare, train_step
 
 CPU = Processes(0, 1, torch.device("cpu"))

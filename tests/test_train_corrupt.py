@@ -1,5 +1,5 @@
 """The trainer never trains on damaged shards, says which one in one line, and reads remote builds
-(issue 12): training/verify.py, training/data.py, training/loader.py."""
+(issue 12): training/data/verify.py, training/data/builds.py, training/data/loader.py."""
 
 import json
 import math
@@ -22,10 +22,10 @@ from pipeline.build import build
 from pipeline.config import BuildConfig
 from pipeline.formats.mds import MdsColumns
 from training.cli import train as train_cli
-from training.data import open_build
-from training.loader import StepBatches, batches
-from training.sampler import GlobalOrder
-from training.verify import ShardChecks
+from training.data.builds import open_build
+from training.data.loader import StepBatches, batches
+from training.data.sampler import GlobalOrder
+from training.data.verify import ShardChecks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -286,7 +286,7 @@ def test_workers_check_the_shards_of_their_next_items_ahead(tmp_path, byte_token
     shards are checked than the rows they could have read."""
     import time
 
-    from training.loader import CHECK_AHEAD, PREFETCH
+    from training.data.loader import CHECK_AHEAD, PREFETCH
 
     out = make_build(tmp_path, byte_tokenizer, fmt="memmap", docs=60, rows_per_shard=1)
     b = open_build(str(out), tmp_path / "cache", "1gb")

@@ -13,7 +13,7 @@ import torch
 from test_train import padded_build
 
 from conftest import one_thread_as_under_torchrun, run_train_jobs
-from training import checkpoint
+from training.checkpoints import checkpoint
 from training.config import TrainConfig
 from training.loop import train
 

@@ -15,7 +15,7 @@ from test_checkpoint_safety import plant_bytes_items
 
 from archs.zoo.runs import load_run
 from conftest import one_thread_as_under_torchrun, run_train_jobs
-from training import checkpoint
+from training.checkpoints import checkpoint
 from training.config import TrainConfig
 from training.loop import train
 

@@ -19,11 +19,11 @@ import archs
 from archs.zoo.cli import zoo
 from conftest import vocab_of
 from longpack.errors import SettingsError
-from training.batch import make_batch
 from training.cli import train as train_cli
 from training.config import TrainConfig
-from training.distributed import launched
+from training.data.batch import make_batch
 from training.loop import train
+from training.parallel.distributed import launched
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 MOE = ("n_pred_tokens=2", "mod_capacity=0.5")  # MTP and a depth-routed block: every aux term
@@ -54,7 +54,7 @@ def test_lm_loss_is_the_next_token_loss_over_the_steps_real_targets(tmp_path, by
     first = history[0]
     torch.manual_seed(0)  # the run's seed: its initial weights
     model = archs.build("moe-tiny", vocab_size=50257, **archs.parse_args("moe-tiny", list(MOE)))
-    from training.data import open_build
+    from training.data.builds import open_build
 
     build = open_build(str(shards), tmp_path / "cache", "1gb")
     batch = make_batch([build.train.get(i) for i in range(len(build.train))])
@@ -182,8 +182,8 @@ def test_wandb_gets_the_run_settings_and_its_resolved_config(tmp_path, shards, m
 # -- Muon's settings ------------------------------------------------------------------------
 
 def test_muon_takes_its_own_lr_momentum_and_newton_schulz_steps():
-    from training.optim import make_optimizers, set_lr
-    from training.schedule import lr_at
+    from training.optim.optimizers import make_optimizers, set_lr
+    from training.optim.schedule import lr_at
     from training.step import prepare, train_step
 
     torch.manual_seed(0)
@@ -260,8 +260,8 @@ class CountedRows:
 
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_prefetch_is_how_many_batches_a_worker_builds_ahead(prefetch):
-    from training.loader import StepBatches, batches
-    from training.sampler import GlobalOrder
+    from training.data.loader import StepBatches, batches
+    from training.data.sampler import GlobalOrder
 
     rows = CountedRows(64)
     order = GlobalOrder(len(rows), 1, seed=0, fingerprint="f")

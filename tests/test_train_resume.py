@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from test_train import config, records, weights
 
 from longpack.errors import TrainingError
-from training import checkpoint
+from training.checkpoints import checkpoint
 from training.cli import train as train_cli
 from training.loop import train
 
@@ -41,8 +41,8 @@ def as_previous_format(path, run, cfg):
     "format", and the metrics records of every step before it in "history"."""
     import archs
     from longpack.atomic import sha256_file
-    from training.checkpoint_dcp import load_into
-    from training.optim import make_optimizers
+    from training.checkpoints.dcp_files import load_into
+    from training.optim.optimizers import make_optimizers
 
     state = torch.load(path / "state.pt", weights_only=False)
     model = archs.build(cfg.model, **state["model_config"])

@@ -15,10 +15,10 @@ from pipeline.build import build
 from pipeline.config import BuildConfig
 from pipeline.formats.shards import open_split
 from pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
-from training.batch import make_batch
-from training.data import Rows, open_build
-from training.loader import StepBatches, batches
-from training.sampler import GlobalOrder, batch_hash
+from training.data.batch import make_batch
+from training.data.builds import Rows, open_build
+from training.data.loader import StepBatches, batches
+from training.data.sampler import GlobalOrder, batch_hash
 
 
 def test_every_row_once_per_epoch_and_epochs_reshuffle():
@@ -207,7 +207,7 @@ def test_a_shard_missing_from_the_store_is_named_by_its_url(tmp_path, byte_token
 
 
 def test_the_cache_never_removes_a_shard_in_use_and_drops_the_least_recent(tmp_path):
-    from training.shard_cache import ShardCache
+    from training.data.shard_cache import ShardCache
 
     folder = tmp_path / "c"
     folder.mkdir()
@@ -349,9 +349,9 @@ def test_a_batch_kept_after_the_stream_ends_stays_readable(tmp_path, byte_tokeni
 _TRAINER = """
 import sys, time, multiprocessing
 from pathlib import Path
-from training.data import open_build
-from training.loader import StepBatches, batches
-from training.sampler import GlobalOrder
+from training.data.builds import open_build
+from training.data.loader import StepBatches, batches
+from training.data.sampler import GlobalOrder
 b = open_build(sys.argv[1], Path(sys.argv[2]), "1gb")
 order = GlobalOrder(len(b.train), global_batch=2, seed=0, fingerprint=b.fingerprint)
 stream = batches(StepBatches(order, b.train, 0, 1, 2, 1), 0, 10**6, 2)

@@ -19,7 +19,7 @@ from test_train import config
 from archs.zoo.cli import zoo
 from conftest import signals_as_from_a_shell
 from pipeline.cli import pack
-from training import checkpoint
+from training.checkpoints import checkpoint
 from training.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,8 +18,8 @@ import click
 import torch.distributed as dist
 
 from training.config import TrainConfig
-from training.distributed import launched
 from training.loop import train
+from training.parallel.distributed import launched
 
 
 def main(path: str) -> None:

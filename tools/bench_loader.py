@@ -15,12 +15,12 @@ What it measures, in one run:
      seq] in their stored dtype, where padding starts, and the document starts (the trainer
      widens them to int64 on its device). Each run opens the build afresh, so it pays what a
      training run pays once: every shard checked (sha256 against index.json, ids against the
-     vocabulary: training/verify.py) before its rows are used;
+     vocabulary: training/data/verify.py) before its rows are used;
    - loader, 0 workers: the same built in this process (for reference, not judged).
 3. MDS (shards decompressed into each reader's own cache by one untimed warm-up epoch first):
    - streaming: a plain `streaming.StreamingDataset(shuffle=True)` in a torch DataLoader with the
      same --workers and --batch, collating only the `tokens` column;
-   - loader: training.loader as above, reading rows through StreamingDataset.get_item (the
+   - loader: training.data.loader as above, reading rows through StreamingDataset.get_item (the
      check hashes each decompressed shard in the cache once per run).
 Rates are rows (and tokens) delivered per second of wall clock.
 
@@ -32,7 +32,7 @@ Rates are rows (and tokens) delivered per second of wall clock.
 
 5. --mix (instead of 2-4): the same documents as one build or as a mixture of two. The one
    build is the FineWeb-Edu sample's; the mixture is of its two parquet files built apart, as
-   `train --shards a=... --shards b=... --mix a=0.5,b=0.5` draws them (training.mixture:
+   `train --shards a=... --shards b=... --mix a=0.5,b=0.5` draws them (training.data.mixture:
    MixedOrder over MixedRows, every batch from both, shuffled). Same format, steps and batch;
    rates in rows per second. (Same documents on both sides: what it costs to turn a row into a
    batch depends on the documents in it, e.g. how many start there.)
@@ -110,7 +110,7 @@ def raw_memmap(out: Path, order, steps: int):
 
 def our_loader(open_rows, order, steps: int, batch: int, workers: int):
     """open_rows() opens the build's train rows: a run starts with no shard checked."""
-    from training.loader import StepBatches, batches
+    from training.data.loader import StepBatches, batches
 
     def run():
         data = StepBatches(order, open_rows(), rank=0, world=1, batch_size=batch, grad_accum=1)
@@ -182,8 +182,8 @@ def build_sources(work: Path, seq: int, fmt: str) -> dict[str, Path]:
 
 
 def measure_mix(args, work: Path) -> None:
-    from training.data import open_build
-    from training.mixture import MixedOrder, MixedRows
+    from training.data.builds import open_build
+    from training.data.mixture import MixedOrder, MixedRows
 
     single = build_shared_corpus(work, args.seq)
     runs, rows_of, ratios = {}, {}, {}
@@ -242,8 +242,8 @@ def upload(out: Path, url: str) -> None:
 
 
 def measure(args, work: Path) -> None:
-    from training.data import open_build
-    from training.sampler import GlobalOrder
+    from training.data.builds import open_build
+    from training.data.sampler import GlobalOrder
 
     outs = build_shared_corpus(work, args.seq)
 

@@ -84,8 +84,8 @@ def run(cfg, synthetic: bool) -> list[dict]:
 
 def upload_overlap(args, shards: Path, work: Path) -> None:
     """--upload: step times while a checkpoint upload runs vs while none does (see above)."""
+    import training.checkpoints.upload as upload
     import training.loop as loop
-    import training.upload as upload
     from training.config import TrainConfig
 
     steps, uploads = [], []

@@ -72,7 +72,7 @@ def sh(cmd: list[str], log: Path) -> int:
 def resume(args) -> None:
     import torch
 
-    from training import checkpoint
+    from training.checkpoints import checkpoint
 
     work = Path(args.work)
     steps = ["--max-steps", str(args.steps)] + (["--compile"] if args.compile else [])

@@ -75,8 +75,8 @@ def _renamed_log(ctx, _param, value):
 @click.version_option(package_name="longpack")
 def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
-    from training import distributed
     from training.loop import train as run_training
+    from training.parallel import distributed
 
     ctx = click.get_current_context()
     given = [f"--{name.replace('_', '-')}" for name in ("world_size", "gpu_memory", "json")
@@ -110,7 +110,7 @@ def dry_run_plan(cfg: TrainConfig, world_size: int | None, gpu_memory: float,
     import json
     import sys
 
-    from training import distributed
+    from training.parallel import distributed
     from training.plan import plan
 
     main = distributed.launched().main
@@ -127,7 +127,7 @@ def preset_table(shards: tuple[str, ...] | None, seq: int | None) -> str:
     when --shards is given; otherwise at each preset's own vocabulary, which the note says."""
     from archs import list_models
     from archs.__main__ import table
-    from training.data import read_manifest
+    from training.data.builds import read_manifest
 
     if not shards:
         return (table(list_models()) + "\n(each preset at its own vocabulary; with --shards OUT, "

@@ -12,8 +12,8 @@ import torch
 import archs
 from archs import memory
 from longpack import SettingsError
-from training import distributed
 from training.config import TrainConfig
+from training.parallel import distributed
 
 
 def plan_memory(cfg: TrainConfig, vocab: int, seq: int, world: int) -> dict:

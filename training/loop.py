@@ -27,16 +27,17 @@ import torch
 
 import archs
 from longpack import DataError, TrainingError, is_url, redact, staging_folder
-from training import checkpoint, distributed
-from training.batch import model_inputs
+from training.checkpoints import checkpoint
+from training.checkpoints.upload import RemoteRun
 from training.config import TrainConfig
+from training.data.batch import model_inputs
+from training.data.loader import StepBatches, batches
+from training.data.mixture import MixedOrder, Sources, make_order, open_sources
 from training.evaluate import split_loss
 from training.fits import check_memory
-from training.loader import StepBatches, batches
 from training.metrics import MetricsLog, check_installed, duration, peak_flops
-from training.mixture import MixedOrder, Sources, make_order, open_sources
+from training.parallel import distributed
 from training.step import prepare, read_steps, train_step
-from training.upload import RemoteRun
 
 SHARD_CACHE = "shard-cache"  # in the run directory, without --cache
 

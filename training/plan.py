@@ -42,13 +42,13 @@ import archs
 from archs import memory
 from longpack import SettingsError
 from pipeline import REPEAT_WARNING_EPOCHS
-from training import distributed
-from training.batch import make_batch
 from training.config import TrainConfig
+from training.data.batch import make_batch
+from training.data.mixture import make_order, open_sources
 from training.fits import check_memory, plan_memory
 from training.loop import resolve_steps
 from training.metrics import duration
-from training.mixture import make_order, open_sources
+from training.parallel import distributed
 from training.step import prepare, train_step
 
 PROBE_STEPS = 2  # timed, after one warm-up

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from training import distributed, fsdp
-from training.batch import full_width
-from training.optim import make_optimizers, set_lr
-from training.schedule import lr_at
+from training.data.batch import full_width
+from training.optim.optimizers import make_optimizers, set_lr
+from training.optim.schedule import lr_at
+from training.parallel import distributed, fsdp
 
 
 class LossOf(torch.nn.Module):

@@ -66,7 +66,7 @@ def evaluate(**settings):
 
     from archs.zoo.runs import load_run
     from longpack import LongpackError
-    from training.data import open_build, read_manifest
+    from training.data.builds import open_build, read_manifest
     from training.evaluate import bits_per_byte, split_loss
 
     cfg = EvalConfig(**settings)

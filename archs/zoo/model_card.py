@@ -147,7 +147,7 @@ def _builds(shards) -> list[tuple[str, str, dict | None]]:
     """(name, path, manifest or None) of each build the run trained on."""
     from longpack import LongpackError
     from pipeline import parse_mixture
-    from training.data import read_manifest
+    from training.data.builds import read_manifest
 
     try:
         sources = parse_mixture([shards] if isinstance(shards, str) else list(shards),

@@ -15,7 +15,7 @@ import torch
 
 import archs
 from longpack import TrainingError
-from training import checkpoint
+from training.checkpoints import checkpoint
 
 
 @dataclass

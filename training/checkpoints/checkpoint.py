@@ -11,7 +11,7 @@ in RUN (an export, a user's copy `step-00000002-best`) is never resumed from nor
 state.pt holds the grad scaler, RNG states, the step, the shards' fingerprint and seq, the
 config, the optimizers' param_groups and the batch hashes of the last RECENT_HASHES steps: a
 resumed run recomputes those from its own order and refuses to go on if they differ. The model
-and the optimizers' tensors are DCP files beside it, each process's part (checkpoint_dcp.py),
+and the optimizers' tensors are DCP files beside it, each process's part (dcp_files.py),
 whatever the number of processes and sharding; COMPLETE lists the sha256 of every file
 ("HASH  NAME" lines) and ends with the record. Any checkpoint resumes with or without --fsdp,
 under any number of processes. Its size does not grow with the run: the metrics of the steps
@@ -22,7 +22,7 @@ model and optimizers in state.pt (but for --fsdp runs; COMPLETE: state.pt's hash
 Loading never runs code from a checkpoint (a run's folder may come from a shared bucket):
 state.pt is read with torch.load(weights_only=True), which builds tensors and plain Python
 values only (and numpy's arrays, for the RNG state), and a sharded checkpoint's DCP metadata
-through an allow-list (checkpoint_dcp.SafeReader).
+through an allow-list (dcp_files.SafeReader).
 """
 
 import random
@@ -36,8 +36,9 @@ import numpy as np
 import torch
 
 from longpack import TrainingError, sha256_file, write_bytes
-from training import checkpoint_dcp, distributed, fsdp
-from training.mixture import MixedOrder, history_until, same_until
+from training.checkpoints import dcp_files
+from training.data.mixture import MixedOrder, history_until, same_until
+from training.parallel import distributed, fsdp
 from training.step import TrainState
 
 # 3: the model and optimizers' tensors in DCP files for every run; 2: in state.pt (torch.save)
@@ -68,7 +69,7 @@ def save(run: Path, step: int, s: TrainState, state: dict, keep_last: int,
     # checkpoint, so DDP's machines need no shared disk. The param_groups go in state.pt.
     sharded = fsdp.is_sharded(s.model)
     if sharded or procs.main:
-        groups = checkpoint_dcp.save_parts(tmp, s.model, s.optimizers, distributed=sharded)
+        groups = dcp_files.save_parts(tmp, s.model, s.optimizers, distributed=sharded)
     if procs.main:
         torch.save({**state, "param_groups": groups}, tmp / "state.pt")
         files = sorted(p.name for p in tmp.iterdir())
@@ -165,8 +166,8 @@ def load_latest(run: Path, say=warn) -> tuple[dict, Path] | None:
 
 
 def _read(path: Path) -> dict:
-    problem = damage(path) or (checkpoint_dcp.damage(path)
-                               if checkpoint_dcp.is_sharded_checkpoint(path) else None)
+    problem = damage(path) or (dcp_files.damage(path)
+                               if dcp_files.is_sharded_checkpoint(path) else None)
     if problem:
         raise ValueError(problem)
     try:
@@ -174,7 +175,7 @@ def _read(path: Path) -> dict:
             return torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # a pickle asking for more than data: refused, not run
         raise ValueError(f"state.pt holds more than a checkpoint's data, which is never loaded "
-                         f"(nothing in it was run): {checkpoint_dcp.refusal(e)}") from None
+                         f"(nothing in it was run): {dcp_files.refusal(e)}") from None
 
 
 def damage(path: Path) -> str | None:
@@ -291,12 +292,12 @@ def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
     """Load the checkpoint into the train state and the RNGs; returns its step."""
     state, path = found
     try:
-        if checkpoint_dcp.is_sharded_checkpoint(path):
-            checkpoint_dcp.load_into(path, s.model, s.optimizers, state.get("param_groups"),
+        if dcp_files.is_sharded_checkpoint(path):
+            dcp_files.load_into(path, s.model, s.optimizers, state.get("param_groups"),
                                      distributed=fsdp.is_sharded(s.model))
         else:  # a checkpoint of format 2 or before: the model and optimizers in state.pt
-            checkpoint_dcp.load_whole_into(state, s.model, s.optimizers)
-    except checkpoint_dcp.Unreadable as e:  # damaged past its COMPLETE, or crafted: nothing ran
+            dcp_files.load_whole_into(state, s.model, s.optimizers)
+    except dcp_files.Unreadable as e:  # damaged past its COMPLETE, or crafted: nothing ran
         raise TrainingError(f"{path} cannot be read ({e}); resume from an earlier checkpoint "
                             "(--resume RUN/step-NNNNNNNN), or pass --resume never or another "
                             "--out to start afresh") from None
@@ -312,8 +313,8 @@ def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
 def model_state(found: tuple[dict, Path]) -> dict[str, torch.Tensor]:
     """The checkpoint's model weights by name, whole, on the CPU (either format)."""
     state, path = found
-    if checkpoint_dcp.is_sharded_checkpoint(path):
-        return checkpoint_dcp.tensors(path, "model.")
+    if dcp_files.is_sharded_checkpoint(path):
+        return dcp_files.tensors(path, "model.")
     return state["model"]
 
 

@@ -9,7 +9,7 @@ The token after an EOS stays a target: it is predicted from the ending document 
 attention never crosses the boundary.
 
 Two halves, because a loader worker builds the batch in its own process: `collate` (in the
-worker, into a shared-memory slot, training/loader.py) keeps the tokens in the build's dtype and
+worker, into a shared-memory slot, training/data/loader.py) keeps the tokens in the build's dtype and
 says where padding starts, a few small numpy arrays (torch tensors would each take a new
 shared-memory segment, which costs more than the whole batch at these sizes); `model_inputs` (in
 the trainer) widens them to the int64 tensors the model takes.
@@ -25,7 +25,7 @@ CPU = torch.device("cpu")
 
 def collate(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
             out: np.ndarray | None = None) -> dict:
-    """rows: (tokens [seq], starts, hashes or None) as training/data.py gives them; the tokens
+    """rows: (tokens [seq], starts, hashes or None) as training/data/builds.py gives them; the tokens
     are stacked into `out` when given (a loader worker's shared-memory slot)."""
     tokens = np.stack([t for t, _, _ in rows], out=out)
     T = tokens.shape[1] - 1

@@ -15,13 +15,13 @@ batch must be used (moved to the device or copied) before then. torch's DataLoad
 shared-memory segment per tensor, and a thread pool's threads share one interpreter lock: both
 are slower on the same shards (tools/bench_loader.py; the figures in docs/BENCHMARKS.md).
 
-Errors: a typed error in a worker (a DataError naming a damaged shard, training/verify.py)
+Errors: a typed error in a worker (a DataError naming a damaged shard, training/data/verify.py)
 reaches the trainer as the same error, its one line intact; anything else as a LoaderError with
 the worker's traceback. A worker that dies (killed) is reported whichever worker the trainer is
 waiting for, since its siblings may be waiting for it.
 
 Checking ahead: each worker runs a thread that checks the shards of its next 2 x prefetch
-items (CHECK_AHEAD by default; the rows' `check`, training/data.py) while the worker itself
+items (CHECK_AHEAD by default; the rows' `check`, training/data/builds.py) while the worker itself
 waits for a free slot, so the first read of a shard rarely waits for its hash; it ends once
 every shard is checked.
 """
@@ -38,8 +38,8 @@ import traceback
 import numpy as np
 
 from longpack import LoaderError, LongpackError
-from training.batch import collate
-from training.sampler import GlobalOrder
+from training.data.batch import collate
+from training.data.sampler import GlobalOrder
 
 PREFETCH = 4  # slots (batches in flight) per worker: --prefetch's default
 STOP_BYTES = 8  # each worker's memory starts with an int64: nonzero = stop

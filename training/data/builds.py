@@ -16,7 +16,7 @@ is, from a folder or a URL.
   names an S3-compatible one): the manifest and each split's index.json are read through the
   store, and each shard's files are downloaded into the cache (and unpacked there) when a row of
   it is first needed.
-- The cache (training/shard_cache.py) lives under the build's fingerprint, so a cache left by
+- The cache (training/data/shard_cache.py) lives under the build's fingerprint, so a cache left by
   other shards is never read; beyond `cache_limit` the least recently used shards leave it. It
   is made when the first file is written into it (an uncompressed local build never writes
   one), and when open_build fails it removes what it made, so a failed run leaves nothing behind.
@@ -25,14 +25,14 @@ is, from a folder or a URL.
 
 Every shard is checked (the sha256 of the files its rows are read from against index.json, its
 ids against the vocabulary) once per run, before any of its rows is returned:
-training/verify.py. A copy in the cache that fails is made again (fetched, unpacked) once
+training/data/verify.py. A copy in the cache that fails is made again (fetched, unpacked) once
 before the shard is blamed: the cache, or a fetch, may be what broke. A shard that fails, is
 missing or cannot be read or unpacked raises DataError naming its file or URL (and the row where
 known); the store itself failing (unreachable, no credentials, no bucket) is the StorageError
 line every URL of longpack gives (longpack/store.py).
 
 Rows come as (tokens [seq], starts, hashes): segment starts (first 0) and document hashes
-(0 = padding), what training/batch.py turns into a model's batch. `check(i)` checks the shard
+(0 = padding), what training/data/batch.py turns into a model's batch. `check(i)` checks the shard
 of row i without reading the row (the loader checks ahead with it); `unchecked()` says how many
 shards are left to check.
 """
@@ -53,8 +53,8 @@ import numpy as np
 from longpack import DataError, LongpackError, StorageError, Store, is_url, redact
 from pipeline import ShardError, manifest_lacks, open_format
 from training.config import SIZE
-from training.shard_cache import ShardCache
-from training.verify import GOOD, ShardChecks, check_ids, file_problem, size_problem
+from training.data.shard_cache import ShardCache
+from training.data.verify import GOOD, ShardChecks, check_ids, file_problem, size_problem
 
 __all__ = ["Build", "Rows", "Windows", "open_build"]
 

@@ -42,8 +42,8 @@ import numpy as np
 
 from longpack import DataError
 from pipeline import natural_weights, same_tokenizer, tokenizer_label
-from training.data import Build, dataset_fingerprint, open_build, read_manifest
-from training.sampler import GlobalOrder, batch_hash
+from training.data.builds import Build, dataset_fingerprint, open_build, read_manifest
+from training.data.sampler import GlobalOrder, batch_hash
 
 PERIOD = 10007  # Q, a prime: the extras' pattern repeats after it
 STRIDE = 6185  # P, about Q / golden ratio
@@ -262,7 +262,7 @@ def same_until(a: list, b: list, step: int) -> bool:
 
 class MixedRows:
     """The train (or val) rows of several builds as one id space: source k's row r is
-    bases[k] + r. `check`, `unchecked` and `get` as a single build's rows (training/data.py)."""
+    bases[k] + r. `check`, `unchecked` and `get` as a single build's rows (training/data/builds.py)."""
 
     def __init__(self, parts: list):
         self.parts = parts

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 
 from longpack import StorageError, Store, redact
-from training import checkpoint
+from training.checkpoints import checkpoint
 
 
 class RemoteRun:

@@ -7,7 +7,7 @@ shard, or ids rewritten by another tool, would otherwise train silently. What a 
   that its split's index.json records (docs/FORMAT.md): memmap, `tokens` and `docs`; MDS, the
   decompressed shard in the cache (`raw_data`). Those are the very bytes the rows are read from,
   whether the build is local, at a URL, or left in the cache by an earlier run
-  (training/data.py);
+  (training/data/builds.py);
 - its token ids against the vocabulary (the build's `tokenizer.vocab_size`, which is the
   model's): an id beyond it would fail deep in the embedding, or worse, index a padded row.
 
@@ -19,7 +19,7 @@ is before the loader forks its workers, so the trainer and all its workers share
 (under torchrun, each rank and its workers: a rank checks the shards its own rows come from).
 The first process that needs a shard claims it and checks it; the others wait for its verdict
 (a claim whose process has gone, a worker stopped or killed while checking, is taken over).
-Checks happen where rows are read, so in the loader's worker processes (training/loader.py),
+Checks happen where rows are read, so in the loader's worker processes (training/data/loader.py),
 and each worker checks ahead, in a thread, the shards of its next items while it waits for the
 trainer to free a slot: hashing overlaps the training step instead of stalling it. The trainer
 itself checks only what it reads itself (val, and everything with --workers 0).

@@ -18,7 +18,7 @@ groups, so the all-gathers stay inside a group and only the gradients cross grou
 --precision bf16: parameters are gathered in bf16 for compute and gradients reduced in fp32,
 over fp32 master weights (MixedPrecisionPolicy). fp16 (a gradient scaler over sharded
 gradients) is refused with --fsdp, in one line, by TrainConfig. Muon runs on sharded
-parameters: its Newton-Schulz step needs whole matrices, which training/optim.py gathers
+parameters: its Newton-Schulz step needs whole matrices, which training/optim/optimizers.py gathers
 (tests/test_train_fsdp.py: Muon on sharded parameters is Muon on whole ones).
 
 Gradients are reduce-scattered at every micro-step of an accumulation (memory stays sharded;
@@ -32,7 +32,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_f
 from torch.distributed.tensor import DTensor
 
 from longpack import SettingsError
-from training import distributed
+from training.parallel import distributed
 
 
 def mesh(cfg, procs: distributed.Processes):
