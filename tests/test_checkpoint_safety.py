@@ -269,3 +269,23 @@ def test_resuming_with_another_optimizer_says_what_changed(tmp_path, shards):
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     line = result.output.strip().splitlines()[-1]
     assert "--optimizer adamw" in line and "--optimizer muon" in line, line
+
+
+@pytest.mark.slow
+def test_a_run_whose_every_checkpoint_is_damaged_stops_rather_than_start_afresh(tmp_path,
+                                                                                shards):
+    run = sharded_run(tmp_path, shards)  # steps 1 and 2
+    for step in ("step-00000001", "step-00000002"):
+        part = next((run / step).glob("*.distcp"))
+        part.write_bytes(part.read_bytes()[:100])  # COMPLETE now disagrees
+    args = ["--shards", str(shards), "--out", str(run), "--max-steps", "4", "--warmup", "0",
+            "--batch-size", "4", "--workers", "0"]
+    result = CliRunner().invoke(train_cli, args)
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.output.count("skipping checkpoint") == 2
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("Error: ") and "none of its 2 checkpoint(s) can be read" in line, line
+    assert "--resume never" in line
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-00000001", "step-00000002"]
+    result = CliRunner().invoke(train_cli, args + ["--resume", "never"])  # afresh, as told
+    assert result.exit_code == 0, result.output

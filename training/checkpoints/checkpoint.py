@@ -204,12 +204,19 @@ def _readable(state: dict, path: Path) -> dict:
 
 
 def find(run: Path, resume: str, say=warn) -> tuple[dict, Path] | None:
-    """--resume auto: the newest sound checkpoint in the run, if any; never: none; else the
-    checkpoint directory named."""
+    """--resume auto: the newest sound checkpoint in the run, if any (a run whose every
+    checkpoint is unreadable is refused: starting afresh would quietly drop them); never:
+    none; else the checkpoint directory named."""
     if resume == "never":
         return None
     if resume == "auto":
-        return load_latest(run, say)
+        skipped = []
+        found = load_latest(run, lambda line: (skipped.append(line), say(line)))
+        if found is None and skipped:
+            raise TrainingError(f"{run}: none of its {len(skipped)} checkpoint(s) can be read "
+                                "(each named above); restore one, or pass --resume never to "
+                                "start afresh")
+        return found
     return load(Path(resume))
 
 
