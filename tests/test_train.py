@@ -367,6 +367,7 @@ def test_a_damaged_manifest_is_one_line_for_train_and_zoo_eval(tmp_path, shards,
     assert "Traceback" not in r.output and isinstance(r.exception, SystemExit), r.output
 
 
+@pytest.mark.slow
 def test_a_step_reads_nothing_back_to_the_host_between_logged_steps(tmp_path, byte_tokenizer,
                                                                     monkeypatch):
     """The step's numbers stay on the device (the CPU can queue the next step on a GPU): over
