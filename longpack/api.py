@@ -19,28 +19,19 @@ from pathlib import Path
 from longpack.errors import LongpackError, SettingsError
 
 
-def _config(cls, settings: dict, command: str, synonyms: dict | None = None):
-    """cls(**settings): an unknown name refused in one line with the nearest known one (or the
-    setting another tool's name means, `synonyms`: as a config file's keys are), a value
-    of the wrong type in one line naming the setting; a path may be a Path, a list of them a
-    list or one path."""
-    from longpack.settings import suggest
+def _config(cls, settings: dict, command: str):
+    """cls(**settings), the dataclass checking each value as its flag's (longpack/settings.py);
+    every unknown name refused at once, each with the nearest known one, as a config file's
+    keys are."""
+    from longpack.settings import refuse_unknown
 
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    given = {}
-    for name, value in settings.items():
-        if name not in fields:
-            near = suggest(name, list(fields), synonyms)
-            raise SettingsError(f"{name!r} is not a setting of {command}"
-                                + (f"; did you mean {near!r}?" if near else ""))
-        parses_text = fields[name].metadata.get("callback") is not None  # a size: "500MB"
-        given[name] = value if parses_text and isinstance(value, str) else _typed(
-            name, value, fields[name].type)
-    missing = [n for n, f in fields.items() if n not in given
+    refuse_unknown(settings, fields, command)
+    missing = [n for n, f in fields.items() if n not in settings
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise SettingsError(f"{command} needs {', '.join(f'{n}=...' for n in missing)}")
-    return cls(**given)
+    return cls(**settings)
 
 
 def _callable(name: str, value):
@@ -49,30 +40,13 @@ def _callable(name: str, value):
     return value
 
 
-def _typed(name: str, value, annotation):
-    """`value` as the setting's type takes it (Path -> str, a list or one item -> a tuple), or
-    SettingsError naming the setting and the type it takes."""
+def _text(name: str, value) -> str:
+    """A path given as text or a Path; SettingsError otherwise."""
     import os
-    import typing
 
-    kinds = set(typing.get_args(annotation)) or {annotation}
-    if value is None and type(None) in kinds:
-        return None
-    if typing.get_origin(annotation) is tuple:
-        items = [value] if isinstance(value, str | os.PathLike) else value
-        if not isinstance(items, list | tuple):
-            raise SettingsError(f"{name}: give a list of values, not {value!r}")
-        return tuple(_typed(name, v, str) for v in items)
-    if str in kinds and isinstance(value, os.PathLike):
-        return os.fspath(value)
-    wanted = [k for k in (bool, int, float, str) if k in kinds]
-    ok = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
-             or k is float and isinstance(value, int) and not isinstance(value, bool)
-             for k in wanted)
-    if wanted and not ok:
-        raise SettingsError(f"{name}={value!r}: {name} takes "
-                            f"{' or '.join(k.__name__ for k in wanted)}")
-    return float(value) if float in wanted and isinstance(value, int) else value
+    if not isinstance(value, str | os.PathLike):
+        raise SettingsError(f"{name}={value!r}: give {name} as text or a Path")
+    return os.fspath(value)
 
 
 def build(progress: bool = False, **settings) -> dict:
@@ -99,7 +73,7 @@ def merge(out) -> dict:
     manifest."""
     from pipeline.distribute import tasks
 
-    return tasks.merge(Path(_typed("out", out, str)))
+    return tasks.merge(Path(_text("out", out)))
 
 
 def import_tokens(src, out, **settings) -> dict:
@@ -120,7 +94,7 @@ def stats(path, verify: bool = False, throughput: float | None = None,
     from pipeline.stats import report
     from pipeline.stats.config import StatsConfig
 
-    cfg = _config(StatsConfig, {"paths": (_typed("path", path, str),), "verify": verify,
+    cfg = _config(StatsConfig, {"paths": (_text("path", path),), "verify": verify,
                                 "throughput": throughput, "budget": budget, "eos_id": eos_id},
                   "pack stats")
     return report.collect(cfg.paths[0], cfg.verify, cfg.throughput, cfg.budget, cfg.eos_id)
@@ -129,11 +103,11 @@ def stats(path, verify: bool = False, throughput: float | None = None,
 def train(resume: str = "auto", log=None, **settings) -> list[dict]:
     """`train`: TrainConfig's settings; returns the metrics history (one dict a step, as
     metrics.jsonl holds). `log` gets the console's lines (default: none)."""
-    from training.config import SYNONYM_OF, TrainConfig
+    from training.config import TrainConfig
     from training.loop import train as run_training
 
-    cfg = _config(TrainConfig, settings, "train", SYNONYM_OF)
-    return run_training(cfg, resume=_typed("resume", resume, str),
+    cfg = _config(TrainConfig, settings, "train")
+    return run_training(cfg, resume=_text("resume", resume),
                         log=_callable("log", log or (lambda line: None)))
 
 

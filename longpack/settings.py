@@ -1,19 +1,32 @@
-"""Settings declared once: a dataclass field carries its flag's help, choices and form, and
-`click_options` makes the command line from the dataclass (`pack build`'s BuildConfig and
-`train`'s TrainConfig alike). Validation lives in the dataclass, so a config file, the command
-line and a Python caller get the same checks and the same one-line SettingsError.
+"""Settings declared once: a dataclass field carries its flag's help, its type (the field's
+annotation), its range and choices, and its form on the command line. From that one declaration
+`click_options` makes the command's flags, `check` checks a config object however it was made
+(flags, a config file, a Python caller), and `check_values` checks a config file's values before
+they become flags, all with the same one-line SettingsError naming the flag:
 
-    seq: int = setting(32768, "Tokens per row.", role="output")
+    seq: int = setting(32768, "Tokens per row.", min=2, role="output")
     format: str = setting("mds", "mds or memmap.", choices=FORMATS, role="output")
 
-Each setting declares its role once (ROLES), and every list of settings (a build's
-fingerprint, its manifest, a task's record, the flags a launcher repeats) is `settings_of` or
-`to_flags` of some roles, never a list kept by hand.
+    def __post_init__(self):
+        check(self)          # every field's type, range and choices
+        ...                  # then only what ties fields together
+
+A config's own rules (one field against another, the environment) follow `check` in its
+__post_init__. Each setting declares its role once (ROLES), and every list of settings (a
+build's fingerprint, its manifest, a task's record, the flags a launcher repeats) is
+`settings_of` or `to_flags` of some roles, never a list kept by hand.
+
+This is the project's own small checker rather than pydantic: the fields are plain frozen
+dataclasses that pickle into worker processes and compare by value, their flags come from the
+same metadata, and the messages name the flag a user typed (docs/STYLE.md).
 """
 
 import dataclasses
+import math
+import os
+import types
+import typing
 from collections.abc import Callable
-from typing import get_args
 
 ROLES = {
     "output": "shapes the output's bytes: in the fingerprint, the manifest, every repeat",
@@ -23,63 +36,156 @@ ROLES = {
            "launchers, not recorded in the manifest",
     "once": "this invocation only (--overwrite, --task-index): never repeated nor recorded",
 }
-_FORM = {"flag": None, "choices": None, "multiple": False, "switch": False,
+_FORM = {"flag": None, "choices": None, "multiple": False, "switch": False, "comma": False,
          "show_default": True, "metavar": None, "argument": False, "min": None, "max": None,
-         "min_open": False, "callback": None}
+         "min_open": False, "max_open": False, "why": "", "callback": None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A number in [low, high] (an open end excludes its value); None: unbounded. Only finite
+    numbers are in a range (JSON's NaN and Infinity parse)."""
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""  # said after the range when it is not obvious
+
+    def holds(self, value) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def describe(self, whole: bool) -> str:
+        """`whole`: the value is an int (its closed range reads 1..1024)."""
+        finite = "" if whole else " and finite"
+        if self.high is None:
+            if self.low == 0 and self.low_open:
+                return "positive" + finite
+            return (f"above {self.low}" if self.low_open else f"at least {self.low}") + finite
+        if self.low is None:
+            return f"below {self.high}" if self.high_open else f"at most {self.high}"
+        if whole and not (self.low_open or self.high_open):
+            return f"in {self.low}..{self.high}"
+        return (f"in {'(' if self.low_open else '['}{self.low}, {self.high}"
+                f"{')' if self.high_open else ']'}")
 
 
 def setting(default=dataclasses.MISSING, help: str = "", *, factory: Callable | None = None,
             role: str = "run", **form) -> dataclasses.Field:
     """A dataclass field and its flag. `role`: one of ROLES. `form` (all optional): flag
-    (default --field-name), choices, multiple (a repeatable flag, the field a tuple), switch (a
-    bool given as a bare --flag, not --flag/--no-flag), show_default (True, False or the text
-    to show), metavar, argument (a positional argument, not a flag), min / max / min_open (the
-    range of numbers the flag takes: click refuses others as a usage error; the dataclass
-    checks it for every caller), callback (click's: parses the flag's text)."""
+    (default --field-name), choices (a tuple field: each item's), min / max / min_open /
+    max_open / why (the range of a number: Range), multiple (a repeatable flag, the field a
+    tuple), comma (a tuple given as comma-separated text, on the command line or in a file),
+    switch (a bool given as a bare --flag, not --flag/--no-flag), show_default (True, False or
+    the text to show), metavar, argument (a positional argument, not a flag), callback (click's:
+    parses the flag's text, which `check` then leaves to the config)."""
     unknown = set(form) - set(_FORM)
     if unknown:
         raise TypeError(f"setting(): unknown {', '.join(sorted(unknown))}")
     if role not in ROLES:
         raise TypeError(f"setting(): role {role!r} is not one of {', '.join(ROLES)}")
     metadata = {"help": " ".join(help.split()), "role": role, **_FORM, **form}
+    if form.get("min") is not None or form.get("max") is not None:
+        metadata["range"] = Range(form.get("min"), form.get("max"), form.get("min_open", False),
+                                  form.get("max_open", False), form.get("why", ""))
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def _value_type(annotation):
-    """int for `int` and `int | None`, str for anything else but float and bool."""
-    kinds = [t for t in (annotation, *get_args(annotation)) if t in (int, float, bool)]
-    return kinds[0] if kinds else str
+def kinds(annotation) -> tuple:
+    """The types an annotation allows: (int,) for int, (int, NoneType) for int | None."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return typing.get_args(annotation)
+    return (annotation,)
 
 
-_KINDS = {int: ((int,), "a whole number"), float: ((int, float), "a number"),
-          bool: ((bool,), "true or false"), str: ((str, int, float), "text")}
+def typed(name: str, value, annotation, comma: bool = False):
+    """`value` as a field annotated `annotation` takes it: bool, int, float, str, a tuple of
+    str, or one of them or None. A whole number where a float goes becomes that float; a path
+    (os.PathLike) or a number where text goes becomes text; one item or a list where a tuple goes
+    becomes a tuple (`comma`: text items split at commas). ValueError naming `name` otherwise:
+    a bool is no number, a float no whole number, a list no single value."""
+    allowed = kinds(annotation)
+    if value is None and type(None) in allowed:
+        return None
+    if typing.get_origin(annotation) is tuple:
+        items = [value] if isinstance(value, str | os.PathLike | int | float) else value
+        if not isinstance(items, list | tuple):
+            raise ValueError(f"{name}: give a list of values, not {value!r}")
+        items = [typed(name, item, str) for item in items]
+        if comma:
+            items = [part.strip() for item in items for part in item.split(",") if part.strip()]
+        return tuple(items)
+    wanted = [k for k in (bool, int, float, str) if k in allowed]
+    if str in wanted and isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if str in wanted and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)  # a path or a size in a config file may read as a number
+    if float in wanted and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if any(isinstance(value, k) and (k is bool or not isinstance(value, bool)) for k in wanted):
+        return value
+    said = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+    raise ValueError(f"{name} = {value!r} is not " + " or ".join(said[k] for k in wanted))
 
 
-def check_file_values(config_class, values: dict, where: str) -> None:
-    """Values a config file gives the flags of `config_class` (TOML/YAML types), each of its
-    field's kind: click would otherwise cast them quietly (2.5 steps -> 2, true -> 1) or fail
-    on a list with a traceback. Text is left to the flag's own parsing."""
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def checked(f: dataclasses.Field, value, name: str | None = None):
+    """A setting's value typed (`typed`) and held to its range and choices; SettingsError
+    naming the setting (`name`, default its flag) otherwise. A value for a `callback` flag may
+    be its text, which the config parses."""
+    from longpack.errors import SettingsError
+
+    m, name = f.metadata, name or flag_of(f)
+    if m.get("callback") is not None and isinstance(value, str):
+        return value
+    try:
+        value = typed(name, value, f.type, comma=m.get("comma", False))
+    except ValueError as e:
+        raise SettingsError(str(e)) from None
+    items = value if isinstance(value, tuple) else () if value is None else (value,)
+    for item in items:
+        if m.get("choices") and item not in m["choices"]:
+            raise SettingsError(f"{name} {item!r}: choose "
+                                + ("from" if isinstance(value, tuple) else "one of") + " "
+                                + ", ".join(map(str, m["choices"])))
+        limit = m.get("range")
+        if limit is not None and not limit.holds(item):
+            why = f": {limit.why}" if limit.why else ""
+            raise SettingsError(f"{name} must be {limit.describe(isinstance(item, int))} "
+                                f"(got {item!r}){why}")
+    return value
+
+
+def check(config) -> None:
+    """Every setting of the frozen dataclass `config` typed and held to its declared range and
+    choices, in field order: the first that fails is a SettingsError naming its flag."""
+    for f in dataclasses.fields(config):
+        if "role" in f.metadata:  # a setting()
+            object.__setattr__(config, f.name, checked(f, getattr(config, f.name)))
+
+
+def check_values(config_class, values: dict, where: str) -> dict:
+    """A config file's values for `config_class`'s settings, checked as `check` checks them
+    (a file's 2.5 is no number of steps, where click would cast it to 2): SettingsError
+    '{where}: ...' at the first that fails; the values typed."""
     from longpack.errors import SettingsError
 
     fields = {f.name: f for f in dataclasses.fields(config_class)}
+    out = {}
     for name, value in values.items():
-        f = fields.get(name)
-        if f is None:
-            continue
-        kind = _value_type(f.type) if f.metadata.get("callback") is None else str
-        types, said = _KINDS[kind]
-        items = value if f.metadata.get("multiple") and isinstance(value, list) else [value]
-        for item in items:
-            if item is None and type(None) in get_args(f.type):
-                continue
-            if isinstance(item, str) or (isinstance(item, types)
-                                         and (kind is bool or not isinstance(item, bool))):
-                continue
-            raise SettingsError(f"{where}: {name} = {item!r} is not {said}"
-                                + (" (one value or a list of them)" if f.metadata.get("multiple")
-                                   else ""))
+        try:
+            out[name] = checked(fields[name], value, name) if name in fields else value
+        except SettingsError as e:
+            raise SettingsError(f"{where}: {e}") from None
+    return out
 
 
 def click_options(config_class, **option_classes) -> Callable:
@@ -102,7 +208,7 @@ def _option(f: dataclasses.Field, option_class):
     if m["argument"]:  # multiple: one or more
         return click.argument(f.name, metavar=m["metavar"] or f.name.upper(),
                               nargs=-1 if m["multiple"] else 1, required=True)
-    flag = m["flag"] or "--" + f.name.replace("_", "-")
+    flag = flag_of(f)
     required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     kw = {"help": m["help"] or None, "metavar": m["metavar"]}
     if m["callback"] is not None:
@@ -117,18 +223,15 @@ def _option(f: dataclasses.Field, option_class):
             default = ",".join(default)
         kw["default"] = default
         kw["show_default"] = m["show_default"] if default is not None else False
-    kind = _value_type(f.type)
+    kind = next((k for k in (bool, int, float) if k in kinds(f.type)), str)
     if kind is bool:
         decls = [flag] if m["switch"] else [f"{flag}/--no-{flag[2:]}"]
         return click.option(*decls, f.name, is_flag=m["switch"] or None, **kw)
-    if m["callback"] is not None:  # it parses the text
+    # ranges are `check`'s: the command line then says what a config file and Python say
+    if m["callback"] is not None or typing.get_origin(f.type) is tuple:  # text it parses
         kw["type"] = click.STRING
     elif m["choices"]:
         kw["type"] = click.Choice(m["choices"])
-    elif m["min"] is not None or m["max"] is not None:
-        bounds = {"min": m["min"], "max": m["max"]}
-        kw["type"] = (click.IntRange(**bounds) if kind is int
-                      else click.FloatRange(**bounds, min_open=m["min_open"]))
     else:
         kw["type"] = kind
     return click.option(flag, f.name, multiple=m["multiple"], **kw)
@@ -153,7 +256,7 @@ def to_flags(config, skip: tuple[str, ...] = (), roles: tuple[str, ...] = tuple(
         if f.metadata["argument"]:
             flags.append(str(value))
             continue
-        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        flag = flag_of(f)
         if isinstance(value, bool):
             if value or not f.metadata["switch"]:
                 flags.append(flag if value else f"--no-{flag[2:]}")
@@ -168,21 +271,29 @@ def to_flags(config, skip: tuple[str, ...] = (), roles: tuple[str, ...] = tuple(
     return flags
 
 
-def suggest(name: str, known, synonyms: dict | None = None) -> str | None:
-    """The known name nearest to an unknown one: its synonym in another tool's vocabulary
-    (`synonyms`, other -> known: gradient_accumulation_steps -> grad_accum), else a known name
-    it begins with or that begins with it (sequence -> seq), else the one whose name or synonym
-    is closest in spelling (difflib: warmup_step -> warmup), else None."""
+def suggest(name: str, known) -> str | None:
+    """The known name nearest to an unknown one: a known name it begins with or that begins
+    with it (sequence -> seq), else the closest in spelling (difflib: warmup_step -> warmup),
+    else None."""
     import difflib
 
-    synonyms = synonyms or {}
-    # each spelling that leads to a known name: the names themselves, then their synonyms
-    leads = {**{other: k for other, k in synonyms.items() if k in known}, **{k: k for k in known}}
     key = name.strip().lower().replace("-", "_")
-    if key in leads:
-        return leads[key]
     prefixed = [k for k in known if len(k) >= 3 and (key.startswith(k) or k.startswith(key))]
     if prefixed:
         return max(prefixed, key=len)
-    close = difflib.get_close_matches(key, sorted(leads), n=1, cutoff=0.75)
-    return leads[close[0]] if close else None
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
+def refuse_unknown(names, known, where: str, prefix: str = "") -> None:
+    """SettingsError naming every one of `names` that is not `known` at once, each with the
+    nearest known one (`suggest`): a config file's keys, a Python caller's keywords."""
+    from longpack.errors import SettingsError
+
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        named = [prefix + name + (f" (did you mean {prefix}{near}?)"
+                                  if (near := suggest(name, known)) else "")
+                 for name in unknown]
+        raise SettingsError(f"{where}: unknown setting{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(named)}")

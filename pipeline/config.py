@@ -4,7 +4,7 @@ import os
 from dataclasses import dataclass
 
 from longpack.errors import SettingsError
-from longpack.settings import setting, settings_of
+from longpack.settings import check, setting, settings_of
 from longpack.store import is_url, refuse_unwritable
 from pipeline.formats import FORMATS
 from pipeline.read.catalog import DATASETS
@@ -25,7 +25,7 @@ class BuildConfig:
                        "store's URL: s3://BUCKET/PREFIX, gs://... (docs/SCALE.md).",
                        metavar="DIR|URL", role="run")
     dataset: str = setting("fineweb-edu", "Named dataset: text field, file patterns, hub "
-                           "location.", choices=list(DATASETS), role="output")
+                           "location.", choices=DATASETS, role="output")
     inputs: tuple[str, ...] = setting((), "File, directory or glob (repeatable). Without it the "
                                       "dataset is fetched from the Hugging Face hub.",
                                       flag="--input", multiple=True, metavar="PATH", role="run")
@@ -42,18 +42,19 @@ class BuildConfig:
         role="recorded")
     seq: int = setting(32768, "Tokens per row. MDS: at most what keeps one row below 4 GiB even "
                        "when every token is a document (about 268 million); memmap: at most "
-                       "2**32 (document starts are uint32).", role="output")
+                       "2**32 (document starts are uint32).", min=2, role="output")
     format: str = setting("mds", "mds (mosaicml-streaming shards) or memmap (.npy arrays).",
-                          choices=list(FORMATS), role="output")
+                          choices=FORMATS, role="output")
     workers: int = setting(help="Tokenizer threads (the output does not depend on it).",
                            factory=lambda: os.cpu_count() or 1, show_default="all cores",
-                           role="recorded")
+                           min=1, role="recorded")
     val_fraction: float = setting(0.0005, "Fraction of documents (by stable hash) in the "
-                                  "validation split.", role="output")
+                                  "validation split.", min=0, max=1, max_open=True,
+                                  role="output")
     seed: int = setting(0, "Seed of the train/validation split.", role="output")
     max_tokens: int | None = setting(None, "Stop after the document at which the token count "
-                                     "reaches N.", role="output")
-    limit_docs: int | None = setting(None, "Stop after N documents.", role="output")
+                                     "reaches N.", min=1, role="output")
+    limit_docs: int | None = setting(None, "Stop after N documents.", min=1, role="output")
     compression: str | None = setting(None, "zstd, zstd:LEVEL (1-22) or none [mds: zstd; "
                                       "memmap: none].", role="output")
     on_error: str = setting("skip", "Bad input: count and log it (skip), or stop (fail).",
@@ -65,13 +66,13 @@ class BuildConfig:
     shard_bytes: int = setting(SHARD_BYTES, "Token bytes per shard (rows per shard = "
                                "shard_bytes // row bytes, at least 1). MDS: at most what keeps "
                                "a shard below 4 GiB even when every token is a document "
-                               "(~610 MB).", role="output")
+                               "(~610 MB).", min=1, role="output")
     overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
                               show_default=False, role="once")
     tasks: int | None = setting(None, "Split the build into N tasks (machines, processes), "
                                 "merged into the same bytes as one build: docs/SCALE.md "
                                 "[LONGPACK_TASK_COUNT, SLURM_ARRAY_TASK_COUNT, or 1].",
-                                metavar="N", role="run")
+                                metavar="N", min=1, role="run")
     task_index: int | None = setting(None, "The task this process runs, 0 to N-1 "
                                      "[LONGPACK_TASK_INDEX, SLURM_ARRAY_TASK_ID - "
                                      "SLURM_ARRAY_TASK_MIN, or every task in turn].", metavar="I",
@@ -81,6 +82,7 @@ class BuildConfig:
                                   metavar="DIR", role="run")
 
     def __post_init__(self):
+        check(self)  # each field's type, range and choices, as declared above
         if is_url(self.out):
             refuse_unwritable(self.out, "pack build")
         elif self.staging is not None:
@@ -94,31 +96,8 @@ class BuildConfig:
         if os.path.islink(self.out) and not os.path.exists(self.out):
             raise SettingsError(f"--out {self.out} is a link to {os.readlink(self.out)}, which "
                                 "does not exist; remove the link or create its folder")
-        if self.dataset not in DATASETS:
-            raise SettingsError(f"--dataset {self.dataset!r}: choose one of {', '.join(DATASETS)}")
-        if self.seq < 2:
-            raise SettingsError(f"--seq must be at least 2 (got {self.seq})")
-        if self.format not in FORMATS:
-            raise SettingsError(f"--format must be one of {', '.join(FORMATS)}")
-        if self.tokenizer_engine not in TOKENIZER_ENGINES:
-            raise SettingsError(f"--tokenizer-engine must be one of {', '.join(TOKENIZER_ENGINES)}")
-        if self.workers < 1:
-            raise SettingsError(f"--workers must be at least 1 (got {self.workers})")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise SettingsError(f"--val-fraction must be in [0, 1) (got {self.val_fraction})")
-        for flag, value in (("--max-tokens", self.max_tokens), ("--limit-docs", self.limit_docs)):
-            if value is not None and value < 1:
-                raise SettingsError(f"{flag} must be positive (got {value})")
-        if self.shard_bytes < 1:
-            raise SettingsError(f"--shard-bytes must be positive (got {self.shard_bytes})")
-        if self.on_error not in ON_ERROR:
-            raise SettingsError(f"--on-error must be one of {', '.join(ON_ERROR)}")
-        if self.last_row not in LAST_ROW_POLICIES:
-            raise SettingsError(f"--last-row must be one of {', '.join(LAST_ROW_POLICIES)}")
         if self.tasks is None:  # not given (the command line reads the environment's: cli.py)
             object.__setattr__(self, "tasks", 1)
-        if self.tasks < 1:
-            raise SettingsError(f"--tasks must be at least 1 (got {self.tasks})")
         if self.task_index is not None and not 0 <= self.task_index < self.tasks:
             raise SettingsError(f"--task-index {self.task_index} is not a task of --tasks "
                                 f"{self.tasks} (0 to {self.tasks - 1})")

@@ -214,11 +214,12 @@ def test_a_bin_that_is_not_whole_ids_of_its_dtype_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("flags,says,code", [
-    (["--dtype", "foo"], "--dtype foo: a .bin holds integer ids; use one of uint8", 1),
-    (["--dtype", "float32"], "--dtype float32", 1),
-    (["--dtype", "uint16", "--seq", 0], "'--seq'", 2),
-    (["--dtype", "uint16", "--seq", -3], "'--seq'", 2),
-    (["--dtype", "uint16", "--seq", 4, "--eos-id", -1], "'--eos-id'", 2),
+    (["--dtype", "foo"], "'--dtype': 'foo' is not one of 'uint8'", 2),
+    (["--dtype", "float32"], "'--dtype': 'float32' is not one of", 2),
+    (["--dtype", "uint16", "--seq", 0], "--seq must be at least 2 (got 0)", 1),
+    (["--dtype", "uint16", "--seq", -3], "--seq must be at least 2 (got -3)", 1),
+    (["--dtype", "uint16", "--seq", 4, "--eos-id", -1], "--eos-id must be at least 0 (got -1)",
+     1),
     (["--dtype", "uint16", "--seq", 4, "--format", "foo"], "'--format'", 2),
 ])
 def test_bad_flags_are_refused_in_one_line(tmp_path, flags, says, code):
@@ -235,13 +236,16 @@ def test_every_integer_dtype_reads_a_bin(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs,says", [
-    ({"seq": 0}, "--seq 0"), ({"dtype": "float16"}, "--dtype float16"),
-    ({"eos_id": -1}, "--eos-id -1"), ({"format": "foo"}, "unknown shard format 'foo'"),
-    ({"shard_bytes": 0}, "--shard-bytes"),
+    ({"seq": 0}, "--seq must be at least 2 (got 0)"),
+    ({"dtype": "float16"}, "--dtype 'float16': choose one of uint8, uint16"),
+    ({"eos_id": -1}, "--eos-id must be at least 0 (got -1)"),
+    ({"format": "foo"}, "--format 'foo': choose one of mds, memmap"),
+    ({"shard_bytes": 0}, "--shard-bytes must be at least 1 (got 0)"),
 ])
 def test_a_python_caller_gets_the_same_refusals(kwargs, says):
-    with pytest.raises(SettingsError, match=says.replace("-", r"\-").replace("'", ".")):
+    with pytest.raises(SettingsError) as e:
         ImportConfig(src="x", out="y", **kwargs)
+    assert says in str(e.value)
 
 
 # -- an --out that holds the other kind of build ------------------------------------------------

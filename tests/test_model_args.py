@@ -60,7 +60,7 @@ def test_unknown_and_mistyped_model_args_are_one_line(tmp_path, shards):
     result = CliRunner().invoke(train_cli, args(shards, tmp_path / "x", "neox-tiny",
                                                 "--model-arg", "n_pred_tokens=4"))
     assert result.exit_code == 1
-    assert "--model-arg: 'n_pred_tokens' is not a setting of neox-tiny; its settings: " \
+    assert "--model-arg: neox-tiny: unknown setting n_pred_tokens (its settings: " \
            "vocab_size, d_model, n_layers" in result.output
     result = CliRunner().invoke(train_cli, args(shards, tmp_path / "x", "neox-tiny",
                                                 "--model-arg", "n_layers=two"))

@@ -459,12 +459,12 @@ def test_plot_writes_a_png(tmp_path, byte_tokenizer, texts):
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--decode", "-1"], "--decode ROW counts rows from 0 (got -1)"),
-    (["--throughput", "-5"], "--throughput must be positive (got -5.0)"),
-    (["--throughput", "0"], "--throughput must be positive (got 0.0)"),
-    (["--budget", "-1"], "--budget must be positive (got -1.0)"),
-    (["--budget", "nan"], "--budget must be positive (got nan)"),
-    (["--eos-id", "-3"], "--eos-id must not be negative (got -3)"),
+    (["--decode", "-1"], "--decode must be at least 0 (got -1)"),
+    (["--throughput", "-5"], "--throughput must be positive and finite (got -5.0)"),
+    (["--throughput", "0"], "--throughput must be positive and finite (got 0.0)"),
+    (["--budget", "-1"], "--budget must be positive and finite (got -1.0)"),
+    (["--budget", "nan"], "--budget must be positive and finite (got nan)"),
+    (["--eos-id", "-3"], "--eos-id must be at least 0 (got -3)"),
     (["--plot", "{tmp}/no/such/folder/p.png"], "there is no folder {tmp}/no/such/folder"),
     (["--plot", "{tmp}"], "is a folder; name the PNG file"),
 ])

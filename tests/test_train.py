@@ -242,7 +242,7 @@ def test_config_file_with_command_line_overrides(tmp_path, shards):
     assert "batch_size=2" in r.output and "max_steps=2" in r.output and "lr=0.001" in r.output
     (tmp_path / "bad.toml").write_text("nonsense = 1\n")
     r = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "bad.toml")])
-    assert r.exit_code == 2 and "unknown settings nonsense" in r.output
+    assert r.exit_code == 2 and "unknown setting nonsense" in r.output
 
 
 def test_metrics_jsonl_has_every_step(tmp_path, shards):

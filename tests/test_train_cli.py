@@ -69,7 +69,7 @@ def test_report_to_takes_the_comma_form_help_shows(tmp_path, shards):
     r = run_cli(*args, "--out", tmp_path / "b", "--report-to", "jsonl")
     assert r.exit_code == 0 and " lr " not in r.output  # no console lines
     r = run_cli(*args, "--out", tmp_path / "c", "--report-to", "console,jsnol")
-    one_line_error(r, "--report-to: unknown jsnol; choose from console, jsonl, tensorboard")
+    one_line_error(r, "--report-to 'jsnol': choose from console, jsonl, tensorboard, wandb")
     r = run_cli(*args, "--out", tmp_path / "d", "--log", "jsonl")
     assert r.exit_code == 2 and "--log is now --report-to" in r.output
 

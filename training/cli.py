@@ -5,7 +5,7 @@ import click
 
 from longpack import SettingsError, click_options
 from longpack.cli import Command
-from longpack.settings import check_file_values
+from longpack.settings import check_values, refuse_unknown
 from training.config import TrainConfig
 
 
@@ -20,24 +20,22 @@ class _Shards(click.Option):
 
 
 def _read_config_file(ctx, _param, path):
-    """--config: the file's settings become the defaults of the flags (click's default_map),
-    so a flag on the command line wins and --shards may come from the file."""
+    """--config: the file's settings, checked as the Python API's are (longpack/settings.py),
+    become the defaults of the flags (click's default_map), so a flag on the command line wins
+    and --shards may come from the file."""
+    import dataclasses
+
     if path is None:
         return None
-    settings = load_settings(path)
     try:
-        TrainConfig.check_names(settings, path)
+        settings = load_settings(path)
+        refuse_unknown(settings, [f.name for f in dataclasses.fields(TrainConfig)], path)
+        settings = check_values(TrainConfig, settings, path)
     except SettingsError as e:
         raise click.UsageError(str(e)) from None
-    if isinstance(settings.get("report_to"), list):  # TOML/YAML list -> the flag's form
-        settings["report_to"] = ",".join(settings["report_to"])
-    for name in ("shards", "mix_stages", "max_epochs", "wandb_tags"):  # repeatable: one or a list
-        if isinstance(settings.get(name), (str, int, float)):
-            settings[name] = [settings[name]]
-    try:
-        check_file_values(TrainConfig, settings, path)
-    except SettingsError as e:
-        raise click.UsageError(str(e)) from None
+    for f in dataclasses.fields(TrainConfig):  # a tuple's flag that takes comma-separated text
+        if isinstance(settings.get(f.name), tuple) and not f.metadata["multiple"]:
+            settings[f.name] = ",".join(settings[f.name])
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return path
 
@@ -183,7 +181,6 @@ def flatten_settings(data: dict, path: str) -> dict:
     import json
 
     from longpack.settings import suggest
-    from training.config import SYNONYM_OF, TrainConfig
 
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     out, where = {}, {}
@@ -208,7 +205,7 @@ def flatten_settings(data: dict, path: str) -> dict:
             for inner, v in value.items():
                 inner = inner.replace("-", "_")
                 if inner not in known:
-                    near = suggest(inner, known, SYNONYM_OF)
+                    near = suggest(inner, known)
                     raise click.UsageError(
                         f"{path}: {key}.{inner} is not a setting of train "
                         + (f"(did you mean {key}.{near}?)" if near else

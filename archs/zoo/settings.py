@@ -1,12 +1,11 @@
 """The settings of the `zoo` commands (list, export, eval, generate), validated once; their
 flags are these fields (longpack/settings.py). Loads no torch: `zoo --help` reads it."""
 
-import math
 import re
 from dataclasses import dataclass
 
 from longpack.errors import SettingsError
-from longpack.settings import setting
+from longpack.settings import check, setting
 
 EXPORTS = ("hf", "safetensors")  # zoo export --to
 SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*(kb|mb|gb|tb)?", re.IGNORECASE)
@@ -40,16 +39,6 @@ def _size_flag(ctx, param, value: str | None) -> int | None:
                                  "bytes") from None
 
 
-def _at_least(flag: str, value, low, open_low: bool = False) -> None:
-    if value is None:
-        return
-    if not (value > low if open_low else value >= low):  # NaN too
-        raise SettingsError(f"{flag} {value}: must be {'above' if open_low else 'at least'} "
-                            f"{low}")
-    if isinstance(value, float) and math.isinf(value):
-        raise SettingsError(f"{flag} {value}: must be finite")
-
-
 @dataclass(frozen=True, kw_only=True)
 class ListConfig:
     vocab: int | None = setting(None, "Sizes at this vocabulary (a build's tokenizer "
@@ -58,7 +47,7 @@ class ListConfig:
                             switch=True, show_default=False)
 
     def __post_init__(self):
-        _at_least("--vocab", self.vocab, 1)
+        check(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,8 +67,7 @@ class ExportConfig:
                                          "[5GB].", metavar="SIZE", callback=_size_flag)
 
     def __post_init__(self):
-        if self.to not in EXPORTS:
-            raise SettingsError(f"--to {self.to!r}: one of {', '.join(EXPORTS)}")
+        check(self)
         if self.max_shard_size is not None:
             object.__setattr__(self, "max_shard_size", parse_size(self.max_shard_size))
         if self.to == "safetensors" and (self.license or self.max_shard_size):
@@ -104,11 +92,7 @@ class EvalConfig:
                             show_default=False)
 
     def __post_init__(self):
-        if self.split not in ("val", "train"):
-            raise SettingsError(f"--split {self.split!r}: val or train")
-        _at_least("--batch-size", self.batch_size, 1)
-        _at_least("--seq", self.seq, 2)
-        _at_least("--limit", self.limit, 1)
+        check(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,15 +103,9 @@ class GenerateConfig:
     temperature: float = setting(0.0, "0: greedy.", min=0)
     top_k: int | None = setting(None, min=1)
     top_p: float | None = setting(None, min=0, max=1, min_open=True)
-    seed: int = setting(0)
+    seed: int = setting(0, min=0, max=2**63, max_open=True,
+                        why="torch.Generator takes 64 bits")
     step: int | None = setting(None, "The checkpoint of this step [the newest].")
 
     def __post_init__(self):
-        _at_least("--max-new-tokens", self.max_new_tokens, 1)
-        _at_least("--temperature", self.temperature, 0)
-        _at_least("--top-k", self.top_k, 1)
-        _at_least("--top-p", self.top_p, 0, open_low=True)
-        if not 0 <= self.seed < 2**63:  # torch.Generator takes 64 bits
-            raise SettingsError(f"--seed {self.seed}: must be in [0, 2**63)")
-        if self.top_p is not None and self.top_p > 1:
-            raise SettingsError(f"--top-p {self.top_p}: must be at most 1")
+        check(self)

@@ -3,8 +3,7 @@
 
 from dataclasses import dataclass
 
-from longpack.errors import SettingsError
-from longpack.settings import setting
+from longpack.settings import check, setting
 from pipeline.formats import FORMATS, get_format
 
 # the element types a nanoGPT-style .bin may hold (little-endian)
@@ -20,30 +19,21 @@ class ImportConfig:
     seq: int | None = setting(None, "Tokens per row (.bin: required; .npy/.pt: their width) "
                               "[the files'].", min=2, role="output")
     dtype: str | None = setting(None, ".bin: the token type, uint8 to uint64 or int8 to int64 "
-                                "(nanoGPT's GPT-2: uint16).", role="output")
+                                "(nanoGPT's GPT-2: uint16).", choices=BIN_DTYPES, role="output")
     eos_id: int | None = setting(None, "Documents end at this id (their starts are recorded) "
                                  "[rows are documents].", min=0, role="output")
     tokenizer: str | None = setting(None, "The tokenizer the ids are of, recorded (and its "
                                     "vocabulary checked) [the largest id + 1].", role="output")
-    format: str = setting("mds", choices=list(FORMATS), role="output")
+    format: str = setting("mds", choices=FORMATS, role="output")
     shard_bytes: int = setting(64 << 20, min=1, role="output")
     overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
                               show_default=False, role="once")
     val_fraction: float = setting(0.0, "A source without a val split (no val.bin, val/): this "
                                   "fraction of its documents (rows, without --eos-id) to val, "
-                                  "by stable hash, as pack build does.", role="output")
+                                  "by stable hash, as pack build does.", min=0, max=1,
+                                  max_open=True, role="output")
     seed: int = setting(0, "Seed of --val-fraction's split.", role="output")
 
     def __post_init__(self):
-        if self.seq is not None and self.seq < 2:
-            raise SettingsError(f"--seq {self.seq}: a row needs at least 2 tokens")
-        if self.dtype is not None and self.dtype not in BIN_DTYPES:
-            raise SettingsError(f"--dtype {self.dtype}: a .bin holds integer ids; use one of "
-                                f"{', '.join(BIN_DTYPES)}")
-        if self.eos_id is not None and self.eos_id < 0:
-            raise SettingsError(f"--eos-id {self.eos_id}: ids are not negative")
-        if self.shard_bytes < 1:
-            raise SettingsError(f"--shard-bytes must be positive (got {self.shard_bytes})")
-        if not 0.0 <= self.val_fraction < 1.0:  # NaN fails too
-            raise SettingsError(f"--val-fraction must be in [0, 1) (got {self.val_fraction})")
+        check(self)  # each field's type, range and choices, as declared above
         get_format(self.format)  # unknown: one line listing the formats

@@ -10,7 +10,7 @@ import importlib
 from dataclasses import dataclass
 
 from longpack.errors import SettingsError
-from longpack.settings import setting
+from longpack.settings import check, setting
 from pipeline.config import BuildConfig
 
 ENGINES = {"local": "pipeline.distribute.engine_local",  # name -> the module whose run() runs it
@@ -22,7 +22,7 @@ class LaunchConfig:
     engine: str = setting("local", "Where the tasks run: local (this process: the task of "
                           "--task-index, else every task in turn), ray (a Ray cluster), slurm "
                           "(an sbatch array job and a dependent merge job).",
-                          choices=list(ENGINES))
+                          choices=ENGINES)
     ray_address: str | None = setting(None, "--engine ray: the cluster's address (ray.init's) "
                                       "[a local cluster].", metavar="ADDR")
     slurm_option: tuple[str, ...] = setting((), "--engine slurm: an #SBATCH option for its jobs, "
@@ -36,8 +36,7 @@ class LaunchConfig:
                           "leave that to `pack merge`).")
 
     def __post_init__(self):
-        if self.engine not in ENGINES:
-            raise SettingsError(f"--engine must be one of {', '.join(ENGINES)}")
+        check(self)  # each field's type, range and choices, as declared above
         if self.ray_address and self.engine != "ray":
             raise SettingsError("--ray-address needs --engine ray")
         if (self.slurm_option or self.wait or self.dry_run) and self.engine != "slurm":
@@ -52,6 +51,9 @@ class MergeConfig:
     task_index: int | None = setting(None, "Only place task I's shards (one such command per "
                                      "task, in parallel); the last one to finish merges.",
                                      metavar="I")
+
+    def __post_init__(self):
+        check(self)
 
 
 @dataclass

@@ -5,7 +5,7 @@ import os
 from dataclasses import dataclass
 
 from longpack.errors import SettingsError
-from longpack.settings import setting
+from longpack.settings import check, setting
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,16 +16,16 @@ class StatsConfig:
     as_json: bool = setting(False, "Print the report as JSON (docs/STATS.md).", flag="--json",
                             switch=True, show_default=False)
     decode: int | None = setting(None, "Print row ROW of --split as text with document "
-                                 "boundaries marked.", metavar="ROW")
+                                 "boundaries marked.", metavar="ROW", min=0)
     split: str = setting("train", "Split for --decode.")
     plot: str | None = setting(None, "Write document-length and token-frequency plots to this "
                                "PNG.", metavar="FILE")
     throughput: float | None = setting(None, "Training throughput, for a time estimate.",
-                                       metavar="TOKENS/S")
+                                       metavar="TOKENS/S", min=0, min_open=True)
     budget: float | None = setting(None, "Training budget in tokens, for epochs and time.",
-                                   metavar="TOKENS")
+                                   metavar="TOKENS", min=0, min_open=True)
     eos_id: int | None = setting(None, "EOS id for data without a manifest (plain .npy or "
-                                 "other tools' MDS).")
+                                 "other tools' MDS).", min=0)
     mix: str | None = setting(None, "Several builds: each one's share of the mixture, as train "
                               "--mix takes them (PATH may be NAME=PATH; a bare path is named by "
                               "its folder) [each in proportion to its train rows].",
@@ -33,13 +33,7 @@ class StatsConfig:
 
     def __post_init__(self):
         # refused before a shard is read: a report of minutes must not end in a bad flag
-        if self.decode is not None and self.decode < 0:
-            raise SettingsError(f"--decode ROW counts rows from 0 (got {self.decode})")
-        for flag, value in (("--throughput", self.throughput), ("--budget", self.budget)):
-            if value is not None and not value > 0:  # NaN too
-                raise SettingsError(f"{flag} must be positive (got {value})")
-        if self.eos_id is not None and self.eos_id < 0:
-            raise SettingsError(f"--eos-id must not be negative (got {self.eos_id})")
+        check(self)  # each field's type, range and choices, as declared above
         if self.plot is not None:
             folder = os.path.dirname(os.path.abspath(os.path.expanduser(self.plot)))
             if not os.path.isdir(folder):
