@@ -18,7 +18,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import distribute_tensor
 
 import archs
-from training.optim.optimizers import MUON, Muon
+from training.optim import MUON, Muon
 
 
 def build(name: str, shard: bool):

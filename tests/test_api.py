@@ -91,12 +91,15 @@ def test_what_the_commands_refuse_the_functions_refuse_in_one_line(tmp_path, sha
     for call, says in (
             (lambda: longpack.build(dataset="jsonl", inputs=["x"]), "pack build needs out=..."),
             (lambda: longpack.train(max_steps=1), "train needs shards=..."),
-            (lambda: longpack.train(shards=str(shards), resume=5), "resume=5: give resume as text or a Path"),
+            (lambda: longpack.train(shards=str(shards), resume=5),
+             "resume=5: give resume as text or a Path"),
             (lambda: longpack.train(shards=str(shards), log=5), "log=5: give a function"),
             (lambda: longpack.import_tokens("s", "o", warn=5), "warn=5: give a function"),
             (lambda: longpack.stats(shards, throughput="fast"), "--throughput = 'fast' is not a number"),
-            (lambda: longpack.stats(shards, throughput=-1.0), "--throughput must be positive and finite (got -1.0)"),
-            (lambda: longpack.stats(shards, budget=float("nan")), "--budget must be positive and finite (got nan)"),
+            (lambda: longpack.stats(shards, throughput=-1.0),
+             "--throughput must be positive and finite (got -1.0)"),
+            (lambda: longpack.stats(shards, budget=float("nan")),
+             "--budget must be positive and finite (got nan)"),
             (lambda: longpack.stats(shards, verify="no"), "--verify = 'no' is not true or false"),
             (lambda: longpack.merge(tmp_path / "a-file"), "holds no build split into tasks")):
         (tmp_path / "a-file").write_text("x")

@@ -15,8 +15,7 @@ from longpack.errors import DataError, SettingsError, TrainingError
 from pipeline.mixture import parse_sources, parse_stage, parse_weights
 from training.cli import train as train_cli
 from training.config import TrainConfig
-from training.data.mixture import MixedOrder
-from training.data.sampler import GlobalOrder, batch_hash
+from training.data.mixture import GlobalOrder, MixedOrder, batch_hash
 
 FP = ["a" * 16, "b" * 16, "c" * 16]
 
@@ -137,7 +136,7 @@ def test_a_stage_that_repeats_the_shares_before_it_changes_nothing():
     one = MixedOrder(sources, [(0, shares)], 64, seed=0)
     two = MixedOrder(sources, [(0, shares), (10, shares.copy())], 64, seed=0)
     assert all(one.step_hash(s) == two.step_hash(s) for s in range(100))
-    assert one.history() == two.history()
+    assert one.history == two.history
 
 
 def test_max_epochs_cuts_the_run_before_a_source_repeats():

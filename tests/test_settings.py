@@ -167,12 +167,14 @@ def test_the_models_copy_of_the_checker_agrees_with_the_settings_one():
     for bounds in ranges:
         ours, theirs = settings.Range(**bounds), limits.Range(**bounds)
         assert [ours.holds(v) for v in values] == [theirs.holds(v) for v in values], bounds
+    def outcome(typed, value, annotation):
+        try:
+            got = typed("x", value, annotation)
+            return type(got), got
+        except ValueError:
+            return ValueError
+
     for annotation in (int, float, bool, int | None, float | None):
         for value in (1, 1.5, 2.0, True, None, "1", [1]):
-            def outcome(typed):
-                try:
-                    got = typed("x", value, annotation)
-                    return type(got), got
-                except ValueError:
-                    return ValueError
-            assert outcome(settings.typed) == outcome(limits.typed), (annotation, value)
+            assert outcome(settings.typed, value, annotation) == outcome(
+                limits.typed, value, annotation), (annotation, value)

@@ -18,7 +18,7 @@ from training.config import TrainConfig
 from training.data.builds import open_build
 from training.data.mixture import Sources
 from training.loop import evaluate, train
-from training.optim.schedule import lr_at
+from training.optim import lr_at
 from training.parallel.distributed import launched
 
 
@@ -65,7 +65,7 @@ def test_val_loss_is_the_mean_over_real_targets_whatever_the_batching(tmp_path, 
     model = archs.build("neox-tiny", vocab_size=50257, device=device)
     rows = [build.val.get(i) for i in range(len(build.val))]
     assert len(rows) == 5
-    from training.data.batch import make_batch
+    from training.data.loader import make_batch
 
     batch = make_batch(rows, device)
     with torch.no_grad():
@@ -178,7 +178,7 @@ def test_a_muon_step_orthogonalizes_the_hidden_matrices_and_adamw_moves_the_rest
                       warmup=0, clip=0)
     train_step(prepare(model, cfg, launched()), [batch], 0, cfg, launched())
     roles = model.param_roles()
-    decayed = {"matrix", "head"}  # the roles AdamW and Muon decay (docs: training/optim/optimizers.py)
+    decayed = {"matrix", "head"}  # the roles AdamW and Muon decay (docs: training/optim.py)
     for n, p in model.named_parameters():
         w, g = before[n], grads[n]
         if roles[n] == "matrix":
@@ -383,7 +383,7 @@ def test_a_step_reads_nothing_back_to_the_host_between_logged_steps(tmp_path, by
         def counted(self, *args, _real=real, _name=name, **kwargs):
             caller = sys._getframe(1).f_code
             if caller.co_filename.startswith(package) and not caller.co_filename.endswith(
-                    ("evaluate.py", "checkpoint.py", "dcp_files.py")):
+                    ("evaluate.py", "checkpoint.py")):
                 reads.append(f"{Path(caller.co_filename).name}:{caller.co_name}.{_name}")
             return _real(self, *args, **kwargs)
 

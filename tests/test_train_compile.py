@@ -1,12 +1,12 @@
-"""A compiled run compiles its model once: the batch's doc_starts has one shape (training/data/batch.py
-full_width), and the padding that gives it that shape changes no number of any family."""
+"""A compiled run compiles its model once: the batch's doc_starts has one shape (the loader's
+full_width, model_inputs(..., full=True)), and the padding changes no number of any family."""
 
 import pytest
 import torch
 
 import archs
 from training.config import TrainConfig
-from training.data.batch import full_width
+from training.data.loader import full_width, make_batch
 from training.parallel.distributed import Processes
 from training.step import prepare, train_step
 
@@ -68,7 +68,10 @@ def test_a_compiled_step_compiles_once_over_batches_of_other_document_counts(mon
     state = prepare(model, cfg, CPU)
     seen = []
     for step, width in enumerate((2, 3, 5, 1)):
-        train_step(state, [batch_of(width, seed=step)], step, cfg, CPU)
+        b = batch_of(width, seed=step)  # as the loader gives a compiled run its rows
+        rows = [(torch.cat([i[:1], t]).numpy(), s[s >= 0].numpy(), None)
+                for i, t, s in zip(b["input_ids"], b["targets"], b["doc_starts"])]
+        train_step(state, [make_batch(rows, full=True)], step, cfg, CPU)
         seen.append(len(graphs))
     torch._dynamo.reset()
     assert seen[0] >= 1 and seen == [seen[0]] * 4, seen

@@ -24,7 +24,7 @@ from pipeline.formats.mds import MdsColumns
 from training.cli import train as train_cli
 from training.data.builds import open_build
 from training.data.loader import StepBatches, batches
-from training.data.sampler import GlobalOrder
+from training.data.mixture import GlobalOrder
 from training.data.verify import ShardChecks
 
 REPO = Path(__file__).resolve().parents[1]

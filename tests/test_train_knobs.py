@@ -22,7 +22,7 @@ from conftest import vocab_of
 from longpack.errors import SettingsError
 from training.cli import train as train_cli
 from training.config import TrainConfig
-from training.data.batch import make_batch
+from training.data.loader import make_batch
 from training.loop import train
 from training.parallel.distributed import launched
 
@@ -183,8 +183,7 @@ def test_wandb_gets_the_run_settings_and_its_resolved_config(tmp_path, shards, m
 # -- Muon's settings ------------------------------------------------------------------------
 
 def test_muon_takes_its_own_lr_momentum_and_newton_schulz_steps():
-    from training.optim.optimizers import make_optimizers, set_lr
-    from training.optim.schedule import lr_at
+    from training.optim import lr_at, make_optimizers, set_lr
     from training.step import prepare, train_step
 
     torch.manual_seed(0)
@@ -223,8 +222,8 @@ def test_muon_takes_its_own_lr_momentum_and_newton_schulz_steps():
 def test_muon_settings_are_checked():
     for bad, message in ((dict(muon_lr=0.0, optimizer="muon"), "--muon-lr must be positive"),
                          (dict(muon_momentum=1.0, optimizer="muon"), r"--muon-momentum must be in"),
-                         (dict(muon_ns_steps=0, optimizer="muon"), r"--muon-ns-steps must be in 1\.\.99"),
-                         (dict(muon_ns_steps=100, optimizer="muon"), r"--muon-ns-steps must be in 1\.\.99"),
+                         (dict(muon_ns_steps=0, optimizer="muon"), r"--muon-ns-steps must be in"),
+                         (dict(muon_ns_steps=100, optimizer="muon"), r"--muon-ns-steps must be in"),
                          (dict(muon_lr=0.02), "--muon-lr: Muon's settings, for --optimizer muon")):
         with pytest.raises(SettingsError, match=message):
             TrainConfig(shards="x", **bad)
@@ -262,7 +261,7 @@ class CountedRows:
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_prefetch_is_how_many_batches_a_worker_builds_ahead(prefetch):
     from training.data.loader import StepBatches, batches
-    from training.data.sampler import GlobalOrder
+    from training.data.mixture import GlobalOrder
 
     rows = CountedRows(64)
     order = GlobalOrder(len(rows), 1, seed=0, fingerprint="f")

@@ -41,8 +41,8 @@ def as_previous_format(path, run, cfg):
     "format", and the metrics records of every step before it in "history"."""
     import archs
     from longpack.atomic import sha256_file
-    from training.checkpoints.dcp_files import load_into
-    from training.optim.optimizers import make_optimizers
+    from training.checkpoints.checkpoint import load_into
+    from training.optim import make_optimizers
 
     state = torch.load(path / "state.pt", weights_only=False)
     model = archs.build(cfg.model, **state["model_config"])

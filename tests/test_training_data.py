@@ -15,10 +15,9 @@ from pipeline.build import build
 from pipeline.config import BuildConfig
 from pipeline.formats.shards import open_split
 from pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
-from training.data.batch import make_batch
 from training.data.builds import Rows, open_build
-from training.data.loader import StepBatches, batches
-from training.data.sampler import GlobalOrder, batch_hash
+from training.data.loader import StepBatches, batches, make_batch
+from training.data.mixture import GlobalOrder, batch_hash
 
 
 def test_every_row_once_per_epoch_and_epochs_reshuffle():
@@ -351,7 +350,7 @@ import sys, time, multiprocessing
 from pathlib import Path
 from training.data.builds import open_build
 from training.data.loader import StepBatches, batches
-from training.data.sampler import GlobalOrder
+from training.data.mixture import GlobalOrder
 b = open_build(sys.argv[1], Path(sys.argv[2]), "1gb")
 order = GlobalOrder(len(b.train), global_batch=2, seed=0, fingerprint=b.fingerprint)
 stream = batches(StepBatches(order, b.train, 0, 1, 2, 1), 0, 10**6, 2)

@@ -243,7 +243,7 @@ def upload(out: Path, url: str) -> None:
 
 def measure(args, work: Path) -> None:
     from training.data.builds import open_build
-    from training.data.sampler import GlobalOrder
+    from training.data.mixture import GlobalOrder
 
     outs = build_shared_corpus(work, args.seq)
 

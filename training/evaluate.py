@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from training.data.batch import make_batch
+from training.data.loader import make_batch
 from training.step import autocast
 
 CPU = torch.device("cpu")

@@ -1,6 +1,6 @@
 """The training loop, top to bottom: processes -> data -> model -> resume -> steps.
 
-Each step's rows come from the global order (sampler.py), so the run is a pure function of the
+Each step's rows come from the global order (data/mixture.py), so the run is a pure function of the
 config and the shards: N steps straight and K steps + resume + N - K steps give the same losses
 and weights (CPU, fp32), and a resume with another number of processes or per-device batch
 (the same global batch) continues the same order. What a checkpoint holds, and what a resume
@@ -30,9 +30,14 @@ from longpack import DataError, TrainingError, is_url, redact, staging_folder
 from training.checkpoints import checkpoint
 from training.checkpoints.upload import RemoteRun
 from training.config import TrainConfig
-from training.data.batch import model_inputs
-from training.data.loader import StepBatches, batches
-from training.data.mixture import MixedOrder, Sources, make_order, open_sources
+from training.data.loader import StepBatches, batches, model_inputs
+from training.data.mixture import (
+    MixedOrder,
+    Sources,
+    check_resume,
+    make_order,
+    open_sources,
+)
 from training.evaluate import split_loss
 from training.fits import check_memory
 from training.metrics import MetricsLog, check_installed, duration, peak_flops
@@ -48,120 +53,116 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
     SIGTERM handler does; tests use it to interrupt a run). Returns the metrics history: on
     the main process every step's record, those before a resume read back from
     metrics.jsonl; on the others, the records of the steps this call ran."""
-    procs = distributed.start(group=cfg.fsdp)
-    try:
-        return _train(cfg, resume, log if procs.main else (lambda _: None), stop_at, procs)
-    finally:
-        distributed.stop(procs)
-
-
-def _train(cfg, resume, log, stop_at, procs):
-    run, remote = run_folder(cfg)
-    check_installed(cfg.report_to)
-    # -- resume point (fetched from the bucket, if any) and its model: checked before the
-    # data is opened; then the data, model, resume checked before the run starts. What a
-    # failure here made under --out (a fetched checkpoint, the shard cache) goes again, so a
-    # refused run leaves nothing behind ------------------------------------------------------
-    with removed_on_failure(run):
-        resume = fetch_remote_checkpoint(run, remote, resume, procs)
-        found = same_on_every_process(checkpoint.find(run, resume, log), run, remote, procs, log)
-        if found:
-            checkpoint.check_model(found, cfg)
-        data = open_sources(cfg, Path(cfg.cache or run / SHARD_CACHE))
-        cfg = resolve_steps(cfg, data.seq, procs.world)
-        order = make_order(data, cfg, cfg.batch_size * cfg.grad_accum * procs.world)
-        if found:
-            checkpoint.check_data(found, data, order)
-        device = procs.device
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        vocab = data.manifest["tokenizer"]["vocab_size"]
-        check_memory(cfg, vocab, data.seq - 1, device)  # one line, before any allocation
-        model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides()).to(device)
-        state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile
-        step = checkpoint.restore(found, state, cfg) if found else 0
-        last, cut_by = order.last_step(cfg.max_steps)  # --max-epochs may end the run sooner
-        if cut_by is not None and (step > last or last == 0):
-            name = data.names[cut_by]
-            raise DataError(f"--max-epochs: {name} reaches it at step {last}"
-                            + (f", and the run is at step {step} already" if step else
-                               ", before any step") + f"; raise {name}'s --max-epochs")
-    # -- the run starts: its directory and metrics ------------------------------------------
-    run.mkdir(parents=True, exist_ok=True)
-    step_tokens = order.global_batch * (data.seq - 1)
-    metrics = MetricsLog(run, cfg, resolved_config(cfg, model, data, procs.world, order,
-                                                   step_tokens)) if procs.main else None
-    # the records of the steps before `step`; lines of later ones (a crash, --resume never)
-    # go, to be written again
-    history = metrics.truncate(step) if metrics else []
-    if found:
-        log(f"resumed from {found[1]} at step {step}")
-    for name, val in data.vals:
-        if val is None:
-            log(f"{name}: the build has no val rows: the run reports no val loss for it")
-    batches_of = StepBatches(order, data.train, procs.rank, procs.world, cfg.batch_size,
-                             cfg.grad_accum)
-    peak = peak_flops(device)
-    if cut_by is not None:
-        name = data.names[cut_by]
-        log(f"{name} reaches --max-epochs at step {last}: the run stops there (of "
-            f"{cfg.max_steps} steps)" if step < last else
-            f"{name} reached --max-epochs at step {last}: the run is complete")
-    eta = Eta(last)
-    # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0) ----
-    with stop_requested() as stop, uploads_finished(remote, log), \
-            contextlib.closing(metrics) if metrics else contextlib.nullcontext(), \
-            contextlib.closing(batches(batches_of, step, last, cfg.workers,
-                                       cfg.prefetch)) as stream:
-        pending = []  # the steps since the numbers were last read: (record, StepResult, t0)
-        while step < last:
-            t0 = time.perf_counter()
-            micro_batches = [model_inputs(next(stream), device) for _ in range(cfg.grad_accum)]
-            waited = time.perf_counter() - t0
-            out = train_step(state, micro_batches, step, cfg, procs)
-            record = {"step": step, "lr": out.lr, "tokens": (step + 1) * step_tokens,
-                      "batch": order.step_hash(step), "data_seconds": waited}
+    with distributed.processes(group=cfg.fsdp) as procs:
+        log = log if procs.main else (lambda _: None)
+        run, remote = run_folder(cfg)
+        check_installed(cfg.report_to)
+        # -- resume point (fetched from the bucket, if any) and its model: checked before the
+        # data is opened; then the data, model, resume checked before the run starts. What a
+        # failure here made under --out (a fetched checkpoint, the shard cache) goes again, so a
+        # refused run leaves nothing behind ------------------------------------------------------
+        with removed_on_failure(run):
+            resume = fetch_remote_checkpoint(run, remote, resume, procs)
+            found = same_on_every_process(checkpoint.find(run, resume, log), run, remote, procs, log)
+            if found:
+                checkpoint.check_model(found, cfg)
+            data = open_sources(cfg, Path(cfg.cache or run / SHARD_CACHE))
+            cfg = resolve_steps(cfg, data.seq, procs.world)
+            order = make_order(data, cfg, cfg.batch_size * cfg.grad_accum * procs.world)
+            if found:
+                check_resume(found, data, order)
+            start = found[0]["step"] if found else 0
+            last, cut_by = order.last_step(cfg.max_steps)  # --max-epochs may end the run sooner
+            if cut_by is not None and (start > last or last == 0):
+                name = data.names[cut_by]
+                raise DataError(f"--max-epochs: {name} reaches it at step {last}"
+                                + (f", and the run is at step {start} already" if start else
+                                   ", before any step") + f"; raise {name}'s --max-epochs")
+            device = procs.device
             if device.type == "cuda":
-                record["memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if data.mixed:
-                record.update(source_counts(data, order, step + 1))
-            pending.append((record, out, t0))
-            evaluating = (step + 1) % cfg.eval_every == 0 or step + 1 == last
-            step += 1
-            # The step's numbers stay on the device until a logged step, an evaluation or a
-            # checkpoint: then every pending step's are read in one copy, and the processes
-            # agree on a signal (one process alone reads its own flag at every step).
-            stopping = stop_at is not None and step >= stop_at
-            saving = step % cfg.save_every == 0 or step == last
-            reading = (step - 1) % cfg.log_every == 0 or evaluating or saving or stopping
-            if procs.world == 1 or reading:
-                stopping = stopping or distributed.anyone(stop.requested, procs)
-            if not (reading or stopping):
-                continue
-            records = finished(pending, run, model, data, step_tokens, peak, procs.world)
-            pending = []
-            if evaluating:
-                records[-1].update(evaluate(model, data, cfg, procs) or {})
-            for record in records:
-                record.update(eta.after(record["step"]))
-                history.append(record)
-                if metrics:
-                    metrics.write(record)
-                if "console" in cfg.report_to and (record["step"] % cfg.log_every == 0
-                                                   or "val_loss" in record):
-                    log(console_line(record, last))
-            if saving or stopping:
-                if procs.main and remote:
-                    remote.wait()  # the previous checkpoint's upload, if still running
-                saved = checkpoint.save(run, step, state, checkpoint.capture(
-                    state, step, data, order, cfg), cfg.keep_last, procs)
-                if procs.main and remote:
-                    remote.submit(saved, run, cfg.keep_last)  # in the background
-            if stopping:
-                log(f"stopped at step {step}: re-run the same command to resume")
-                break
-    return history
+                torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+            torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+            vocab = data.manifest["tokenizer"]["vocab_size"]
+            check_memory(cfg, vocab, data.seq - 1, device)  # one line, before any allocation
+            model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides()).to(device)
+            state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile
+            step = checkpoint.restore(found, state, cfg) if found else 0
+        # -- the run starts: its directory and metrics ------------------------------------------
+        run.mkdir(parents=True, exist_ok=True)
+        step_tokens = order.global_batch * (data.seq - 1)
+        metrics = MetricsLog(run, cfg, resolved_config(cfg, model, data, procs.world, order,
+                                                       step_tokens)) if procs.main else None
+        # the records of the steps before `step`; lines of later ones (a crash, --resume never)
+        # go, to be written again
+        history = metrics.truncate(step) if metrics else []
+        if found:
+            log(f"resumed from {found[1]} at step {step}")
+        for name, val in data.vals:
+            if val is None:
+                log(f"{name}: the build has no val rows: the run reports no val loss for it")
+        batches_of = StepBatches(order, data.train, procs.rank, procs.world, cfg.batch_size,
+                                 cfg.grad_accum)
+        peak = peak_flops(device)
+        if cut_by is not None:
+            name = data.names[cut_by]
+            log(f"{name} reaches --max-epochs at step {last}: the run stops there (of "
+                f"{cfg.max_steps} steps)" if step < last else
+                f"{name} reached --max-epochs at step {last}: the run is complete")
+        eta = Eta(last)
+        # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0) ----
+        with stop_requested() as stop, uploads_finished(remote, log), \
+                contextlib.closing(metrics) if metrics else contextlib.nullcontext(), \
+                contextlib.closing(batches(batches_of, step, last, cfg.workers,
+                                           cfg.prefetch)) as stream:
+            pending = []  # the steps since the numbers were last read: (record, StepResult, t0)
+            while step < last:
+                t0 = time.perf_counter()
+                micro_batches = [model_inputs(next(stream), device, cfg.compile)
+                                 for _ in range(cfg.grad_accum)]
+                waited = time.perf_counter() - t0
+                out = train_step(state, micro_batches, step, cfg, procs)
+                record = {"step": step, "lr": out.lr, "tokens": (step + 1) * step_tokens,
+                          "batch": order.step_hash(step), "data_seconds": waited}
+                if device.type == "cuda":
+                    record["memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+                if data.mixed:
+                    record.update(source_counts(data, order, step + 1))
+                pending.append((record, out, t0))
+                evaluating = (step + 1) % cfg.eval_every == 0 or step + 1 == last
+                step += 1
+                # The step's numbers stay on the device until a logged step, an evaluation or a
+                # checkpoint: then every pending step's are read in one copy, and the processes
+                # agree on a signal (one process alone reads its own flag at every step).
+                stopping = stop_at is not None and step >= stop_at
+                saving = step % cfg.save_every == 0 or step == last
+                reading = (step - 1) % cfg.log_every == 0 or evaluating or saving or stopping
+                if procs.world == 1 or reading:
+                    stopping = stopping or distributed.anyone(stop.requested, procs)
+                if not (reading or stopping):
+                    continue
+                records = finished(pending, run, model, data, step_tokens, peak, procs.world)
+                pending = []
+                if evaluating:
+                    records[-1].update(evaluate(model, data, cfg, procs) or {})
+                for record in records:
+                    record.update(eta.after(record["step"]))
+                    history.append(record)
+                    if metrics:
+                        metrics.write(record)
+                    if "console" in cfg.report_to and (record["step"] % cfg.log_every == 0
+                                                       or "val_loss" in record):
+                        log(console_line(record, last))
+                if saving or stopping:
+                    if procs.main and remote:
+                        remote.wait()  # the previous checkpoint's upload, if still running
+                    saved = checkpoint.save(run, step, state, checkpoint.capture(
+                        state, step, data, order, cfg), cfg.keep_last, procs)
+                    if procs.main and remote:
+                        remote.submit(saved, run, cfg.keep_last)  # in the background
+                if stopping:
+                    log(f"stopped at step {step}: re-run the same command to resume")
+                    break
+        return history
 
 
 def finished(pending: list, run: Path, model, data: Sources, step_tokens: int, peak,

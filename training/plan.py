@@ -43,7 +43,7 @@ from archs import memory
 from longpack import SettingsError
 from pipeline import REPEAT_WARNING_EPOCHS
 from training.config import TrainConfig
-from training.data.batch import make_batch
+from training.data.loader import make_batch
 from training.data.mixture import make_order, open_sources
 from training.fits import check_memory, plan_memory
 from training.loop import resolve_steps
@@ -73,12 +73,8 @@ def plan(cfg: TrainConfig, say=print, world_size: int | None = None,
             return _plan(cfg, cache, say, procs, world_size, gpu_memory)
     # Under torchrun the processes probe together, as they train (--fsdp: in a group even
     # when this one process is all of it, as training/loop.py starts it).
-    procs = distributed.start(group=cfg.fsdp)
-    try:
-        with probe_cache(cfg, procs) as cache:
-            return _plan(cfg, cache, say, procs, None, gpu_memory)
-    finally:
-        distributed.stop(procs)
+    with distributed.processes(group=cfg.fsdp) as procs, probe_cache(cfg, procs) as cache:
+        return _plan(cfg, cache, say, procs, None, gpu_memory)
 
 
 @contextlib.contextmanager
@@ -179,7 +175,7 @@ def probe(cfg: TrainConfig, data, procs: distributed.Processes, vocab: int, rows
     state = prepare(model, cfg, procs)
     train = data.train
     samples = [train.get(i % len(train)) for i in range(rows)]
-    batch = make_batch([_prefix(s, length + 1) for s in samples], device)
+    batch = make_batch([_prefix(s, length + 1) for s in samples], device, cfg.compile)
     micro, updates, losses = [], [], []
     for i in range(PROBE_STEPS + 1):
         out = train_step(state, [batch], i, cfg, procs, clock=lambda: _now(device))

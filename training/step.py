@@ -21,9 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training.data.batch import full_width
-from training.optim.optimizers import make_optimizers, set_lr
-from training.optim.schedule import lr_at
+from training.optim import lr_at, make_optimizers, set_lr
 from training.parallel import distributed, fsdp
 
 
@@ -80,12 +78,12 @@ def read_steps(results: list[StepResult]) -> list[dict]:
 
 
 def prepare(model: torch.nn.Module, cfg, procs: distributed.Processes) -> TrainState:
+    loss, ddp = LossOf(model), None
+    # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
+    scaler = torch.amp.GradScaler(procs.device.type, enabled=cfg.precision == "fp16")
     if cfg.fsdp:  # before the optimizers: they hold the sharded parameters
         fsdp.shard(model, cfg, procs)
     optimizers = make_optimizers(model, cfg)
-    # fp16 needs loss scaling against underflow; bf16 and fp32 do not.
-    scaler = torch.amp.GradScaler(procs.device.type, enabled=cfg.precision == "fp16")
-    loss, ddp = LossOf(model), None
     if procs.world > 1 and not cfg.fsdp:
         # DDP broadcasts rank 0's weights now; a checkpoint loaded later into `model` is the
         # same on every rank, so the order of the two does not matter.
@@ -98,12 +96,12 @@ def prepare(model: torch.nn.Module, cfg, procs: distributed.Processes) -> TrainS
 
 def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
                procs: distributed.Processes, clock=time.perf_counter) -> StepResult:
-    """One optimizer step over this process's micro-batches (model_inputs' dicts) at the
-    learning rate of `step`. `clock`: the dry run passes one that waits for the GPU, so that
-    its two timings are the device's."""
+    """One optimizer step over this process's micro-batches (model_inputs' dicts: a compiled
+    run's doc_starts padded to full width, so that it compiles once) at the learning rate of
+    `step`. `clock`: the dry run passes one that waits for the GPU, so that its two timings are
+    the device's."""
     t0 = clock()
-    lr = lr_at(step, cfg)
-    set_lr(state.optimizers, lr, cfg)
+    amp = autocast(cfg, procs.device)
     counts = torch.stack([(b["targets"] != -100).sum() for b in micro_batches]).double()
     targets = distributed.summed(counts.sum(), procs)  # the global batch's, on the device
     sums = None  # of each scalar of the loss's dict x the micro-batch's targets (float64)
@@ -112,11 +110,9 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
         # micro-step): x world undoes that average, so the gradient is of the global mean.
         sync = state.ddp is None or micro == len(micro_batches) - 1
         with contextlib.nullcontext() if sync else state.ddp.no_sync():
-            doc_starts = batch["doc_starts"] if cfg.doc_mask else None
-            if cfg.compile and doc_starts is not None:  # one shape: compiled once
-                doc_starts = full_width(doc_starts, batch["input_ids"].shape[1])
-            with autocast(cfg, procs.device):
-                out = state.loss(batch["input_ids"], batch["targets"], doc_starts)
+            with amp:
+                out = state.loss(batch["input_ids"], batch["targets"],
+                                 batch["doc_starts"] if cfg.doc_mask else None)
             weight = (count * procs.world / targets.clamp(min=1)).float()
             state.scaler.scale(out["loss"] * weight).backward()
         names = tuple(k for k, v in out.items() if v.ndim == 0)  # "loss" first: model.loss's
@@ -127,11 +123,13 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
     for opt in state.optimizers:
         state.scaler.unscale_(opt)
     norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.clip or float("inf"))
+    lr = lr_at(step, cfg)
+    set_lr(state.optimizers, lr, cfg)
     for opt in state.optimizers:
         state.scaler.step(opt)  # fp16: skipped when the gradients overflowed
         opt.zero_grad(set_to_none=True)
     state.scaler.update()
-    grad_norm = fsdp.whole(norm).detach().double().reshape(1)
+    grad_norm = distributed.whole(norm).detach().double().reshape(1)
     values = torch.cat([sums, targets.reshape(1), grad_norm.to(sums.device)])
     return StepResult(names, values, lr, t1 - t0, clock() - t1)
 

@@ -1,28 +1,41 @@
-"""README.md of an exported folder: the model card the Hugging Face hub shows.
+"""README.md of an exported folder: the model card the Hugging Face hub shows, made with
+huggingface_hub's ModelCard.
 
     model_card(trained, "hf-x", license="apache-2.0", context=1024, code=["moe.py", ...]) -> str
 
-YAML front matter as the hub reads it (license, library_name, pipeline_tag, tags; the tag
-custom_code where the folder carries its own modeling code), then what the model is and where it
-came from, each read from the run rather than restated: the family and its sizes (parameters,
-and active parameters per token for MoE) from the model; the tokens it trained on from the run's
-metrics.jsonl (the record of the checkpoint's last step); the build's fingerprint from the
-checkpoint; each build's inputs and counts from its manifest (a build no longer where the run
-read it is named, without counts); the command that trained it from the run's settings as the
-checkpoint holds them (the flags that differ from `train`'s defaults); how to load it.
+Its metadata (ModelCardData, the YAML the hub reads): license, library_name, pipeline_tag,
+tags (custom_code where the folder carries its own modeling code), and datasets only where
+the run's builds read a hub dataset (their inputs are hf://datasets/... files); no base_model,
+as longpack trains from scratch. Then what the model is and where it came from, each read from
+the run rather than restated: the family and its sizes (parameters, and active parameters per
+token for MoE) from the model; the tokens it trained on from the run's metrics.jsonl (the
+record of the checkpoint's last step); the build's fingerprint from the checkpoint; each
+build's inputs and counts from its manifest (a build no longer where the run read it is named,
+without counts); the command that trained it from the run's settings as the checkpoint holds
+them (the flags that differ from `train`'s defaults); how to load it.
+
+The card goes to the hub, so it names nothing by a path of the machine that trained it: a build
+is named by its folder's name and its manifest's fingerprint, a local input file by its name,
+the run by its folder's name, and the settings that only say where a run kept its files
+(WHERE) are left out of the command.
 """
 
 import dataclasses
 import json
+import re
 import shlex
 from pathlib import Path
 
 INPUTS_LISTED = 10  # a build of thousands of files lists its first few and a count
+WHERE = ("out", "upload", "staging", "cache")  # train's settings that are places, not the model
+HUB_INPUT = re.compile(r"hf://datasets/(?P<repo>[^@]+)@")  # pipeline/read/hub.py's uri()
 
 
 def model_card(trained, name: str, license: str, context: int, code: list[str]) -> str:
     """`name`: the folder's (the repository's); `code`: the archs files the folder carries
     (none: transformers has the class)."""
+    from huggingface_hub import ModelCard, ModelCardData
+
     model = trained.model
     family = _family(model)
     settings = trained.train_config or {}
@@ -30,13 +43,16 @@ def model_card(trained, name: str, license: str, context: int, code: list[str]) 
     params = model.num_params()
     active = model.active_params() if hasattr(model, "active_params") else params
     tokens = trained_tokens(trained.checkpoint.parent, trained.step)
-    tags = ["longpack", family] + (["custom_code"] if code else [])
-    lines = ["---", f"license: {license}", "library_name: transformers",
-             "pipeline_tag: text-generation", "tags:", *(f"- {t}" for t in tags), "---", "",
-             f"# {name}", "",
+    builds = [(source, path, _manifest(path)) for source, path in _sources(settings)]
+    data = ModelCardData(license=license, library_name="transformers",
+                         pipeline_tag="text-generation", datasets=_hub_datasets(builds) or None,
+                         tags=["longpack", family] + (["custom_code"] if code else []))
+    run = trained.checkpoint.parent.name
+    lines = [f"# {name}", "",
              f"A {_describe(model)} language model trained with longpack and exported by "
-             f"`zoo export --to hf` from `{trained.checkpoint}`.", "",
-             "| | |", "|---|---|",
+             f"`zoo export --to hf` from the checkpoint `{trained.checkpoint.name}` of the "
+             f"run `{run}`.",
+             "", "| | |", "|---|---|",
              f"| family | {family} |", f"| preset | `{preset}`"
              + "".join(f" `--model-arg {a}`" for a in settings.get("model_args", ())) + " |",
              f"| parameters | {params:,} |"]
@@ -52,9 +68,11 @@ def model_card(trained, name: str, license: str, context: int, code: list[str]) 
               f"| build fingerprint | `{trained.fingerprint or 'not recorded'}` |",
               f"| tokenizer | {_tokenizer(trained.trained_on)} |",
               f"| license | {license} |", "", "## Training data", ""]
-    for source, path, manifest in _builds(settings.get("shards") or ()):
+    for source, path, manifest in builds:
         lines += _build(source, path, manifest)
-    lines += ["## Training", "", "```bash", train_command(settings), "```", "",
+    lines += ["## Training", "", "Each build named by its folder; where the run kept its files "
+              f"({', '.join(f'`--{w}`' for w in WHERE)}) left out.", "",
+              "```bash", train_command(settings), "```", "",
               "## Use", "", "```python", "from transformers import AutoModelForCausalLM, "
               "AutoTokenizer", "", f'folder = "{name}"  # or its hub repository, "user/{name}"',
               "tok = AutoTokenizer.from_pretrained(folder)",
@@ -67,7 +85,7 @@ def model_card(trained, name: str, license: str, context: int, code: list[str]) 
                   + ", ".join(f"`{file}`" for file in code) + "), under a thin transformers "
                   "wrapper (`modeling_longpack.py`, `configuration_longpack.py`); it needs "
                   "only torch and transformers.", ""]
-    return "\n".join(lines)
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
 
 
 def trained_tokens(run: Path, step: int | None) -> int | None:
@@ -87,12 +105,16 @@ def trained_tokens(run: Path, step: int | None) -> int | None:
 
 def train_command(settings: dict) -> str:
     """`train` with the flags of every setting that differs from its default (shards and the
-    model always), one flag a line."""
+    model always; each build by its folder's name, WHERE left out), one flag a line."""
+    from pipeline.mixture import source_name
     from training.config import TrainConfig
 
     parts = []
+    for source, path in _sources(settings):
+        folder = source_name(path)
+        parts.append("--shards " + shlex.quote(folder if source == folder else f"{source}={folder}"))
     for f in dataclasses.fields(TrainConfig):
-        if f.name not in settings:
+        if f.name not in settings or f.name in WHERE or f.name == "shards":
             continue
         value = settings[f.name]
         value = tuple(value) if isinstance(value, list) else value
@@ -143,38 +165,57 @@ def _tokenizer(trained_on: dict | None) -> str:
             f"{trained_on.get('vocab_size', 0):,} ids, EOS {trained_on.get('eos_id')})")
 
 
-def _builds(shards) -> list[tuple[str, str, dict | None]]:
-    """(name, path, manifest or None) of each build the run trained on."""
+def _sources(settings: dict) -> list[tuple[str, str]]:
+    """(name, path) of each build the run trained on; none where the settings hold no valid
+    --shards (the card still says the rest)."""
     from longpack import LongpackError
     from pipeline import parse_mixture
+
+    shards = settings.get("shards") or ()
+    try:
+        return parse_mixture([shards] if isinstance(shards, str) else list(shards),
+                             None, (), ())[0]
+    except (LongpackError, ValueError, TypeError):
+        return []
+
+
+def _manifest(path: str) -> dict | None:
+    from longpack import LongpackError
     from training.data.builds import read_manifest
 
     try:
-        sources = parse_mixture([shards] if isinstance(shards, str) else list(shards),
-                                None, (), ())[0]
-    except (LongpackError, ValueError, TypeError):
-        return []
-    out = []
-    for name, path in sources:
-        try:
-            out.append((name, path, read_manifest(path)))
-        except (LongpackError, OSError, ValueError):
-            out.append((name, path, None))
-    return out
+        return read_manifest(path)
+    except (LongpackError, OSError, ValueError):
+        return None
 
 
-def _build(name: str, path: str, manifest: dict | None) -> list[str]:
+def _hub_datasets(builds) -> list[str]:
+    """The hub datasets (repository ids) the builds read their inputs from."""
+    return sorted({m["repo"] for _, _, manifest in builds if manifest
+                   for i in manifest.get("inputs", [])
+                   if (m := HUB_INPUT.match(str(i.get("path", ""))))})
+
+
+def _build(source: str, path: str, manifest: dict | None) -> list[str]:
+    """A build, by its folder's name and its manifest's fingerprint (never its path)."""
+    from pipeline.mixture import source_name
+    from training.data.builds import dataset_fingerprint
+
+    folder = source_name(path)
+    named = f"`{folder}`" + (f" (source {source})" if source != folder else "")
     if manifest is None:
-        return [f"- `{path}` ({name}): its manifest is not here, so no counts", ""]
+        return [f"- {named}: its manifest is not here, so no counts", ""]
     settings = manifest.get("settings", {})
     inputs = manifest.get("inputs", [])
     counts = manifest.get("counts", {})
     skipped = {k: v for k, v in counts.get("skipped", {}).items() if v}
-    lines = [f"`{path}` ({name}): `pack build` of {settings.get('dataset', 'files')}"
+    lines = [f"{named}, fingerprint `{dataset_fingerprint(manifest)}`: `pack build` of "
+             f"{settings.get('dataset', 'files')}"
              + (f" {settings['subset']}" if settings.get("subset") else "")
              + f"; inputs: {len(inputs):,} file{'s' * (len(inputs) != 1)}, "
              f"{sum(i.get('size', 0) for i in inputs):,} bytes", ""]
-    lines += [f"- `{i.get('path')}` ({i.get('size', 0):,} bytes)" for i in inputs[:INPUTS_LISTED]]
+    lines += [f"- `{_input(i.get('path'))}` ({i.get('size', 0):,} bytes)"
+              for i in inputs[:INPUTS_LISTED]]
     if len(inputs) > INPUTS_LISTED:
         lines.append(f"- and {len(inputs) - INPUTS_LISTED:,} more")
     lines += ["", f"{counts.get('documents', 0):,} documents, {counts.get('tokens', 0):,} tokens "
@@ -184,3 +225,10 @@ def _build(name: str, path: str, manifest: dict | None) -> list[str]:
         lines.append(f"- {split}: {c.get('rows', 0):,} rows, {c.get('tokens', 0):,} tokens, "
                      f"{c.get('documents', 0):,} documents")
     return lines + [""]
+
+
+def _input(path) -> str:
+    """An input as the card names it: a URL as the manifest recorded it (credentials already
+    redacted there), a local file by its name alone."""
+    path = str(path)
+    return path if "://" in path else Path(path).name

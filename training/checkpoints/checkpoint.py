@@ -1,5 +1,6 @@
 """Checkpoints: RUN/step-NNNNNNNN/ directories, written whole or not at all, newest kept; what
-they hold (`capture`) and how a run takes it back (`check_model`, `check_data`, `restore`).
+they hold (`capture`) and how a run takes it back (`check_model`, `restore`; the data's order
+is checked by data/mixture.py's `check_resume`).
 
 A checkpoint is written into `.step-N.tmp/`, with a `COMPLETE` file written last, then renamed;
 `RUN/latest` names the newest. Loading takes the newest checkpoint whose files match COMPLETE,
@@ -11,7 +12,7 @@ in RUN (an export, a user's copy `step-00000002-best`) is never resumed from nor
 state.pt holds the grad scaler, RNG states, the step, the shards' fingerprint and seq, the
 config, the optimizers' param_groups and the batch hashes of the last RECENT_HASHES steps: a
 resumed run recomputes those from its own order and refuses to go on if they differ. The model
-and the optimizers' tensors are DCP files beside it, each process's part (dcp_files.py),
+and the optimizers' tensors are DCP files beside it, each process's part,
 whatever the number of processes and sharding; COMPLETE lists the sha256 of every file
 ("HASH  NAME" lines) and ends with the record. Any checkpoint resumes with or without --fsdp,
 under any number of processes. Its size does not grow with the run: the metrics of the steps
@@ -22,22 +23,54 @@ model and optimizers in state.pt (but for --fsdp runs; COMPLETE: state.pt's hash
 Loading never runs code from a checkpoint (a run's folder may come from a shared bucket):
 state.pt is read with torch.load(weights_only=True), which builds tensors and plain Python
 values only (and numpy's arrays, for the RNG state), and a sharded checkpoint's DCP metadata
-through an allow-list (dcp_files.SafeReader).
+through an allow-list (SafeReader, below).
+
+    step-NNNNNNNN/  __R_0.distcp (process R's part)    .metadata (DCP's index of them)
+                    state.pt (rank 0: no weights)      COMPLETE (last: sha256 of every file)
+
+DCP stores each tensor under its name with the piece each process held (a DTensor's shard,
+or a plain tensor once), so a checkpoint loads under any number of processes, sharded or not:
+`load_into` asks for the tensors as the model holds them now (get_state_dict: sharded for
+FSDP, whole otherwise) and DCP reads the pieces that cover them. The optimizer state is keyed
+by parameter name (not by position), so it follows the parameters whatever their layout.
+
+Nothing read from a checkpoint runs code. DCP reads its `.metadata` with plain pickle, and its
+default planner each non-tensor ("bytes") item with torch.load(weights_only=False); both run
+whatever a crafted file asks for. Here the metadata is read by `SafeReader`, whose unpickler
+builds only DCP's own metadata classes, torch sizes and dtypes (anything else: "not a DCP
+metadata file", nothing run), and bytes items by `SafeLoadPlanner`, with weights_only=True
+(plain values only). The trainer writes no bytes item at all: DCP gets the tensors, and the
+optimizers' param_groups (learning rates, betas: plain values) go into state.pt, itself read
+with weights_only=True. Checkpoints written before held the param_groups as bytes items; they
+load through the same planner.
 """
 
+import io
+import pickle
 import random
 import re
 import shutil
 import sys
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from longpack import TrainingError, sha256_file, write_bytes
-from training.checkpoints import dcp_files
-from training.data.mixture import MixedOrder, history_until, same_until
+from training.data.mixture import MixedOrder
 from training.parallel import distributed, fsdp
 from training.step import TrainState
 
@@ -69,7 +102,7 @@ def save(run: Path, step: int, s: TrainState, state: dict, keep_last: int,
     # checkpoint, so DDP's machines need no shared disk. The param_groups go in state.pt.
     sharded = fsdp.is_sharded(s.model)
     if sharded or procs.main:
-        groups = dcp_files.save_parts(tmp, s.model, s.optimizers, distributed=sharded)
+        groups = save_parts(tmp, s.model, s.optimizers, distributed=sharded)
     if procs.main:
         torch.save({**state, "param_groups": groups}, tmp / "state.pt")
         files = sorted(p.name for p in tmp.iterdir())
@@ -166,8 +199,8 @@ def load_latest(run: Path, say=warn) -> tuple[dict, Path] | None:
 
 
 def _read(path: Path) -> dict:
-    problem = damage(path) or (dcp_files.damage(path)
-                               if dcp_files.is_sharded_checkpoint(path) else None)
+    problem = damage(path) or (dcp_damage(path)
+                               if is_sharded_checkpoint(path) else None)
     if problem:
         raise ValueError(problem)
     try:
@@ -175,7 +208,7 @@ def _read(path: Path) -> dict:
             return torch.load(path / "state.pt", map_location="cpu", weights_only=True)
     except Exception as e:  # a pickle asking for more than data: refused, not run
         raise ValueError(f"state.pt holds more than a checkpoint's data, which is never loaded "
-                         f"(nothing in it was run): {dcp_files.refusal(e)}") from None
+                         f"(nothing in it was run): {refusal(e)}") from None
 
 
 def damage(path: Path) -> str | None:
@@ -229,7 +262,7 @@ def capture(s: TrainState, step: int, data, order: MixedOrder, cfg) -> dict:
             "fingerprint": data.fingerprint, "seq": data.seq, "config": cfg.to_dict(),
             # what the ids mean: zoo eval refuses a build of another tokenizer by it
             "tokenizer": data.manifest["tokenizer"],
-            "mixture": order.history(),
+            "mixture": order.history,
             # the model's config as built (preset + --model-arg): what resume, export and
             # generate rebuild it from
             "model_config": asdict(s.model.cfg),
@@ -263,48 +296,19 @@ def check_model(found: tuple[dict, Path], cfg) -> None:
                                 "--resume never or another --out to start a new run")
 
 
-def check_data(found: tuple[dict, Path], data, order: MixedOrder) -> None:
-    """Refuse a checkpoint of other shards, another --seq, another mixture before its step (a
-    stage that starts at its step or later may change), or another order of rows."""
-    state, path = found
-    # checkpoints before mixtures: one build, drawn from at every step
-    saved = state.get("mixture") or [[0, {state["fingerprint"]: 1.0}]]
-    step = state["step"]
-    if not same_until(saved, order.history(), step):
-        if not data.mixed and len(saved) == 1:
-            raise TrainingError(f"{path} was trained on other shards (fingerprint "
-                                f"{state['fingerprint']}, these are {data.fingerprint}); pass "
-                                "--resume never or the original --shards")
-        raise TrainingError(f"{path} was trained on another mixture before its step {step} "
-                            f"(stages {describe(saved, step)}; this run's "
-                            f"{describe(order.history(), step)}); pass the original --shards, "
-                            "--mix and --mix-stage (a new stage may start at a step >= "
-                            f"{step}), or --resume never")
-    if state["seq"] != data.seq:
-        raise TrainingError(f"{path} was trained with --seq {state['seq']}, this run has "
-                            f"{data.seq}; pass --seq {state['seq']} or --resume never")
-    for step_no, h in state["recent_hashes"]:
-        if order.step_hash(step_no) != h:
-            raise TrainingError(f"resume check failed: step {step_no} would read other rows "
-                                "than the checkpointed run did (seed or global batch changed?)")
-
-
-def describe(history: list, step: int) -> str:
-    """Stages before `step` in a line: 'from 0: 3f2a..=0.70 9c1b..=0.30'."""
-    return "; ".join(f"from {start}: " + " ".join(f"{fp[:8]}={w:.2f}" for fp, w in mix.items())
-                     for start, mix in history_until(history, step))
-
-
 def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
     """Load the checkpoint into the train state and the RNGs; returns its step."""
     state, path = found
     try:
-        if dcp_files.is_sharded_checkpoint(path):
-            dcp_files.load_into(path, s.model, s.optimizers, state.get("param_groups"),
+        import archs  # a Mamba's weights of before its RMSNorm: refused in one line, named
+        archs.mamba.refuse_layernorm_weights(state.get("model") or SafeReader(
+            path).read_metadata().state_dict_metadata)
+        if is_sharded_checkpoint(path):
+            load_into(path, s.model, s.optimizers, state.get("param_groups"),
                                      distributed=fsdp.is_sharded(s.model))
         else:  # a checkpoint of format 2 or before: the model and optimizers in state.pt
-            dcp_files.load_whole_into(state, s.model, s.optimizers)
-    except dcp_files.Unreadable as e:  # damaged past its COMPLETE, or crafted: nothing ran
+            load_whole_into(state, s.model, s.optimizers)
+    except Unreadable as e:  # damaged past its COMPLETE, or crafted: nothing ran
         raise TrainingError(f"{path} cannot be read ({e}); resume from an earlier checkpoint "
                             "(--resume RUN/step-NNNNNNNN), or pass --resume never or another "
                             "--out to start afresh") from None
@@ -320,8 +324,8 @@ def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
 def model_state(found: tuple[dict, Path]) -> dict[str, torch.Tensor]:
     """The checkpoint's model weights by name, whole, on the CPU (either format)."""
     state, path = found
-    if dcp_files.is_sharded_checkpoint(path):
-        return dcp_files.tensors(path, "model.")
+    if is_sharded_checkpoint(path):
+        return tensors(path, "model.")
     return state["model"]
 
 
@@ -338,3 +342,209 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+# -- the tensors: DCP files, read without running code ---------------------------------------
+
+METADATA = ".metadata"
+
+
+class Unreadable(ValueError):
+    """A sharded checkpoint that cannot be read as it claims: its metadata, a file it names, or
+    an item (damaged, or crafted to run code: refused, nothing run)."""
+
+# (module, name) an honest .metadata refers to (torch 2.x's DCP): data classes, no functions
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if name in _METADATA_GLOBALS.get(module, ()) or (
+                module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a DCP metadata file")
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader, its metadata unpickled by an allow-list (module docstring)."""
+
+    def read_metadata(self, *args, **kwargs):
+        data = (Path(self.path) / METADATA).read_bytes()
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+        except Exception as e:  # a crafted or damaged file: nothing of it was run
+            raise Unreadable(f"{Path(self.path) / METADATA} is not a DCP metadata file "
+                             f"({type(e).__name__}: {e}); nothing in it was run") from None
+        if not isinstance(metadata, Metadata):
+            raise Unreadable(f"{Path(self.path) / METADATA} is not a DCP metadata file (it holds "
+                             f"a {type(metadata).__name__})")
+        if metadata.storage_meta is not None:
+            metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's load planner, its non-tensor items read as plain values only (module docstring):
+    DefaultLoadPlanner.load_bytes with weights_only=True."""
+
+    def load_bytes(self, read_item, value) -> None:
+        try:
+            loaded = torch.load(value, weights_only=True)
+        except Exception as e:  # a pickle asking for more than data: refused, not run
+            why = refusal(e)
+            raise Unreadable(f"its item {read_item.dest_index.fqn} holds more than data, which "
+                             f"is never loaded (nothing in it was run): {why}") from None
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
+
+
+def refusal(e: Exception) -> str:
+    """The line of torch.load(weights_only=True)'s refusal that names what was asked for (its
+    message also suggests weights_only=False, which is never done here)."""
+    lines = [line.strip() for line in str(e).strip().splitlines()]
+    return next((line for line in lines if "GLOBAL" in line or "global" in line),
+                lines[0] if lines else type(e).__name__)
+
+
+def is_sharded_checkpoint(path: Path) -> bool:
+    return (path / METADATA).is_file()
+
+
+def dcp_damage(folder: Path) -> str | None:
+    """What makes a sharded checkpoint unreadable before a tensor is read, or None: metadata
+    that is not DCP's, or an item whose file is missing or shorter than the metadata says."""
+    try:
+        metadata = SafeReader(folder).read_metadata()
+    except (ValueError, OSError) as e:
+        return str(e)
+    sizes = {}
+    for info in (metadata.storage_data or {}).values():
+        name = str(info.relative_path)
+        if name not in sizes:
+            file = folder / name
+            if Path(name).name != name or not file.is_file():
+                return f"{name}, which {METADATA} names, is missing"
+            sizes[name] = file.stat().st_size
+        if info.offset < 0 or info.length < 0 or info.offset + info.length > sizes[name]:
+            return f"{name} is shorter than {METADATA} says (truncated)"
+    return None
+
+
+def save_parts(folder: Path, model: torch.nn.Module, optimizers: list,
+               distributed: bool) -> list:
+    """The model and optimizer tensors into `folder`: with `distributed` (a sharded model) every
+    process calls it and writes its part, a collective; else the calling process writes them
+    whole, alone. Returns the optimizers' param_groups (plain values, the
+    same on every process), which the caller keeps in state.pt: DCP is given tensors only, so
+    it pickles nothing."""
+    model_state, optim_state = get_state_dict(model, optimizers)
+    tensors = {"model": model_state, "optimizers": {"state": optim_state["state"]}}
+    kept = [key for key, value in _leaves(tensors) if not isinstance(value, torch.Tensor)]
+    if kept:  # an optimizer whose state is not all tensors: say so rather than pickle it
+        raise TrainingError(f"the optimizer state holds values that are not tensors ({kept[0]}); "
+                            "a checkpoint holds tensors only")
+    with warnings.catch_warnings():  # no_dist: "assuming ... a single process", as meant
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save(tensors, checkpoint_id=folder, no_dist=not distributed)
+    return optim_state["param_groups"]
+
+
+def _leaves(tree, prefix=""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _leaves(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, tree
+
+
+def load_into(folder: Path, model: torch.nn.Module, optimizers: list, param_groups: list | None,
+              distributed: bool) -> None:
+    """The checkpoint's model and optimizer state into `model` and `optimizers` as they are laid
+    out now; `param_groups`: state.pt's (None in checkpoints that hold them as DCP items).
+    `distributed`: the processes read together (FSDP, a collective); else each reads whole
+    tensors for itself."""
+    model_state, optim_state = get_state_dict(model, optimizers)
+    optim = {"state": optim_state["state"]}
+    if param_groups is None:
+        optim["param_groups"] = optim_state["param_groups"]
+    target = {"model": model_state, "optimizers": optim}
+    _read_parts(folder, target, distributed)
+    set_state_dict(model, optimizers, model_state_dict=target["model"],
+                   optim_state_dict={"state": optim["state"],
+                                     "param_groups": optim.get("param_groups", param_groups)})
+
+
+def _read_parts(folder: Path, target: dict, distributed: bool) -> None:
+    """dcp.load of `target` from `folder` through SafeReader and SafeLoadPlanner; a failure as
+    one line (ValueError), whatever DCP wrapped it in."""
+    problem = dcp_damage(folder)
+    if problem:
+        raise Unreadable(problem)
+    try:
+        with warnings.catch_warnings():  # no_dist: "assuming ... a single process", as meant
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(target, storage_reader=SafeReader(folder), planner=SafeLoadPlanner(),
+                     no_dist=not distributed)
+    except CheckpointException as e:
+        raise _first_failure(e) from None
+
+
+def _first_failure(e: CheckpointException) -> Exception:
+    """The first process's error inside DCP's CheckpointException: Unreadable as it was raised
+    here; a tensor of another shape (archs/ changed) as the RuntimeError it is; anything else
+    (a file that does not unzip, a short read) as Unreadable, in one line."""
+    for failure in (getattr(e, "failures", None) or {}).values():
+        inner = failure[0] if isinstance(failure, tuple) else failure  # (error, its stack)
+        if isinstance(inner, BaseException):
+            line = (str(inner).strip().splitlines() or [type(inner).__name__])[0]
+            if isinstance(inner, Unreadable):
+                return inner
+            if "mismatch sizes" in line or "size mismatch" in line:
+                return RuntimeError(line)
+            if isinstance(inner, pickle.UnpicklingError):  # a tensor item asking for more
+                return Unreadable(f"an item holds more than data, which is never loaded "
+                                  f"(nothing in it was run): {refusal(inner)}")
+            return Unreadable(f"{type(inner).__name__}: {line}")
+    return Unreadable((str(e).strip().splitlines() or ["unreadable"])[0])
+
+
+def load_whole_into(state: dict, model: torch.nn.Module, optimizers: list) -> None:
+    """A checkpoint of format 2 or before (state.pt's model and optimizers, as one process saved
+    them) into a model, sharded or not: its optimizer state is keyed by position, re-keyed by
+    parameter name."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_name = {"state": {}, "param_groups": []}
+    for opt, saved in zip(optimizers, state["optimizers"]):
+        order = [names[id(p)] for group in opt.param_groups for p in group["params"]]
+        by_name["state"].update({order[i]: s for i, s in saved["state"].items()})
+        for group, saved_group in zip(opt.param_groups, saved["param_groups"]):
+            by_name["param_groups"].append(
+                {**saved_group, "params": [names[id(p)] for p in group["params"]]})
+    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=by_name,
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def tensors(folder: Path, prefix: str = "model.") -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint whose name starts with `prefix` (the model's weights by
+    default), whole, on the CPU, named without it; read in this one process through SafeReader
+    and SafeLoadPlanner (zoo export, generate, eval; tests comparing runs)."""
+    try:
+        metadata = SafeReader(folder).read_metadata()
+        target = {name: torch.empty(meta.size, dtype=meta.properties.dtype)
+                  for name, meta in metadata.state_dict_metadata.items()
+                  if name.startswith(prefix) and isinstance(meta, TensorStorageMetadata)}
+        _read_parts(folder, target, distributed=False)
+    except (Unreadable, RuntimeError) as e:
+        raise TrainingError(f"{folder} cannot be read: {e}") from None
+    return {name[len(prefix):]: t for name, t in target.items()}

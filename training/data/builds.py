@@ -32,7 +32,7 @@ known); the store itself failing (unreachable, no credentials, no bucket) is the
 line every URL of longpack gives (longpack/store.py).
 
 Rows come as (tokens [seq], starts, hashes): segment starts (first 0) and document hashes
-(0 = padding), what training/data/batch.py turns into a model's batch. `check(i)` checks the shard
+(0 = padding), what training/data/loader.py turns into a model's batch. `check(i)` checks the shard
 of row i without reading the row (the loader checks ahead with it); `unchecked()` says how many
 shards are left to check.
 """

@@ -1,5 +1,5 @@
 """The rows of each step when the trainer draws from several builds at set shares (docs/TRAIN.md,
-"Mixtures"); one build is the mixture of one source, drawn exactly as sampler.GlobalOrder does.
+"Mixtures"); one build is the mixture of one source, drawn exactly as its GlobalOrder (below) orders it.
 
     order = MixedOrder(sources, stages, global_batch, seed)
     order.step_rows(step)        # the step's rows, ids into MixedRows (source k: base_k + row)
@@ -17,7 +17,7 @@ each source's extras evenly; a table of their running count over one period (Q p
 gives any step's totals at once. Positioning at step 1,000,000 reads no rows and loops over
 nothing but the stages.
 
-Source k's rows come from its own endless order of epoch permutations (sampler.GlobalOrder,
+Source k's rows come from its own endless order of epoch permutations (GlobalOrder,
 seeded by its build's fingerprint): the step takes the next count_k of them. A step drawing from
 two or more sources shuffles its rows (by sorting a key per position, a hash of the run's seed,
 the step and the position), so every process and micro-batch gets the mixture, not a block of
@@ -29,6 +29,18 @@ would pass it.
 A step's hash (what checkpoints keep to prove a resume continues the same order) is of the
 rows' (build fingerprint, row) pairs, not of ids that depend on the order the sources are
 listed in; a step of one source hashes as a single build's step does.
+
+One source's order (GlobalOrder) is a pure function of (seed, epoch, build fingerprint). Global
+step s takes rows [s * G, (s + 1) * G) of the concatenation of epoch permutations
+(G = global batch size in rows): every row appears once per epoch before any repeats, each epoch
+is shuffled anew, and a step's rows do not depend on the number of processes. Rank r of W takes
+the r-th contiguous slice of the step's rows, so any (W, per-device batch) with the same G
+continues the same order. Positioning at step 1,000,000 computes an offset, reads nothing and
+skips nothing: O(1) apart from building that epoch's permutation once (numpy's PCG64 seeded
+from (seed, epoch, fingerprint), so every machine agrees).
+
+Each step's rows hash to a short id (`batch_hash`) that the trainer logs and keeps in its
+checkpoints, so a resumed run can prove it reproduces the steps it replaces.
 """
 
 import bisect
@@ -40,10 +52,65 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack import DataError
+from longpack import DataError, TrainingError
 from pipeline import natural_weights, same_tokenizer, tokenizer_label
 from training.data.builds import Build, dataset_fingerprint, open_build, read_manifest
-from training.data.sampler import GlobalOrder, batch_hash
+
+
+def _epoch_seed(seed: int, epoch: int, fingerprint: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{epoch}:{fingerprint}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def epoch_permutation(num_rows: int, seed: int, epoch: int, fingerprint: str) -> np.ndarray:
+    rng = np.random.Generator(np.random.PCG64(_epoch_seed(seed, epoch, fingerprint)))
+    return rng.permutation(num_rows)
+
+
+class GlobalOrder:
+    def __init__(self, num_rows: int, global_batch: int, seed: int, fingerprint: str):
+        if num_rows < 1 or global_batch < 1:
+            raise ValueError("need at least one row and a positive global batch")
+        self.num_rows, self.global_batch = num_rows, global_batch
+        self.seed, self.fingerprint = seed, fingerprint
+        self._epochs: dict[int, np.ndarray] = {}  # the permutations in use: two at most
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        if epoch not in self._epochs:
+            if len(self._epochs) >= 2:
+                self._epochs.pop(min(self._epochs))
+            self._epochs[epoch] = epoch_permutation(self.num_rows, self.seed, epoch,
+                                                    self.fingerprint)
+        return self._epochs[epoch]
+
+    def rows(self, start: int, count: int) -> np.ndarray:
+        """Global row ids at positions [start, start + count) of the endless epoch sequence."""
+        out = np.empty(count, np.int64)
+        done = 0
+        while done < count:
+            epoch, offset = divmod(start + done, self.num_rows)
+            take = min(count - done, self.num_rows - offset)
+            perm = self.permutation(epoch)
+            out[done:done + take] = perm[offset:offset + take]
+            done += take
+        return out
+
+    def step_rows(self, step: int) -> np.ndarray:
+        return self.rows(step * self.global_batch, self.global_batch)
+
+    def rank_rows(self, step: int, rank: int, world: int) -> np.ndarray:
+        if self.global_batch % world:
+            raise ValueError(f"global batch {self.global_batch} does not split over {world} ranks")
+        per = self.global_batch // world
+        return self.step_rows(step)[rank * per:(rank + 1) * per]
+
+
+def batch_hash(rows: np.ndarray) -> str:
+    """A short, stable id of a step's global rows (12 hex digits of sha256)."""
+    return hashlib.sha256(np.ascontiguousarray(rows, dtype="<i8").tobytes()).hexdigest()[:12]
+
+
+# -- several sources at set shares ------------------------------------------------------------
 
 PERIOD = 10007  # Q, a prime: the extras' pattern repeats after it
 STRIDE = 6185  # P, about Q / golden ratio
@@ -204,6 +271,7 @@ class MixedOrder:
             return batch_hash(rows)
         return batch_hash(np.stack([self._codes[source], rows], 1).ravel())
 
+    @cached_property
     def history(self) -> list:
         """The stages as a checkpoint keeps them: [[first step, {build fingerprint: share}]]
         (sources at 0 left out), so a resume compares them whatever the sources are named."""
@@ -386,3 +454,36 @@ def make_order(sources: Sources, cfg, global_batch: int) -> MixedOrder:
                             "give it a weight in --mix or drop it")
     return MixedOrder([(n, b.fingerprint) for n, b in zip(sizes, sources.builds)], shares,
                       global_batch, cfg.seed, [max_epochs.get(n) for n in names])
+
+
+def check_resume(found: tuple[dict, Path], data: "Sources", order: MixedOrder) -> None:
+    """Refuse to resume a checkpoint (its state and folder) of other shards, another --seq,
+    another mixture before its step (a stage that starts at its step or later may change), or
+    another order of rows."""
+    state, path = found
+    # checkpoints before mixtures: one build, drawn from at every step
+    saved = state.get("mixture") or [[0, {state["fingerprint"]: 1.0}]]
+    step = state["step"]
+    if not same_until(saved, order.history, step):
+        if not data.mixed and len(saved) == 1:
+            raise TrainingError(f"{path} was trained on other shards (fingerprint "
+                                f"{state['fingerprint']}, these are {data.fingerprint}); pass "
+                                "--resume never or the original --shards")
+        raise TrainingError(f"{path} was trained on another mixture before its step {step} "
+                            f"(stages {describe(saved, step)}; this run's "
+                            f"{describe(order.history, step)}); pass the original --shards, "
+                            "--mix and --mix-stage (a new stage may start at a step >= "
+                            f"{step}), or --resume never")
+    if state["seq"] != data.seq:
+        raise TrainingError(f"{path} was trained with --seq {state['seq']}, this run has "
+                            f"{data.seq}; pass --seq {state['seq']} or --resume never")
+    for step_no, h in state["recent_hashes"]:
+        if order.step_hash(step_no) != h:
+            raise TrainingError(f"resume check failed: step {step_no} would read other rows "
+                                "than the checkpointed run did (seed or global batch changed?)")
+
+
+def describe(history: list, step: int) -> str:
+    """Stages before `step` in a line: 'from 0: 3f2a..=0.70 9c1b..=0.30'."""
+    return "; ".join(f"from {start}: " + " ".join(f"{fp[:8]}={w:.2f}" for fp, w in mix.items())
+                     for start, mix in history_until(history, step))

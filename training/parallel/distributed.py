@@ -4,6 +4,7 @@ torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; the process group uses NCCL on GP
 CPU. Only rank 0 logs and writes checkpoints; every rank reads them.
 """
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -16,7 +17,6 @@ class Processes:
     rank: int
     world: int
     device: torch.device
-    owns_group: bool = False  # start() made the process group: stop() ends it
 
     @property
     def main(self) -> bool:
@@ -31,10 +31,13 @@ def launched() -> Processes:
     return Processes(rank, world, device)
 
 
-def start(group: bool = False) -> Processes:
-    """This process's place, its process group started under torchrun (or, with `group`, a
-    group of this one process: FSDP shards over a process group even when it is one)."""
-    rank, world, device = (procs := launched()).rank, procs.world, procs.device
+@contextlib.contextmanager
+def processes(group: bool = False):
+    """This process's place while the block runs, its process group started under torchrun
+    (or, with `group`, a group of this one process: FSDP shards over a process group even when
+    it is one) and ended after the block, unless a caller's group was there already."""
+    procs = launched()
+    world, device = procs.world, procs.device
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -43,12 +46,11 @@ def start(group: bool = False) -> Processes:
         dist.init_process_group(backend)
     elif owns:  # no torchrun: no rendezvous to read
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return Processes(rank, world, device, owns)
-
-
-def stop(procs: Processes) -> None:
-    if procs.owns_group and dist.is_initialized():
-        dist.destroy_process_group()
+    try:
+        yield procs
+    finally:
+        if owns and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def total(value: float, procs: Processes) -> float:
@@ -90,3 +92,11 @@ def anyone(flag: bool, procs: Processes) -> bool:
 def barrier(procs: Processes) -> None:
     if procs.world > 1:
         dist.barrier()
+
+
+def whole(value: torch.Tensor) -> torch.Tensor:
+    """A DTensor's whole value (a plain tensor as it is): e.g. the global gradient norm of
+    FSDP's sharded gradients."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value

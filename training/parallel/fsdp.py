@@ -18,7 +18,7 @@ groups, so the all-gathers stay inside a group and only the gradients cross grou
 --precision bf16: parameters are gathered in bf16 for compute and gradients reduced in fp32,
 over fp32 master weights (MixedPrecisionPolicy). fp16 (a gradient scaler over sharded
 gradients) is refused with --fsdp, in one line, by TrainConfig. Muon runs on sharded
-parameters: its Newton-Schulz step needs whole matrices, which training/optim/optimizers.py gathers
+parameters: its Newton-Schulz step needs whole matrices, which training/optim.py gathers
 (tests/test_train_fsdp.py: Muon on sharded parameters is Muon on whole ones).
 
 Gradients are reduce-scattered at every micro-step of an accumulation (memory stays sharded;
@@ -61,8 +61,3 @@ def shard(model: torch.nn.Module, cfg, procs: distributed.Processes) -> None:
 
 def is_sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
-
-
-def whole(value: torch.Tensor) -> torch.Tensor:
-    """A DTensor's whole value (a plain tensor as it is): e.g. the global gradient norm."""
-    return value.full_tensor() if isinstance(value, DTensor) else value

@@ -13,7 +13,12 @@ are bare 3-D parameters, resonance's short convolution a 2-D one that is no hidd
 Muon (torch.optim.Muon: Newton-Schulz orthogonalized momentum) takes 2-D parameters only; the
 subclass below also takes MoE's stacks [experts, in, out] and treats each expert's [in, out]
 as its own matrix, shaped like an nn.Linear weight [out, in] for Muon's learning-rate scaling.
+
+The learning rate is a pure function of the step (`lr_at`), set on every optimizer before each
+step (`set_lr`; Muon's scaled by --muon-lr / --lr).
 """
+
+import math
 
 import torch
 import torch.nn as nn
@@ -136,3 +141,46 @@ def set_lr(optimizers: list, lr: float, cfg=None) -> None:
             group["lr"] = muon_lr(lr, cfg) if muon else lr
             if muon:
                 group["momentum"], group["ns_steps"] = cfg.muon_momentum, cfg.muon_ns_steps
+
+
+# -- the learning rate: a pure function of the step -------------------------------------------
+
+ONECYCLE_DIV = 25.0  # OneCycleLR's div_factor: where its warmup starts, lr / 25
+ONECYCLE_WARMUP = 0.3  # its pct_start: the share of the steps that rise, without --warmup
+
+
+def lr_at(step: int, cfg) -> float:
+    """Learning rate for optimizer step `step` (0-based) under cfg.schedule."""
+    if cfg.schedule == "onecycle":
+        return _onecycle(step, cfg)
+    if cfg.warmup and step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    if cfg.schedule == "constant":
+        return cfg.lr
+    if cfg.schedule == "cosine-restarts":
+        done = (max(step - cfg.warmup, 0) % cfg.restart_every) / cfg.restart_every
+        return _cosine(cfg.lr, cfg.min_lr, done)
+    span = max(cfg.max_steps - cfg.warmup, 1)
+    done = min(max(step - cfg.warmup, 0) / span, 1.0)
+    if cfg.schedule == "cosine":
+        return _cosine(cfg.lr, cfg.min_lr, done)
+    # wsd: warmup, stable at lr, then the last 20% of the steps decay linearly to min_lr
+    decay_from = 0.8
+    if done < decay_from:
+        return cfg.lr
+    return cfg.lr + (cfg.min_lr - cfg.lr) * (done - decay_from) / (1 - decay_from)
+
+
+def _cosine(start: float, end: float, done: float) -> float:
+    """From start (done 0) to end (done 1) along half a cosine."""
+    return end + 0.5 * (start - end) * (1 + math.cos(math.pi * done))
+
+
+def _onecycle(step: int, cfg) -> float:
+    """Up from lr / ONECYCLE_DIV to lr over the warmup, then down to min_lr, both halves of a
+    cosine; the warmup is --warmup steps, or ONECYCLE_WARMUP of the steps without one."""
+    rise = cfg.warmup or max(1, round(ONECYCLE_WARMUP * cfg.max_steps))
+    if step < rise:
+        return _cosine(cfg.lr / ONECYCLE_DIV, cfg.lr, (step + 1) / rise)
+    done = min((step + 1 - rise) / max(cfg.max_steps - rise, 1), 1.0)
+    return _cosine(cfg.lr, cfg.min_lr, done)
