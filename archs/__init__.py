@@ -12,7 +12,8 @@ the value and the range); `build` on a real device refuses a model whose weights
 device's memory (TooLarge) before it allocates anything.
 
 Every model has `loss(input_ids, targets, doc_starts=None) -> {"loss", "ce", "aux"}`,
-`num_params()`, `flops_per_token(seq)` and `param_roles()` (each parameter's role, which
+`num_params()`, `flops_per_token(seq)` (a training step's FLOPs, measured for every family
+alike: flops.py) and `param_roles()` (each parameter's role, which
 training/optim/optimizers.py groups by; MoE also `active_params()`).
 
     input_ids, doc_starts
@@ -26,6 +27,7 @@ training/optim/optimizers.py groups by; MoE also `active_params()`).
       v
     {"loss", "ce", "aux"}
 
+flops.py counts a step's FLOPs with FlopCounterMode on the meta device (model.flops_per_token).
 __main__.py prints the presets (`python -m archs`) and writes presets.json, which torch-free
 code (pack stats' recommendations) reads.
 """
@@ -38,8 +40,11 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from archs import gpt_neox, mamba, moe, resonance
+from archs import flops, gpt_neox, layers, mamba, moe, resonance
 from archs.limits import device_memory, typed
+
+# what model.flops_per_token calls: the model files (layers.py) ship without it
+layers.MEASURE_FLOPS = flops.flops_per_token
 
 # family -> (config class, model class, presets)
 FAMILIES = {
@@ -177,7 +182,8 @@ def _described(name: str, overrides: dict) -> str:
     return name + "".join(f" {k}={v}" for k, v in overrides.items())
 
 
-def list_models(seq: int = LIST_SEQ, vocab_size: int | None = None) -> list[dict]:
+def list_models(seq: int = LIST_SEQ, vocab_size: int | None = None,
+                per_vocab: bool = True) -> list[dict]:
     """Every preset's true size at `vocab_size` (None: each preset's own; a build trains at its
     tokenizer's vocab_size), FLOPs/token at `seq`, and what one more vocabulary entry adds
     (`per_vocab_entry`: the embedding row and the untied head row, as the family counts them),
@@ -187,9 +193,11 @@ def list_models(seq: int = LIST_SEQ, vocab_size: int | None = None) -> list[dict
     out = []
     for name, family in PRESETS.items():
         vocab = config(name).vocab_size if vocab_size is None else vocab_size
-        sizes, more = _sizes(name, vocab, seq), _sizes(name, vocab + 1, seq)
-        out.append({"name": name, "family": family, "vocab_size": vocab, **sizes, "seq": seq,
-                    "per_vocab_entry": {k: more[k] - sizes[k] for k in sizes}})
+        sizes = _sizes(name, vocab, seq)
+        out.append({"name": name, "family": family, "vocab_size": vocab, **sizes, "seq": seq})
+        if per_vocab:  # `per_vocab=False`: a table's sizes only, half the measuring
+            more = _sizes(name, vocab + 1, seq)
+            out[-1]["per_vocab_entry"] = {k: more[k] - sizes[k] for k in sizes}
     return out
 
 

@@ -275,7 +275,8 @@ def activations(model_cfg, batch: int, seq: int, precision: str = "fp32", docs: 
     root_copies = copies.pop(None, 0)
     block_copies = [copies.get(i, 0) for i in range(len(per_block))]
     heads = getattr(c, "n_pred_tokens", 1)
-    final = rms_norm(t, d) if isinstance(c, archs.moe.MoEConfig) else layer_norm(t, d)
+    rms = isinstance(c, (archs.moe.MoEConfig, archs.mamba.MambaConfig))  # Mamba-2's final norm
+    final = rms_norm(t, d) if rms else layer_norm(t, d)
     final += 4 * n * d  # h, the head's input
     final += (heads - 1) * ((0 if a == 4 else a * n * d) + a * n * d + 8 * n)  # multi-token heads
     kept, transient = loss(t, c.vocab_size, heads)

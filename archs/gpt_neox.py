@@ -127,11 +127,6 @@ class GPTNeoX(StackedLM):
             x = block(x, pos, None, layer_cache)
         return self.head(self.ln_f(x))
 
-    def flops_per_token(self, seq: int) -> float:
-        """Nominal training FLOPs per token: 6N for the weights (forward + backward) plus
-        12 * layers * d * seq for attention scores and values (PaLM appendix B)."""
-        return 6 * self.num_params() + 12 * self.cfg.n_layers * self.cfg.d_model * seq
-
 
 PRESETS = {
     "neox-tiny": dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, d_ff=256, max_seq=256),

@@ -264,17 +264,35 @@ class ShortConv(nn.Module):
         return y
 
 
+# archs/flops.py's flops_per_token, which archs/__init__.py plugs in: longpack's, not one of the
+# model files an exported folder ships (archs/zoo/hf_remote.py), whose code imports nothing of
+# longpack. StackedLM.flops_per_token (MoE's too) calls it.
+MEASURE_FLOPS = None
+
+
 class StackedLM(nn.Module):
-    """embed -> blocks(x, pos, doc_starts) -> ln_f -> head, the part gpt_neox and resonance
-    share: a subclass passes its config and block class, then initializes the weights."""
+    """embed -> blocks(x, pos, doc_starts) -> final norm -> head, the part gpt_neox, resonance
+    and mamba share: a subclass passes its config and block class, then initializes the
+    weights.
+
+    The final norm is FINAL_NORM = (its name, its class, built as cls(d_model, eps=norm_eps)):
+    a LayerNorm `ln_f` (weight and bias) unless the subclass names another. Mamba's is Mamba-2's
+    RMSNorm `norm_f` (weight only): under a name of its own, so that the weights of one never
+    load into the other."""
+
+    FINAL_NORM = ("ln_f", nn.LayerNorm)
 
     def __init__(self, cfg, block):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(block(cfg) for _ in range(cfg.n_layers))
-        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        name, norm = self.FINAL_NORM
+        self.add_module(name, norm(cfg.d_model, eps=cfg.norm_eps))
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self, self.FINAL_NORM[0])(x)
 
     def hidden(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
         B, T = input_ids.shape
@@ -286,7 +304,7 @@ class StackedLM(nn.Module):
                                                       use_reentrant=False)
             else:
                 x = block(x, pos, doc_starts)
-        return self.ln_f(x)
+        return self.final_norm(x)
 
     def forward(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
         """Logits (B, T, vocab). For training use `loss`, which never holds them all."""
@@ -303,3 +321,10 @@ class StackedLM(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq: int) -> float:
+        """Training FLOPs per token of a row of `seq` tokens, measured: MEASURE_FLOPS."""
+        if MEASURE_FLOPS is None:
+            raise RuntimeError("flops_per_token is longpack's measurement (archs/flops.py), "
+                               "which this copy of the model files does not carry")
+        return MEASURE_FLOPS(self, seq)

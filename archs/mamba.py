@@ -14,8 +14,12 @@ A block: x + out(norm(y * silu(z))) with (z, xBC, dt) = in(RMSNorm(x)) and xBC t
 causal depthwise convolution (width 4) and SiLU first. With `doc_starts` the state and the
 convolution restart at each document start: L is zero between documents, a chunk's carried
 state reaches only tokens of the document it belongs to, and convolution taps never reach back
-past a start. Embeddings are tied to the output head, as in the published Mamba models, so the
-presets' sizes (130m, 370m, 1.3b: Mamba-2's published widths and depths) are what they say.
+past a start. The last block is followed by an RMSNorm (`norm_f`, weight only), and embeddings
+are tied to the output head, as in the published Mamba-2 models, so the presets' sizes (130m,
+370m, 1.3b: Mamba-2's published widths and depths) are what they say, and a trained model is
+transformers' Mamba2ForCausalLM weight for weight (archs/zoo/hf_export.py). The gated RMSNorm
+spans the whole inner width, as transformers' Mamba2 computes it for any n_groups (mamba_ssm's
+own module normalizes each group apart; with one group, every preset's, the two are one).
 The mixer (`MambaMixer`) is also the Mamba layer of the MoE family's hybrids (archs/moe.py).
 """
 
@@ -204,13 +208,12 @@ class MambaMixer(nn.Module):
         y = y.reshape(b, T, self.inner).to(dtype) * F.silu(z)
         return self.out_proj(F.rms_norm(y, (self.inner,), self.norm, self.eps))
 
-    def scan_flops(self, seq: int) -> float:
-        """Forward FLOPs per token of the chunked scan (beside its weights' 2 per parameter):
-        C B^T within the chunk (2QN per group), the masked product with dt x (2QP per head),
-        each chunk's state (2PN per head) and the carried state's output (2PN per head)."""
-        Q = min(self.chunk, seq)
-        return 2 * Q * self.d_state * self.groups + self.heads * (
-            2 * Q * self.head_dim + 4 * self.head_dim * self.d_state)
+    @property
+    def flops_seq_period(self) -> int:
+        """For archs/flops.py: this layer's FLOPs are linear in the row's length padded to
+        whole chunks, so over the lengths of one residue modulo the chunk, from one chunk on,
+        a polynomial in the length (which a few short rows fit exactly)."""
+        return self.chunk
 
 
 class Block(nn.Module):
@@ -227,10 +230,40 @@ class Block(nn.Module):
         return x + self.mixer(h, pos, doc_starts, cache)
 
 
+class OutdatedWeights(ValueError):
+    """Weights of a Mamba from before it ended in an RMSNorm: they do not load (one line)."""
+
+
+def refuse_layernorm_weights(names) -> None:
+    """OutdatedWeights when `names` (a checkpoint's tensor names, under any prefix: "model.",
+    an optimizer state's) are a Mamba's that ends in a LayerNorm (`ln_f.weight`, `ln_f.bias`),
+    as every Mamba did before its final norm became Mamba-2's RMSNorm (`norm_f.weight`). No
+    weights make one norm the other (a LayerNorm subtracts the mean and adds its bias, an
+    RMSNorm neither), so such weights are refused rather than half loaded. Only
+    a Mamba has `blocks.N.mixer.A_log` (a hybrid's Mamba layers are `ssm`), and only GPT-NeoX
+    and resonance also have an `ln_f`: their checkpoints pass."""
+    names = [f".{name}." for name in names]  # whole parts only: "x.ln_f.y", not "xln_f"
+    if any(".ln_f." in n for n in names) and any(".mixer.A_log." in n for n in names):
+        raise OutdatedWeights(
+            "a Mamba that ends in a LayerNorm (ln_f.weight and ln_f.bias): it was trained "
+            "before Mamba's final norm became Mamba-2's RMSNorm (norm_f.weight), and no weights "
+            "make one the other; train it again with this longpack, or export, generate and "
+            "eval it with the longpack that trained it")
+
+
+def _refuse_layernorm_state(module, state_dict, prefix, *args) -> None:
+    # load_state_dict's pre-hook: the old LayerNorm's weights would otherwise be "unexpected
+    # keys" in a message of many lines (or, with strict=False, left out silently)
+    refuse_layernorm_weights(name[len(prefix):] for name in state_dict if name.startswith(prefix))
+
+
 class Mamba(StackedLM):
+    # Mamba-2's final norm (module docstring), under a name of its own: the LayerNorm `ln_f`
+    # it ended in before never loads into it
+    FINAL_NORM = ("norm_f", nn.RMSNorm)
     PARAM_ROLES = (  # each parameter's optimizer role (archs.layers.OPTIMIZER_ROLES), by name
         ("embed.weight", "embedding"),  # tied: also the output head
-        ("ln_f.*", "norm"), ("blocks.*.norm", "norm"), ("blocks.*.mixer.norm", "norm"),
+        ("norm_f.weight", "norm"), ("blocks.*.norm", "norm"), ("blocks.*.mixer.norm", "norm"),
         ("blocks.*.mixer.in_proj.weight", "matrix"), ("blocks.*.mixer.out_proj.weight", "matrix"),
         ("blocks.*.mixer.conv.*", "kernel"), ("blocks.*.mixer.A_log", "kernel"),
         ("blocks.*.mixer.D", "kernel"), ("blocks.*.mixer.dt_bias", "kernel"),
@@ -240,6 +273,7 @@ class Mamba(StackedLM):
         super().__init__(cfg, Block)
         nn.init.normal_(self.embed.weight, std=cfg.init_std)
         self.head.weight = self.embed.weight  # tied
+        self.register_load_state_dict_pre_hook(_refuse_layernorm_state)
         for block in self.blocks:
             nn.init.normal_(block.mixer.in_proj.weight, std=cfg.init_std)
             # scaled residual init on the branch's last projection, as in gpt_neox.py
@@ -257,12 +291,7 @@ class Mamba(StackedLM):
         x = self.embed(input_ids)
         for block, layer_cache in zip(self.blocks, cache):
             x = block(x, None, None, layer_cache)
-        return self.head(self.ln_f(x))
-
-    def flops_per_token(self, seq: int) -> float:
-        """Nominal training FLOPs per token: 6N for the weights plus 3x the forward FLOPs of
-        each layer's chunked scan (MambaMixer.scan_flops): linear in seq beyond the chunk."""
-        return 6 * self.num_params() + 3 * sum(b.mixer.scan_flops(seq) for b in self.blocks)
+        return self.head(self.final_norm(x))
 
 
 # Widths and depths of the published Mamba-2 models (state 128, expand 2, head 64, tied

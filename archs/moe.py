@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from .layers import (
     Rotary,
+    StackedLM,
     attention,
     cached_attention,
     chunked_cross_entropy,
@@ -186,6 +187,9 @@ class Block(nn.Module):
 class DepthRouted(nn.Module):
     """A Block that only a share of the tokens goes through (Mixture-of-Depths, see above)."""
 
+    # archs/flops.py: floor(capacity x length) tokens pass, no polynomial in the row's length
+    flops_seq_period = None
+
     def __init__(self, cfg: MoEConfig, mixer: str = "A"):
         super().__init__()
         self.capacity = cfg.mod_capacity
@@ -207,13 +211,17 @@ class DepthRouted(nn.Module):
         else:
             chosen = guess > 0  # each token decides from its own state: causal
         flat = x.reshape(B * T, d)
-        idx = chosen.reshape(-1).nonzero()[:, 0]  # (K,) the chosen tokens, row by row
+        if flat.is_meta:  # no scores to choose by: archs/flops.py counts rows of one document
+            idx = torch.arange(B * max(1, math.floor(self.capacity * T)), device=x.device)
+        else:
+            idx = chosen.reshape(-1).nonzero()[:, 0]  # (K,) the chosen tokens, row by row
         if len(idx):
             # One sequence of every row's chosen tokens; its documents are the rows' documents.
             doc = doc.reshape(-1)[idx]
             new_doc = torch.ones_like(doc, dtype=torch.bool)
             new_doc[1:] = doc[1:] != doc[:-1]
-            starts = new_doc.nonzero()[:, 0][None]  # (1, documents)
+            # (1, documents); None on meta: one document (its rows are, above)
+            starts = None if flat.is_meta else new_doc.nonzero()[:, 0][None]
             x_in = flat[idx]
             y, stats_in = self.block(x_in[None], pos.reshape(-1)[idx][None], starts, cache)
             gate = torch.sigmoid(score.reshape(-1)[idx])[:, None]
@@ -352,15 +360,7 @@ class MoE(nn.Module):
         expert = 3 * c.d_model * c.d_expert
         return self.num_params() - c.n_layers * (c.n_experts - c.top_k) * expert
 
-    def flops_per_token(self, seq: int) -> float:
-        """6 x active parameters + 12 * d * seq per attention layer (nominal) + 3x the forward
-        FLOPs of each Mamba layer's scan (archs/mamba.py)."""
-        mixers = self.cfg.mixers
-        scan = sum(b.mixer.scan_flops(seq) for b in
-                   (blk.block if isinstance(blk, DepthRouted) else blk for blk in self.blocks)
-                   if isinstance(b.mixer, MambaMixer))
-        return (6 * self.active_params() + 12 * mixers.count("A") * self.cfg.d_model * seq
-                + 3 * scan)
+    flops_per_token = StackedLM.flops_per_token  # the one measurement: archs/flops.py
 
 
 def mtp_targets(input_ids: torch.Tensor, doc_starts: torch.Tensor | None, j: int) -> torch.Tensor:

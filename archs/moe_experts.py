@@ -77,14 +77,23 @@ class Experts(nn.Module):
         """SwiGLU of each row of h through its expert; h (n, d) sorted by expert (n,)."""
         E, f = self.cfg.n_experts, self.cfg.d_expert
         device = h.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+        # the meta device (FLOPs are counted there, archs/flops.py) has no autocast to ask
+        autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+        dtype = torch.get_autocast_dtype(device) if autocast else h.dtype
         h = h.to(dtype)
         weights = [w.to(dtype) for w in (self.w_gate, self.w_up, self.w_down)]
         counts = torch.zeros(E, dtype=torch.long, device=h.device).index_add_(
             0, expert, torch.ones_like(expert))
-        if dtype == torch.bfloat16 and h.shape[1] % 8 == 0 and f % 8 == 0:
+        if h.is_meta:
+            # No values, so no sizes to read. The experts' FLOPs (archs/flops.py counts them on
+            # meta) depend only on the total rows, which any split keeps: all through the first
+            # expert, one step of the loop below (not grouped_mm: FlopCounterMode has no
+            # formula for it).
+            sizes = [h.shape[0]]
+        elif dtype == torch.bfloat16 and h.shape[1] % 8 == 0 and f % 8 == 0:
             return grouped_swiglu(h, expert, counts, *weights)
-        sizes = counts.tolist()  # the slices' sizes, on the host: one sync
+        else:
+            sizes = counts.tolist()  # the slices' sizes, on the host: one sync
         gate_up = torch.cat(weights[:2], -1)  # (E, d, 2f): one matmul per expert for both
         parts = []
         for part, gu, down in zip(h.split(sizes), gate_up.unbind(0), weights[2].unbind(0)):

@@ -21,6 +21,7 @@ x + MLP(LN(x)). The short causal depthwise convolution (width 3) sharpens local 
 one masks taps that would reach into the previous document.
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -74,13 +75,18 @@ def resonance_kernel(log_alpha, omega, amp, phase, L: int) -> torch.Tensor:
     d, n = omega.shape
     S = math.isqrt(max(L - 1, 0)) + 1  # ceil(sqrt(L)) for L >= 1
     rows = -(-L // S)
-    step = max(1, (1 << 24) // (n * (rows + S)))
+    # On meta (archs/flops.py counts FLOPs there) nothing is stored: one slice, not recomputed,
+    # the same matmul FLOPs in a few operators
+    step = d if omega.is_meta else max(1, (1 << 24) // (n * (rows + S)))
     slices = []
-    with torch.autocast(omega.device.type, enabled=False):
+    device = omega.device.type
+    # the meta device (FLOPs are counted there, archs/flops.py) has no autocast to turn off
+    with (torch.autocast(device, enabled=False) if torch.amp.is_autocast_available(device)
+          else contextlib.nullcontext()):
         for c in range(0, d, step):
             args = (log_alpha[c:c + step], omega[c:c + step], amp[c:c + step],
                     phase[c:c + step], L, S)
-            if torch.is_grad_enabled() and omega.requires_grad:
+            if torch.is_grad_enabled() and omega.requires_grad and not omega.is_meta:
                 slices.append(torch.utils.checkpoint.checkpoint(_kernel, *args,
                                                                 use_reentrant=False))
             else:
@@ -119,6 +125,9 @@ def fft_causal_conv(x: torch.Tensor, spectrum: torch.Tensor, L: int) -> torch.Te
 
 
 class LongConv(nn.Module):
+    # archs/flops.py: its FFTs' N log N FLOPs are no polynomial in the row's length
+    flops_seq_period = None
+
     def __init__(self, cfg: ResonanceConfig):
         super().__init__()
         d, n = cfg.d_model, cfg.num_frequencies
@@ -191,13 +200,6 @@ class Resonance(StackedLM):
         for block in self.blocks:  # scaled residual init, as in gpt_neox.py
             for proj in (block.out, block.fc_out):
                 nn.init.normal_(proj.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
-
-    def flops_per_token(self, seq: int) -> float:
-        """Nominal training FLOPs per token: 6N for the weights, plus per layer the FFT
-        convolution: three real FFTs of length 2*seq (~2.5 N log2 N flops each) per channel,
-        x3 for forward and backward. Kernel generation is per step, not per token: left out."""
-        fft = 3 * 2.5 * 2 * math.log2(2 * seq) * self.cfg.d_model
-        return 6 * self.num_params() + 3 * self.cfg.n_layers * fft
 
 
 PRESETS = {

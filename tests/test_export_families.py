@@ -1,9 +1,11 @@
-"""zoo export --to hf for every family: GPT-NeoX as transformers' GPTNeoXForCausalLM, MoE (and
-its hybrids, MTP, Mixture-of-Depths, capacity-bound routing), Mamba and resonance with archs'
-own files under a thin PreTrainedModel. Each folder is loaded by a Python process that cannot
-import longpack (one process for all of them), which gives archs' logits (1e-4) and
-`archs.zoo.generate.generate`'s greedy tokens, alone and in a left-padded batch; the folders are
-what the hub takes (modes, no hidden files, every named file present, a model card)."""
+"""zoo export --to hf for every family: GPT-NeoX as transformers' GPTNeoXForCausalLM, Mamba as
+its Mamba2ForCausalLM (no remote code), MoE (and its hybrids, MTP, Mixture-of-Depths,
+capacity-bound routing) and resonance with archs' own files under a thin PreTrainedModel. Each
+folder is loaded by a Python process that cannot import longpack (one process for all of them;
+the native ones without trust_remote_code), which gives archs' logits (1e-4; Mamba's 1e-5, on
+rows of several chunks) and `archs.zoo.generate.generate`'s greedy tokens, alone and in a
+left-padded batch; the folders are what the hub takes (modes, no hidden files, every named file
+present, a model card)."""
 
 import json
 import os
@@ -29,9 +31,13 @@ from archs.zoo.transformers_compat import import_transformers
 pytest.importorskip("transformers")
 
 PRESETS = ["neox-tiny", "moe-tiny", "hybrid-tiny", "mamba-tiny", "resonance-tiny"]
-# built from a trained moe-tiny's tokenizer, not trained: the incremental paths MoE's options take
-VARIANTS = {"moe-mod-mtp": {"n_pred_tokens": 3, "mod_capacity": 0.5, "n_layers": 4},
-            "moe-capacity": {"capacity_factor": 1.0}}  # generation recomputes
+# built from a trained preset's tokenizer, not trained: the incremental paths MoE's options
+# take; Mamba's groups (B and C shared by two heads each) and a chunk of 8 (40 tokens: 5 chunks)
+VARIANTS = {"moe-mod-mtp": ("moe-tiny", {"n_pred_tokens": 3, "mod_capacity": 0.5, "n_layers": 4}),
+            "moe-capacity": ("moe-tiny", {"capacity_factor": 1.0}),  # generation recomputes
+            "mamba-groups": ("mamba-tiny", {"n_groups": 2, "chunk": 8})}
+NATIVE = {"neox-tiny": "GPTNeoXForCausalLM", "mamba-tiny": "Mamba2ForCausalLM",
+          "mamba-groups": "Mamba2ForCausalLM"}  # transformers' own classes: no remote code
 PROMPTS = ["alpha beta", "long-context gamma δέλτα alpha"]
 NEW = 8
 
@@ -56,7 +62,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 spec, out = json.load(open(sys.argv[1])), sys.argv[2]
 results = {}
 for i, (folder, job) in enumerate(spec.items()):
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    # transformers' own classes load without trust_remote_code (with it False, a folder that
+    # needs its code is refused)
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=job["remote"])
     tok = AutoTokenizer.from_pretrained(folder)
     with torch.no_grad():
         torch.save(model(torch.tensor(job["ids"])).logits, f"{out}/{i}.pt")
@@ -71,7 +79,7 @@ for i, (folder, job) in enumerate(spec.items()):
     # (in float32, as exported), and transformers' text-generation pipeline
     again = f"{out}/resaved-{i}"
     model.save_pretrained(again)
-    reloaded = AutoModelForCausalLM.from_pretrained(again, trust_remote_code=True)
+    reloaded = AutoModelForCausalLM.from_pretrained(again, trust_remote_code=job["remote"])
     with torch.no_grad():
         torch.save(reloaded(torch.tensor(job["ids"])).logits, f"{out}/{i}-resaved.pt")
     result["resaved"] = {name: json.load(open(f"{again}/{name}"))
@@ -131,10 +139,10 @@ def families(tmp_path_factory, build):
                                           *extra])
         assert result.exit_code == 0, result.output
         trained[preset], folders[preset] = load_run(run), out
-    base = trained["moe-tiny"]
-    for name, args in VARIANTS.items():
+    for name, (preset, args) in VARIANTS.items():
+        base = trained[preset]
         torch.manual_seed(0)
-        model = archs.build("moe-tiny", vocab_size=base.model.cfg.vocab_size, **args).eval()
+        model = archs.build(preset, vocab_size=base.model.cfg.vocab_size, **args).eval()
         if args.get("mod_capacity"):  # a predictor that chooses about half the tokens
             for block in model.blocks:
                 if hasattr(block, "predictor"):
@@ -145,7 +153,8 @@ def families(tmp_path_factory, build):
         assert export_hf(trained[name], folders[name]) == []
     ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(0)).tolist()
     jobs = {str(folders[n]): {"ids": ids, "prompts": PROMPTS, "new": NEW,
-                              "beams": n == "hybrid-tiny"} for n in folders}
+                              "beams": n == "hybrid-tiny", "remote": n not in NATIVE}
+            for n in folders}
     results = standalone(jobs, root)
     return {n: (trained[n], folders[n], results[str(folders[n])]) for n in folders}
 
@@ -168,12 +177,13 @@ ALL = PRESETS + list(VARIANTS)
 @pytest.mark.parametrize("name", ALL)
 def test_a_standalone_transformers_gives_archs_logits(families, name):
     trained, folder, result = families[name]
-    assert result["class"] == ("GPTNeoXForCausalLM" if name == "neox-tiny"
-                               else "LongpackForCausalLM")
+    assert result["class"] == NATIVE.get(name, "LongpackForCausalLM")
     ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(0))  # the build's
     with torch.no_grad():
         ours = trained.model(ids)
-    assert (result["logits"] - ours).abs().max().item() <= 1e-4
+    # Mamba2's chunked scan is archs' sum in another order: float32 rounding, over 3 or 5 chunks
+    tolerance = 1e-5 if name.startswith("mamba") else 1e-4
+    assert (result["logits"] - ours).abs().max().item() <= tolerance
 
 
 @pytest.mark.slow
@@ -238,21 +248,25 @@ def test_the_folder_is_what_the_hub_takes(families, name):
     card = ModelCard.load(folder / "README.md")
     assert card.data.license == ("apache-2.0" if name == "mamba-tiny" else "other")
     assert card.data.library_name == "transformers"
-    assert ("custom_code" in card.data.tags) == (name != "neox-tiny")
+    assert ("custom_code" in card.data.tags) == (name not in NATIVE)
+    assert ("trust_remote_code=True" in card.text) == (name not in NATIVE)
     text = card.text
     for fact in [f"{trained.model.num_params():,}", "512 (2 steps)", trained.fingerprint,
                  "200 documents, 89,395 tokens", "--model " + name, "--max-steps 2"]:
         assert fact in text, fact
     if name == "moe-tiny":
         assert f"{trained.model.active_params():,} per token" in text
-    if name == "mamba-tiny":  # 0.29 MB of weights in shards of 100 kB, and their index
+    if name == "mamba-tiny":  # 0.36 MB of weights in shards of 100 kB, and their index
         index = json.loads((folder / "model.safetensors.index.json").read_text())
         shards = sorted(set(index["weight_map"].values()))
         assert len(shards) > 1 and not (folder / "model.safetensors").exists()
         for shard in shards:  # at most 100 kB, but for a larger tensor alone in its shard
             held = [k for k, v in index["weight_map"].items() if v == shard]
             assert (folder / shard).stat().st_size <= 100_000 or len(held) == 1
-    if name != "neox-tiny":  # archs' own files, byte for byte
+    if name in NATIVE:  # transformers' own class: no code, no auto_map
+        assert config["architectures"] == [NATIVE[name]] and "auto_map" not in config
+        assert not list(folder.glob("*.py"))
+    else:  # archs' own files, byte for byte
         for file, source in shipped_files().items():
             assert (folder / file).read_bytes() == source.read_bytes(), file
 
@@ -273,12 +287,11 @@ def byte_run(tmp_path, byte_tokenizer):
     return made
 
 
-@pytest.mark.parametrize("preset", ["moe-tiny", "mamba-tiny"])
 @pytest.mark.slow
-def test_an_exported_folder_loads_with_its_own_code(tmp_path, byte_run, preset):
+def test_an_exported_folder_loads_with_its_own_code(tmp_path, byte_run):
     """In this process, as a quick check; the standalone process is the slow tests'."""
     transformers = import_transformers()
-    trained = byte_run(preset)
+    trained = byte_run("moe-tiny")
     export_hf(trained, tmp_path / "hf")
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
                                                               trust_remote_code=True)
@@ -301,37 +314,64 @@ def test_an_exported_folder_loads_with_its_own_code(tmp_path, byte_run, preset):
         generate(trained.model, ids[0, :5].tolist(), 6, eos_id=trained.tokenizer.eos_id)
 
 
-def test_mamba_maps_onto_mamba2_but_for_its_final_norm():
-    """Why Mamba ships its own code: every weight of archs' Mamba has its place in
-    transformers' Mamba2ForCausalLM, and with archs' final LayerNorm swapped in the logits are
-    archs'; Mamba2's own final norm is an RMSNorm, which no weights make a LayerNorm."""
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [{}, {"n_groups": 2, "chunk": 8}])
+def test_mamba_is_transformers_own_mamba2(tmp_path, byte_run, args):
+    """Every weight of archs' Mamba has its place in Mamba2ForCausalLM (none missing, none
+    left over, none of another shape), loaded without remote code; its logits are archs' to
+    float32 rounding on rows of several chunks (40 tokens: 3 of 16, 5 of 8), with one group
+    and with two; its loss, a left-padded row and greedy generation (Mamba2's own cache) are
+    archs'. The weights are perturbed from their initial values first (norms at 1, biases at
+    0 would hide a misplaced one)."""
     transformers = import_transformers()
-    torch.manual_seed(0)
-    ours = archs.build("mamba-tiny", vocab_size=300, n_groups=2).eval()
-    c = ours.cfg
-    theirs = transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
-        vocab_size=c.vocab_size, hidden_size=c.d_model, num_hidden_layers=c.n_layers,
-        state_size=c.d_state, expand=c.expand, head_dim=c.head_dim,
-        num_heads=c.expand * c.d_model // c.head_dim, n_groups=c.n_groups,
-        conv_kernel=c.conv_width, chunk_size=c.chunk, layer_norm_epsilon=c.norm_eps,
-        use_bias=False, use_conv_bias=True, tie_word_embeddings=True)).eval()
-    w = ours.state_dict()
-    mapped = {"backbone.embeddings.weight": w["embed.weight"],
-              "backbone.norm_f.weight": w["ln_f.weight"], "lm_head.weight": w["head.weight"]}
-    for i in range(c.n_layers):
-        a, b = f"blocks.{i}.", f"backbone.layers.{i}."
-        mapped |= {b + "norm.weight": w[a + "norm"], b + "mixer.norm.weight": w[a + "mixer.norm"],
-                   b + "mixer.conv1d.bias": w[a + "mixer.conv.bias"],
-                   # archs' tap j multiplies u[t - j]; conv1d's kernel runs the other way
-                   b + "mixer.conv1d.weight": w[a + "mixer.conv.weight"].flip(0).t()[:, None]}
-        mapped |= {b + f"mixer.{n}": w[a + f"mixer.{n}"]
-                   for n in ("in_proj.weight", "out_proj.weight", "dt_bias", "A_log", "D")}
-    theirs.load_state_dict(mapped, strict=True)  # every weight has its place
-    ids = torch.randint(0, 300, (2, 40), generator=torch.Generator().manual_seed(0))
+    trained = byte_run("mamba-tiny", **args)
     with torch.no_grad():
-        assert (theirs(ids).logits - ours(ids)).abs().max().item() > 1e-2  # RMSNorm at the end
-        theirs.backbone.norm_f = ours.ln_f
-        assert (theirs(ids).logits - ours(ids)).abs().max().item() <= 1e-4
+        for name, weight in trained.model.named_parameters():
+            if not name.endswith(("in_proj.weight", "out_proj.weight", "embed.weight")):
+                weight.add_(torch.randn_like(weight) * 0.3)
+    out = tmp_path / "hf"
+    export_hf(trained, out)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "mamba2" and "auto_map" not in config
+    assert not list(out.glob("*.py"))
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert type(model).__name__ == "Mamba2ForCausalLM"
+    assert {k: v for k, v in info.items() if v} == {}  # no missing, unexpected, mismatched keys
+    # archs' tied head as a copy of its own (hf_export.py says why): equal, not shared
+    assert not model.config.tie_word_embeddings
+    assert torch.equal(model.lm_head.weight, model.backbone.embeddings.weight)
+    c = trained.model.cfg
+    assert (model.config.n_groups, model.config.chunk_size, model.config.num_heads) == \
+        (c.n_groups, c.chunk, c.expand * c.d_model // c.head_dim)
+    ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = trained.model(ids)
+        assert (model(ids).logits - ours).abs().max().item() <= 1e-5
+        expect = torch.nn.functional.cross_entropy(ours[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+        assert abs(model(ids, labels=ids).loss.item() - expect.item()) < 1e-5
+        # left padding: transformers' Mamba2 zeroes the padded inputs, so the state starts empty
+        mask = torch.ones_like(ids)
+        mask[0, :10] = 0
+        padded = model(ids, attention_mask=mask).logits
+        assert (padded[0, 10:] - trained.model(ids[:1, 10:])[0]).abs().max().item() <= 1e-5
+    assert model.generate(ids[:1, :5], max_new_tokens=8, do_sample=False)[0, 5:].tolist() == \
+        generate(trained.model, ids[0, :5].tolist(), 8, eos_id=trained.tokenizer.eos_id)
+
+
+@pytest.mark.slow
+def test_why_the_mamba2_head_is_a_copy(tmp_path):
+    """hf_export.py writes Mamba's tied head as a copy of its own (tie_word_embeddings false)
+    because this transformers' Mamba2ForCausalLM, tied, cannot save_pretrained: it ties the
+    head on loading but lists no tied weights, so safetensors refuses the shared tensor. If
+    this fails, transformers saves a tied Mamba2 now: the export can store the head once."""
+    transformers = import_transformers()
+    config = transformers.Mamba2Config(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                                       state_size=8, expand=2, head_dim=16, num_heads=4,
+                                       n_groups=1, tie_word_embeddings=True)
+    model = transformers.Mamba2ForCausalLM(config)
+    assert model.lm_head.weight is model.backbone.embeddings.weight
+    with pytest.raises(RuntimeError, match="shared tensors"):
+        model.save_pretrained(tmp_path / "tied")
 
 
 def test_shipped_code_is_archs_own_and_imports_nothing_of_longpack():

@@ -72,21 +72,19 @@ def test_zoo_generates_with_the_recurrent_form(tmp_path):
     assert torch.equal(again.embed.weight, model.embed.weight)
 
 
-def test_presets_are_the_published_sizes_and_flops_count_the_scan():
+def test_presets_are_the_published_sizes_and_flops_grow_linearly_past_a_chunk():
     sizes = {n: archs.build(n, device="meta", vocab_size=50277).num_params()
              for n in ("mamba-130m", "mamba-370m", "mamba-1.3b")}
     # the published Mamba-2 checkpoints: 130M, 370M, 1.3B (GPT-NeoX's 50,277 tokens, tied)
     assert 125e6 < sizes["mamba-130m"] < 135e6
     assert 360e6 < sizes["mamba-370m"] < 380e6
     assert 1.3e9 < sizes["mamba-1.3b"] < 1.4e9
-    model = archs.build("mamba-130m", device="meta")
-    mixer = model.blocks[0].mixer
-    scan = 2 * 64 * 128 + 24 * (2 * 64 * 64 + 4 * 64 * 128)  # Q 64, N 128, 24 heads of 64
-    assert mixer.scan_flops(2048) == scan
-    assert model.flops_per_token(2048) == 6 * model.num_params() + 3 * 24 * scan
-    # linear in the length: beyond the chunk a token's cost does not grow
-    assert model.flops_per_token(32768) == model.flops_per_token(2048)
-    assert model.flops_per_token(16) < model.flops_per_token(2048)
+    # FLOPs are measured (archs/flops.py; tests/test_flops.py holds them to the formula): linear
+    # in the length, so beyond the chunk a token's cost does not grow
+    model = archs.build("mamba-tiny", device="meta")
+    assert model.flops_per_token(4 * 64) == pytest.approx(model.flops_per_token(2 * 64),
+                                                          rel=1e-9)
+    assert model.flops_per_token(16) < model.flops_per_token(2 * 64)
 
 
 def test_the_mixer_refuses_widths_that_do_not_split():
@@ -131,11 +129,7 @@ def test_hybrid_layer_patterns_and_the_5b_design():
                       ({"layers": "MA", "attention_every": 2}, "not both")]:
         with pytest.raises(ValueError, match=says):
             archs.config("moe", **bad)
-    listed = {m["name"]: m for m in archs.list_models()}
-    big = listed["hybrid-5b"]
-    assert 4.8e9 < big["params"] < 5.2e9 and big["active_params"] < 0.3 * big["params"]
     model = archs.build("hybrid-5b", device="meta")
-    scan = sum(b.mixer.scan_flops(2048) for b in model.blocks if b.mixer.__class__.__name__ ==
-               "MambaMixer")
-    assert model.flops_per_token(2048) == (6 * model.active_params() + 12 * 6 * 2048 * 2048
-                                           + 3 * scan)  # 6 attention layers of 24
+    params, active = model.num_params(), model.active_params()
+    assert 4.8e9 < params < 5.2e9 and active < 0.3 * params
+    assert model.cfg.mixers.count("A") == 6  # attention in 6 layers of 24 (FLOPs: test_flops)

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 import archs
 from training.config import TrainConfig
-from training.optim.optimizers import Muon, make_optimizers
+from training.optim import Muon, make_optimizers
 
 # Written from the model files' layouts, independently of their PARAM_ROLES tables: each
 # parameter name must match exactly one pattern of its family.
@@ -45,7 +45,7 @@ EXPECTED_ROLES = {
     },
     "mamba": {
         r"embed\.weight": "embedding",  # tied: the head is the same parameter
-        r"(ln_f\.(weight|bias)|blocks\.\d+\.norm|blocks\.\d+\.mixer\.norm)": "norm",
+        r"(norm_f\.weight|blocks\.\d+\.norm|blocks\.\d+\.mixer\.norm)": "norm",
         r"blocks\.\d+\.mixer\.(in_proj|out_proj)\.weight": "matrix",
         r"blocks\.\d+\.mixer\.(conv\.(weight|bias)|A_log|D|dt_bias)": "kernel",
     },
@@ -174,7 +174,7 @@ def test_onecycle_and_cosine_with_warm_restarts_shapes():
 
     from longpack import SettingsError
     from training.config import TrainConfig
-    from training.optim.schedule import lr_at
+    from training.optim import lr_at
 
     one = TrainConfig(shards="x", max_steps=100, warmup=0, lr=1.0, min_lr=0.01,
                       schedule="onecycle")

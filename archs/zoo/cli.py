@@ -31,15 +31,30 @@ def zoo():
 @click_options(ListConfig)
 def list_presets(**settings):
     """The presets with their true parameter counts and FLOPs/token."""
-    import archs
     from archs.__main__ import table
 
     cfg = ListConfig(**settings)
     try:
-        models = archs.list_models(vocab_size=cfg.vocab)
+        models = sized_presets(cfg.vocab)
     except ValueError as e:  # a vocabulary no model takes (archs/limits.py VOCAB)
         raise click.ClickException(f"--vocab {cfg.vocab}: {e}") from None
     click.echo(json.dumps(models, indent=2) if cfg.as_json else table(models))
+
+
+def sized_presets(vocab_size: int | None) -> list[dict]:
+    """Every preset's sizes at `vocab_size` (None: each one's own) from archs/presets.json,
+    at once: they are linear in the vocabulary (tests/test_presets.py holds them to built
+    models), where measuring every preset's FLOPs takes seconds each. Measured when the file
+    lacks a preset."""
+    import archs
+    from pipeline.stats.recommend import at_vocab, preset_table
+
+    if vocab_size is not None:
+        archs.config(next(iter(archs.PRESETS)), vocab_size=vocab_size)  # its range, as a model's
+    table = {p["name"]: p for p in preset_table()}
+    if set(table) != set(archs.PRESETS):
+        return archs.list_models(vocab_size=vocab_size)
+    return [{**table[n], **at_vocab(table[n], vocab_size)} for n in archs.PRESETS]
 
 
 @zoo.command()

@@ -1,9 +1,9 @@
 """The transformers configuration of a longpack model exported with `zoo export --to hf`.
 
 This file is shipped as is into every exported folder of a family transformers has no class
-for (MoE and its hybrids, Mamba, resonance), next to modeling_longpack.py and archs' own model
-files; it imports nothing of longpack. config.json holds `family` ("moe", "mamba" or
-"resonance") and every field of that family's config dataclass (archs/<family>.py) at its top
+for (MoE and its hybrids, resonance), next to modeling_longpack.py and archs' own model files;
+it imports nothing of longpack. config.json holds `family` ("moe" or "resonance") and every
+field of that family's config dataclass (archs/<family>.py) at its top
 level (under CONFIG_NAMES' names where transformers reads a name as something else);
 modeling_longpack.py rebuilds the dataclass from them. `max_position_embeddings` is the
 context the model is meant for: the longer of its `max_seq` and the rows it trained on.

@@ -6,9 +6,10 @@ Greedy when temperature is 0 (the default), else sampling from softmax(logits / 
 restricted to the top_k most likely tokens and to the smallest set whose probability reaches
 top_p, with a torch.Generator seeded by `seed` (the same seed, the same text). Generation stops
 after max_new tokens or at `eos_id`. A model with an incremental form (`new_cache()` and
-`decode(ids, cache)`: the key/value caches of GPT-NeoX and of dropless MoE) runs the prompt once
-and then one token per step; the others (resonance, capacity-bound MoE) run the whole sequence
-again for each new token, the same logits at O(L) more cost.
+`decode(ids, cache)`: the key/value caches of GPT-NeoX and of dropless MoE, Mamba's recurrent
+state) runs the prompt once and then one token per step; the others (resonance,
+capacity-bound MoE) run the whole sequence again for each new token, the same logits at O(L)
+more cost.
 
 `stream` yields the same tokens one by one and `TextStream` turns them into text as it becomes
 whole, so `zoo generate` prints as it goes; `context` bounds prompt + new tokens where memory

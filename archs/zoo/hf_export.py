@@ -10,9 +10,23 @@ is, for every family.
   GPT-NeoX's rotary (pairs i, i + rot/2 of the first rot features of each head), GELU (erf),
   LayerNorms and biases are the same computation in both, so the logits agree to float32
   rounding.
-- MoE (hybrids included), Mamba and resonance: archs' own model files under a thin
-  PreTrainedModel, `from_pretrained(DIR, trust_remote_code=True)` (archs/zoo/hf_remote.py says
-  why Mamba is not transformers' Mamba2).
+- Mamba: transformers' own `Mamba2ForCausalLM` (`from_pretrained(DIR)`, no remote code):
+  config.json (model_type mamba2: widths, state, heads, groups, kernel, chunk, eps, no
+  projection biases, a convolution bias) and the weights under transformers' names. Every
+  weight has its place: in_proj's output is [z | x B C | dt] in both; conv1d is the depthwise
+  convolution over x B C with its bias, its taps reversed (archs' tap j multiplies the input j
+  tokens back, conv1d's kernel runs the other way); dt_bias, A_log and D are per head; the
+  gated RMSNorm (the gate before the norm, over the whole inner width, as both compute it for
+  any n_groups), the pre-norms and the final norm are RMSNorms of weights only. The chunked
+  scan is the same sum in another order: the logits agree to float32 rounding, for any chunk
+  and group count. What only initializes (A_log's and dt's starting ranges) does not matter to
+  an export; time_step_limit stays transformers' default, no limit, as archs' dt (a softplus,
+  unclamped) has none. The head, archs' embedding, is written as `lm_head.weight` beside it,
+  untied (tie_word_embeddings false): transformers 4.x's Mamba2ForCausalLM ties a tied head
+  when it loads but lists no tied weights, so its save_pretrained refuses the shared tensor
+  (tests/test_export_families.py); two equal copies give the same logits and save again.
+- MoE (hybrids included) and resonance: archs' own model files under a thin PreTrainedModel,
+  `from_pretrained(DIR, trust_remote_code=True)` (archs/zoo/hf_remote.py).
 
 Every folder also holds the build's tokenizer, generation_config.json,
 special_tokens_map.json and a model card (README.md); the weights are safetensors, sharded past
@@ -40,6 +54,7 @@ from archs.zoo.hf_folder import (
 )
 from archs.zoo.hf_remote import ARCHS, remote_config, remote_weights, ship_code, shipped_files
 from archs.zoo.model_card import model_card
+from archs.zoo.transformers_compat import import_transformers
 from longpack import TrainingError
 
 DEFAULT_LICENSE = "other"  # the weights' terms follow the data's: the user says (--license)
@@ -55,10 +70,11 @@ def export_hf(trained, out: Path, license: str = DEFAULT_LICENSE,
     model = trained.model
     context = max(model.cfg.max_seq, trained.seq or 0)
     ids = token_ids(trained.tokenizer, trained.trained_on)
-    native = isinstance(model, archs.gpt_neox.GPTNeoX)
+    native = NATIVE.get(type(model))
     with staged(out) as folder:
         if native:
-            config, weights, code = hf_config(model, ids, context), hf_state_dict(model), []
+            config_of, weights_of = native
+            config, weights, code = config_of(model, ids, context), weights_of(model), []
         else:
             config, weights = remote_config(model, context, ids), remote_weights(model)
             code = sorted(n for n, source in shipped_files().items() if source.parent == ARCHS)
@@ -108,8 +124,6 @@ def hf_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def hf_config(model, ids: dict, context: int) -> dict:
-    from archs.zoo.transformers_compat import import_transformers
-
     cfg = model.cfg
     head_dim = cfg.d_model // cfg.n_heads
     rotary = int(head_dim * cfg.rotary_pct) // 2 * 2  # what archs/gpt_neox.py rotates
@@ -123,3 +137,46 @@ def hf_config(model, ids: dict, context: int) -> dict:
             "attention_bias": True, "initializer_range": cfg.init_std, "use_cache": True,
             **ids, "torch_dtype": "float32",
             "transformers_version": import_transformers().__version__}
+
+
+def mamba2_state_dict(model) -> dict[str, torch.Tensor]:
+    """Mamba weights under transformers' Mamba2ForCausalLM names; the head, archs' embedding,
+    as a copy of its own (module docstring)."""
+    ours = model.state_dict()
+    out = {"backbone.embeddings.weight": ours["embed.weight"],
+           "backbone.norm_f.weight": ours["norm_f.weight"], "lm_head.weight": ours["head.weight"]}
+    for i in range(model.cfg.n_layers):
+        a, b = f"blocks.{i}.", f"backbone.layers.{i}."
+        out[b + "norm.weight"] = ours[a + "norm"]
+        out[b + "mixer.norm.weight"] = ours[a + "mixer.norm"]
+        # (width, channels) -> (channels, 1, width), taps reversed: archs' tap j multiplies the
+        # input j tokens back, conv1d's last tap the current one
+        out[b + "mixer.conv1d.weight"] = ours[a + "mixer.conv.weight"].flip(0).t()[:, None]
+        out[b + "mixer.conv1d.bias"] = ours[a + "mixer.conv.bias"]
+        for name in ("in_proj.weight", "out_proj.weight", "dt_bias", "A_log", "D"):
+            out[b + "mixer." + name] = ours[a + "mixer." + name]
+    return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def mamba2_config(model, ids: dict, context: int) -> dict:
+    """config.json of transformers' Mamba2ForCausalLM. `max_position_embeddings` is not a
+    bound of Mamba's (its state has one size however long the text), but the context it
+    trained for, as for the other families (the tokenizer's model_max_length too)."""
+    cfg = model.cfg
+    inner = cfg.expand * cfg.d_model
+    return {"architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2",
+            "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+            "num_hidden_layers": cfg.n_layers, "state_size": cfg.d_state, "expand": cfg.expand,
+            "head_dim": cfg.head_dim, "num_heads": inner // cfg.head_dim,
+            "n_groups": cfg.n_groups, "conv_kernel": cfg.conv_width, "chunk_size": cfg.chunk,
+            "layer_norm_epsilon": cfg.norm_eps, "rms_norm": True, "hidden_act": "silu",
+            "use_bias": False, "use_conv_bias": True, "residual_in_fp32": True,
+            "time_step_min": cfg.dt_min, "time_step_max": cfg.dt_max,
+            "initializer_range": cfg.init_std, "tie_word_embeddings": False,
+            "max_position_embeddings": context, "use_cache": True, **ids,
+            "torch_dtype": "float32", "transformers_version": import_transformers().__version__}
+
+
+# model class -> (its config.json, its weights) for the families transformers has a class of
+NATIVE = {archs.gpt_neox.GPTNeoX: (hf_config, hf_state_dict),
+          archs.mamba.Mamba: (mamba2_config, mamba2_state_dict)}

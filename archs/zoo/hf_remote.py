@@ -1,5 +1,5 @@
 """The families transformers has no class for, exported with their own modeling code:
-MoE (and its hybrids, MoE with Mamba layers), Mamba and resonance.
+MoE (and its hybrids, MoE with Mamba layers) and resonance.
 
     config = remote_config(model, context, ids)   # config.json: auto_map, family, its fields
     ship_code(folder)                             # the code config.json's auto_map names
@@ -14,11 +14,10 @@ longpack need be installed where the folder is loaded. Which archs files go is r
 imports (the closure of modeling_longpack.py's relative imports), so a file archs adds ships
 once a model file imports it.
 
-Mamba comes here too, not to transformers' Mamba2ForCausalLM: every weight of archs' Mamba maps
-onto Mamba2's exactly (in_proj's [z | xBC | dt] order, the depthwise convolution's taps
-reversed, dt_bias, A_log, D, the gated RMSNorm after the gate over the whole inner width,
-groups, head width, the tied head) but its final norm, a LayerNorm with a bias (archs'
-StackedLM's) where Mamba2 has an RMSNorm: no weights give one the other's output.
+Mamba does not come here: it ends in Mamba-2's RMSNorm, and every weight of it has its place
+in transformers' own Mamba2ForCausalLM (archs/zoo/hf_export.py). A hybrid's Mamba layers sit
+among attention layers and experts, which Mamba2 has no place for: hybrids come here, and
+mamba.py (their Mamba mixer) with them.
 """
 
 import ast
@@ -92,8 +91,8 @@ def stored_fields(cfg) -> dict:
 
 
 def remote_weights(model) -> dict:
-    """The wrapper's weights: archs' names after "model.", a head tied to the embedding
-    (Mamba's) left out (transformers ties it again from tie_word_embeddings)."""
+    """The wrapper's weights: archs' names after "model.", a head tied to the embedding left
+    out (transformers ties it again from tie_word_embeddings)."""
     weights = {f"model.{k}": v for k, v in model.state_dict().items()}
     if model.head.weight is model.embed.weight:
         del weights["model.head.weight"]

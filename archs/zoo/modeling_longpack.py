@@ -2,7 +2,8 @@
 trust_remote_code=True)` on a folder `zoo export --to hf` wrote.
 
 Shipped as is into every exported folder of a family transformers has no class for (MoE and
-its hybrids, Mamba, resonance). It is not a second copy of any model: the folder also holds
+its hybrids, resonance; Mamba is transformers' own Mamba2ForCausalLM). It is not a second copy
+of any model: the folder also holds
 archs' own model files (layers.py, limits.py, mamba.py, moe.py, moe_experts.py, resonance.py),
 unchanged, which import each other relatively, so transformers copies them next to this file;
 `LongpackForCausalLM` only wraps the family's model (`self.model`, its weights under their
@@ -16,8 +17,8 @@ forward(input_ids, attention_mask=None, past_key_values=None, labels=None) -> lo
 - `labels`: transformers' shifted next-token loss (-100 ignored).
 
 Generation (`generate`, GenerationMixin): a family with an incremental form (archs'
-`new_cache()` and `decode(ids, cache)`: the key/value caches of MoE, the recurrent state of
-Mamba and of a hybrid's Mamba layers) gets a `LongpackCache`, one archs cache per row: the
+`new_cache()` and `decode(ids, cache)`: the key/value caches of MoE, and the recurrent state
+of a hybrid's Mamba layers) gets a `LongpackCache`, one archs cache per row: the
 prompt runs once, then one token a step. Resonance and capacity-bound MoE (new_cache() is None)
 run the whole sequence again each step (the same logits, more work).
 """
@@ -36,13 +37,12 @@ from .configuration_longpack import CONFIG_NAMES, LongpackConfig
 # archs file the families import is named here too
 from .layers import StackedLM  # noqa: F401
 from .limits import check_fields  # noqa: F401
-from .mamba import Mamba, MambaConfig
+from .mamba import MambaMixer  # noqa: F401
 from .moe import MoE, MoEConfig
 from .moe_experts import Experts  # noqa: F401
 from .resonance import Resonance, ResonanceConfig
 
-FAMILIES = {"mamba": (MambaConfig, Mamba), "moe": (MoEConfig, MoE),
-            "resonance": (ResonanceConfig, Resonance)}
+FAMILIES = {"moe": (MoEConfig, MoE), "resonance": (ResonanceConfig, Resonance)}
 
 
 class LongpackCache:
@@ -73,7 +73,7 @@ def _copied(state):
 class LongpackForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = LongpackConfig
     base_model_prefix = "model"
-    _tied_weights_keys = ["model.head.weight"]  # Mamba's head is its embedding (tie_word_embeddings)
+    _tied_weights_keys = ["model.head.weight"]  # where a family ties it (tie_word_embeddings)
     _no_split_modules = ["Block", "DepthRouted"]
     _is_stateful = True  # its own cache, not transformers' DynamicCache
 

@@ -52,7 +52,9 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> Trained
     try:  # the vocabulary is the weights' (model_config is newer than some checkpoints)
         vocab = weights["embed.weight"].shape[0]
         model = archs.build(name, **{**overrides, "vocab_size": vocab})
-        model.load_state_dict(weights)
+        model.load_state_dict(weights)  # a Mamba refuses its LayerNorm of before (archs.mamba)
+    except archs.mamba.OutdatedWeights as e:
+        raise TrainingError(f"{path} holds {e}") from None
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
         raise TrainingError(f"{path}: its model ({name}) cannot be built here "
                             f"({str(e).strip().splitlines()[0]})") from None
