@@ -6,6 +6,8 @@
     archs.build("gpt-neox", n_layers=4) -> the family's default config with overrides
     archs.save(model, DIR); archs.load(DIR) -> config.json (family + config) + model.safetensors
     archs.footprint("gpt-neox", n_layers=96) -> {"params", "bytes"}, counted on meta, at once
+    archs.layout("moe-5b")              -> Layout: each parameter's shape, role and block (the
+                                            memory plan's input: memory.py), the same way
 
 Each config checks the type and range of every field (limits.py: ValueError naming the field,
 the value and the range); `build` on a real device refuses a model whose weights pass that
@@ -34,7 +36,8 @@ code (pack stats' recommendations) reads.
 
 import functools
 import json
-from dataclasses import asdict, fields, replace
+import math
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -80,9 +83,13 @@ def parse_args(name: str, pairs: list[str]) -> dict:
         key = key.strip().replace("-", "_")
         if not sep or not key:
             raise ValueError(f"{pair!r}: give KEY=VALUE")
-        if key not in types:
-            raise ValueError(f"{key!r} is not a setting of {name}; its settings: "
-                             f"{', '.join(types)}")
+        if key not in types:  # the nearest by spelling, as for the commands' settings
+            from longpack.settings import suggest
+
+            near = suggest(key, types)
+            raise ValueError(f"{name}: unknown setting {key}"
+                             + (f" (did you mean {near}?)" if near else "")
+                             + f" (its settings: {', '.join(types)})")
         try:
             value = json.loads(text)
         except ValueError:
@@ -165,6 +172,95 @@ def _measure(name: str, overrides: dict) -> dict:
     params = list(model.parameters())  # a tied weight once
     return {"params": sum(p.numel() for p in params),
             "bytes": sum(t.numel() * t.element_size() for t in [*params, *model.buffers()])}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter tensor: its shape, optimizer role, and the block it is in (None: the root
+    module's own: embedding, head, final norm, multi-token heads)."""
+    shape: tuple[int, ...]
+    role: str
+    block: int | None
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A model's parameters and buffers as the meta device sizes them."""
+    params: tuple[Param, ...]
+    buffer_bytes: int
+
+    @property
+    def count(self) -> int:
+        return sum(p.numel for p in self.params)
+
+    def block_numel(self, roles=None) -> dict:
+        """{block: parameters in it (of `roles`)}, the root under None."""
+        out = {}
+        for p in self.params:
+            if roles is None or p.role in roles:
+                out[p.block] = out.get(p.block, 0) + p.numel
+        return out
+
+
+MAX_BLOCKS = 100_000
+
+
+def layout(name: str, **overrides) -> Layout:
+    """The parameters `build(name, **overrides)` makes, counted on the meta device without
+    building every layer (as footprint does): along each `repeated` field of the config the
+    model is built at a few periods and the parameters one period adds are repeated, so a deep
+    model is sized at once. Raises TooLarge for a weight no tensor can hold."""
+    cfg = config(name, **overrides)
+    small, periods = {}, {}
+    for name_, period in cfg.repeated.items():
+        n = getattr(cfg, name_)
+        small[name_] = n if n <= 3 * period else period + n % period
+        periods[name_] = (n - small[name_]) // period
+    base, buffers = _params(name, {**overrides, **small})
+    params = list(base.values())
+    next_block = 1 + max((p.block for p in params if p.block is not None), default=-1)
+    for name_, k in periods.items():
+        if not k:
+            continue
+        more, more_buffers = _params(name, {**overrides, **small,
+                                           name_: small[name_] + cfg.repeated[name_]})
+        added = [p for key, p in more.items() if key not in base]
+        added_blocks = sorted({p.block for p in added if p.block is not None})
+        blocks = next_block + k * len(added_blocks)
+        if blocks > MAX_BLOCKS:  # each block is laid out: a bound on the time, not the memory
+            raise TooLarge(f"{name_}={getattr(cfg, name_):,}: {blocks:,} blocks, past the "
+                           f"{MAX_BLOCKS:,} the memory plan lays out (the deepest models "
+                           "trained have a few hundred)")
+        for _ in range(k):
+            renumber = {b: next_block + j for j, b in enumerate(added_blocks)}
+            params += [Param(p.shape, p.role, renumber.get(p.block)) for p in added]
+            next_block += len(added_blocks)
+        buffers += k * (more_buffers - buffers)
+    return Layout(tuple(params), buffers)
+
+
+def _params(name: str, overrides: dict) -> tuple[dict, int]:
+    try:
+        model = build(name, device="meta", **overrides)
+    except (RuntimeError, TypeError) as e:
+        # "Storage size calculation overflowed with sizes=[...]"; a size past int64 is a
+        # TypeError ("Overflow when unpacking long long")
+        if "overflow" not in str(e).lower():
+            raise
+        raise TooLarge(f"{name}: a weight has more elements than a tensor can hold "
+                       f"({str(e).splitlines()[0]})") from None
+    roles = model.param_roles()
+    out = {}
+    for key, p in model.named_parameters():  # a tied weight once
+        parts = key.split(".")
+        block = int(parts[1]) if parts[0] == "blocks" else None
+        out[key] = Param(tuple(p.shape), roles[key], block)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return out, buffers
 
 
 def refuse_unfit(name: str, overrides: dict, params: int, needed: int, what: str,

@@ -2,7 +2,7 @@
 the meta device, never allocated): what `train --dry-run` prints (training/plan.py) and what
 refuses a run that cannot fit (`check_memory`).
 
-    layout(name, **overrides)  -> Layout: every parameter's shape, optimizer role and block
+    archs.layout(name, **overrides) -> Layout: every parameter's shape, optimizer role and block
     states(layout, optimizer, Sharding(world, fsdp, replicas), rank)
                                -> {"params", "grads", "optimizer", "buffers"}: exact bytes
     memory_plan(layout, model_cfg, batch, seq, precision, optimizer, sharding, checkpointing)
@@ -23,11 +23,11 @@ rows [i c, min((i + 1) c, r)) (the last ones fewer, or none). FSDP2 stores each 
 padded to c rows (FSDPParam._sharded_param_data) and its gradient is a view into the group's
 padded reduce-scatter output: 4 c (other dims) bytes each, on every process. The optimizer's
 state is made by zeros_like of the unpadded local shard: AdamW's exp_avg and exp_avg_sq (fp32)
-and a 4-byte step per parameter; Muon (training/optim/optimizers.py: the matrix and experts
+and a 4-byte step per parameter; Muon (training/optim.py: the matrix and experts
 roles) one fp32 momentum, AdamW the rest. The first process of a group owns the most (c rows):
 the plan reports it. Module buffers (rotary's inverse frequencies) are whole on every process,
 with the weights. Under --fsdp Muon gathers one whole matrix (weight, gradient, momentum) at a
-time for its update (training/optim/optimizers.py): a transient of the optimizer step, when no
+time for its update (training/optim.py): a transient of the optimizer step, when no
 activation is held, left out.
 
 FSDP's buffers, an estimate (`fsdp_buffers`): a block's parameters are all-gathered before it
@@ -45,103 +45,13 @@ at the loss the weights, optimizer state, buckets and what the loss's moment kee
 optimizer + DDP's buckets + the larger of the gradients and that; a run past it could not run.
 """
 
-import math
 from dataclasses import dataclass
 
-import archs
+from archs import Layout
 from archs.activations import CAST_ROLES, activations
 
-MUON_ROLES = ("matrix", "experts")  # training/optim/optimizers.py's MUON
+MUON_ROLES = ("matrix", "experts")  # training/optim.py's MUON
 DDP_BUCKET_VIEW = False  # training/step.py's DDP: gradient_as_bucket_view (False: buckets copy)
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter tensor: its shape, optimizer role, and the block it is in (None: the root
-    module's own: embedding, head, final norm, multi-token heads)."""
-    shape: tuple[int, ...]
-    role: str
-    block: int | None
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A model's parameters and buffers as the meta device sizes them."""
-    params: tuple[Param, ...]
-    buffer_bytes: int
-
-    @property
-    def count(self) -> int:
-        return sum(p.numel for p in self.params)
-
-    def block_numel(self, roles=None) -> dict:
-        """{block: parameters in it (of `roles`)}, the root under None."""
-        out = {}
-        for p in self.params:
-            if roles is None or p.role in roles:
-                out[p.block] = out.get(p.block, 0) + p.numel
-        return out
-
-
-MAX_BLOCKS = 100_000
-
-
-def layout(name: str, **overrides) -> Layout:
-    """The parameters `archs.build(name, **overrides)` makes, counted on the meta device without
-    building every layer (as archs.footprint does): along each `repeated` field of the config the
-    model is built at a few periods and the parameters one period adds are repeated, so a deep
-    model is sized at once. Raises archs.TooLarge for a weight no tensor can hold."""
-    cfg = archs.config(name, **overrides)
-    small, periods = {}, {}
-    for name_, period in cfg.repeated.items():
-        n = getattr(cfg, name_)
-        small[name_] = n if n <= 3 * period else period + n % period
-        periods[name_] = (n - small[name_]) // period
-    base, buffers = _params(name, {**overrides, **small})
-    params = list(base.values())
-    next_block = 1 + max((p.block for p in params if p.block is not None), default=-1)
-    for name_, k in periods.items():
-        if not k:
-            continue
-        more, more_buffers = _params(name, {**overrides, **small,
-                                           name_: small[name_] + cfg.repeated[name_]})
-        added = [p for key, p in more.items() if key not in base]
-        added_blocks = sorted({p.block for p in added if p.block is not None})
-        blocks = next_block + k * len(added_blocks)
-        if blocks > MAX_BLOCKS:  # each block is laid out: a bound on the time, not the memory
-            raise archs.TooLarge(f"{name_}={getattr(cfg, name_):,}: {blocks:,} blocks, past the "
-                                 f"{MAX_BLOCKS:,} the memory plan lays out (the deepest "
-                                 "models trained have a few hundred)")
-        for _ in range(k):
-            renumber = {b: next_block + j for j, b in enumerate(added_blocks)}
-            params += [Param(p.shape, p.role, renumber.get(p.block)) for p in added]
-            next_block += len(added_blocks)
-        buffers += k * (more_buffers - buffers)
-    return Layout(tuple(params), buffers)
-
-
-def _params(name: str, overrides: dict) -> tuple[dict, int]:
-    try:
-        model = archs.build(name, device="meta", **overrides)
-    except (RuntimeError, TypeError) as e:
-        # "Storage size calculation overflowed with sizes=[...]"; a size past int64 is a
-        # TypeError ("Overflow when unpacking long long")
-        if "overflow" not in str(e).lower():
-            raise
-        raise archs.TooLarge(f"{name}: a weight has more elements than a tensor can hold "
-                             f"({str(e).splitlines()[0]})") from None
-    roles = model.param_roles()
-    out = {}
-    for key, p in model.named_parameters():  # a tied weight once
-        parts = key.split(".")
-        block = int(parts[1]) if parts[0] == "blocks" else None
-        out[key] = Param(tuple(p.shape), roles[key], block)
-    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return out, buffers
 
 
 @dataclass(frozen=True)

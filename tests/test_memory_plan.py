@@ -47,7 +47,7 @@ def test_states_are_the_bytes_of_the_tensors_after_a_step(name, optimizer):
     for opt in state.optimizers:
         opt.step()
     held = [v for opt in state.optimizers for s in opt.state.values() for v in s.values()]
-    want = memory.states(memory.layout(name, vocab_size=VOCAB), optimizer, memory.Sharding())
+    want = memory.states(archs.layout(name, vocab_size=VOCAB), optimizer, memory.Sharding())
     assert want == {"params": storage_bytes([*model.parameters(), *model.buffers()]),
                     "grads": grads, "optimizer": storage_bytes(held), "buffers": 0}
 
@@ -114,7 +114,7 @@ def test_sharded_states_are_the_bytes_of_each_process_tensors(tmp_path):
     results = {rank: json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)}
     for rank in (0, 1):
         for (name, replicas, optimizer), got in zip(cases, results[rank]):
-            lay = memory.layout(name, vocab_size=VOCAB)
+            lay = archs.layout(name, vocab_size=VOCAB)
             if replicas == 0:
                 ddp = memory.states(lay, optimizer, memory.Sharding(2))
                 assert got == {"buckets": ddp["buffers"],
@@ -162,7 +162,7 @@ def saved_bytes(model, inputs, precision: str) -> int:
 
 
 def formula(name: str, rows: int, seq: int, precision: str, docs: bool, **overrides):
-    lay = memory.layout(name, **overrides)
+    lay = archs.layout(name, **overrides)
     return activations.activations(archs.config(name, **overrides), rows, seq, precision, docs,
                                    cast_numel=lay.block_numel(activations.CAST_ROLES))
 
@@ -243,7 +243,7 @@ def test_the_loss_keeps_its_log_probabilities_within_the_budget_else_a_chunk():
 # -- the plan and the refusal ----------------------------------------------------------------
 
 def test_the_plan_shards_states_under_fsdp_and_recomputes_under_checkpointing():
-    lay, cfg = memory.layout("moe-5b"), archs.config("moe-5b")
+    lay, cfg = archs.layout("moe-5b"), archs.config("moe-5b")
 
     def total(**kw):
         return memory.memory_plan(lay, cfg, 8, 2048, "bf16", "adamw", **kw)
@@ -291,7 +291,7 @@ def test_the_floor_stays_below_the_plan_by_more_than_its_error():
     within 15% of the measured peak), every family, with and without checkpointing: a run that
     fits is not refused for the formula's error."""
     for name in FAMILIES:
-        lay, cfg = memory.layout(name), archs.config(name)
+        lay, cfg = archs.layout(name), archs.config(name)
         for ac in (False, True):
             plan = memory.memory_plan(lay, cfg, 2, 128, checkpointing=ac)
             states = plan["params"] + plan["grads"] + plan["optimizer"]

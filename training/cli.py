@@ -123,20 +123,23 @@ def dry_run_plan(cfg: TrainConfig, world_size: int | None, gpu_memory: float,
 def preset_table(shards: tuple[str, ...] | None, seq: int | None) -> str:
     """The zoo's presets sized at the build's vocabulary and FLOPs/token at its seq (or --seq)
     when --shards is given; otherwise at each preset's own vocabulary, which the note says."""
-    from archs import list_models
+    from archs import LIST_SEQ, list_models
     from archs.__main__ import table
+    from archs.zoo.cli import sized_presets
     from training.data.builds import read_manifest
 
     if not shards:
-        return (table(list_models()) + "\n(each preset at its own vocabulary; with --shards OUT, "
-                "at that build's)")
+        return (table(sized_presets(None)) + "\n(each preset at its own vocabulary; with --shards "
+                "OUT, at that build's)")
     from pipeline import parse_mixture
 
     shards = parse_mixture(shards, None, (), ())[0][0][1]  # a mixture's first: one tokenizer
     manifest = read_manifest(shards)
     vocab, seq = manifest["tokenizer"]["vocab_size"], seq or manifest["seq"]
-    return (table(list_models(seq - 1, vocab_size=vocab)) + f"\n(at the vocabulary of {shards}: "
-            f"{vocab:,}; FLOPs/token at its {seq - 1} predictions per sample)")
+    models = (sized_presets(vocab) if seq - 1 == LIST_SEQ else
+              list_models(seq - 1, vocab_size=vocab, per_vocab=False))
+    return (table(models) + f"\n(at the vocabulary of {shards}: {vocab:,}; FLOPs/token at its "
+            f"{seq - 1} predictions per sample)")
 
 
 def load_settings(path: str) -> dict:

@@ -2,10 +2,11 @@
 with its type, range and choices (longpack/settings.py); `rules` holds what ties them together."""
 
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
+from functools import cached_property
 
 from longpack import SettingsError, setting
-from longpack.settings import check, refuse_unknown
+from longpack.settings import check
 
 SCHEDULES = ("cosine", "wsd", "constant", "onecycle", "cosine-restarts")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -154,17 +155,13 @@ class TrainConfig:
 
         return parse_mixture(self.shards, self.mix, self.mix_stages, self.max_epochs)
 
+    @cached_property
     def model_overrides(self) -> dict:
-        """--model-arg as the model config's fields (the model's config checks their values),
-        and --activation-checkpointing as every family's `checkpointing` field."""
+        """--model-arg as the model config's fields (archs.parse_args: unknown keys and types;
+        the model's config checks the values), and --activation-checkpointing as every
+        family's `checkpointing` field."""
         import archs
 
-        known = [f.name for f in fields(archs.config(self.model))]
-        keys = [pair.partition("=")[0].strip().replace("-", "_") for pair in self.model_args]
-        try:
-            refuse_unknown(keys, known, self.model)
-        except SettingsError as e:
-            raise ValueError(f"{e} (its settings: {', '.join(known)})") from None
         overrides = archs.parse_args(self.model, list(self.model_args))
         if "checkpointing" in overrides:
             raise ValueError("checkpointing is the flag --activation-checkpointing "
@@ -226,7 +223,7 @@ def rules(cfg: TrainConfig) -> None:
     except KeyError as e:  # the registry's message lists the choices
         raise SettingsError(f"--model: {e.args[0]}") from None
     try:  # a config file's [model] table is --model-arg too (training/cli.py); the model's
-        overrides = cfg.model_overrides()  # own config checks each field's type and range
+        overrides = cfg.model_overrides  # own config checks each field's type and range
         if "vocab_size" in overrides:
             raise ValueError("vocab_size is not set here: the model takes the vocabulary of the "
                              "build's tokenizer (its manifest's tokenizer.vocab_size), which the "

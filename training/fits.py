@@ -20,12 +20,12 @@ def plan_memory(cfg: TrainConfig, vocab: int, seq: int, world: int) -> dict:
     """archs/memory.py's memory_plan for this run on `world` processes, and its sharding
     (words). SettingsError, one line, for a model no tensor can hold or --fsdp-replicas that
     do not divide the processes."""
-    overrides = cfg.model_overrides()
+    overrides = cfg.model_overrides
     if cfg.fsdp and world % cfg.fsdp_replicas:
         raise SettingsError(f"--fsdp-replicas {cfg.fsdp_replicas} must divide the {world} "
                             "processes (each replica is a group of world / R processes)")
     try:
-        lay = memory.layout(cfg.model, vocab_size=vocab, **overrides)
+        lay = archs.layout(cfg.model, vocab_size=vocab, **overrides)
     except archs.TooLarge as e:
         raise SettingsError(f"{_model_flags(cfg)}: {e}") from None
     sharding = memory.Sharding(world, cfg.fsdp, cfg.fsdp_replicas)

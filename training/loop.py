@@ -84,7 +84,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
             torch.manual_seed(cfg.seed)  # the same initial weights on every rank
             vocab = data.manifest["tokenizer"]["vocab_size"]
             check_memory(cfg, vocab, data.seq - 1, device)  # one line, before any allocation
-            model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides()).to(device)
+            model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides).to(device)
             state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile
             step = checkpoint.restore(found, state, cfg) if found else 0
         # -- the run starts: its directory and metrics ------------------------------------------

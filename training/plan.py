@@ -111,7 +111,7 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes,
     else:  # N processes elsewhere: the plan says whether --gpu-memory holds it
         mem = plan_memory(cfg, vocab, seq, world)
     counted = archs.build(cfg.model, device="meta", vocab_size=vocab,  # sizes, no memory
-                          **cfg.model_overrides())
+                          **cfg.model_overrides)
     rows_per_step = cfg.batch_size * cfg.grad_accum * world
     order = make_order(data, cfg, rows_per_step)
     steps, cut_by = order.last_step(cfg.max_steps)
@@ -171,7 +171,7 @@ def probe(cfg: TrainConfig, data, procs: distributed.Processes, vocab: int, rows
         f"{device}" + (f" (the run's micro-batch is {cfg.batch_size} x {seq}: the time is "
                        "scaled up by FLOPs)" if scaled else ""))
     torch.manual_seed(cfg.seed)  # the run's initial weights (the same on every process)
-    model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides()).to(device)
+    model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides).to(device)
     state = prepare(model, cfg, procs)
     train = data.train
     samples = [train.get(i % len(train)) for i in range(rows)]

@@ -287,7 +287,7 @@ def check_model(found: tuple[dict, Path], cfg) -> None:
     if saved is not None:
         import archs
 
-        wants = asdict(archs.config(cfg.model, **cfg.model_overrides()))
+        wants = asdict(archs.config(cfg.model, **cfg.model_overrides))
         differ = [f"{k} {saved[k]} -> {wants[k]}" for k in sorted(wants)
                   if k not in ("vocab_size", "checkpointing") and saved.get(k) != wants[k]]
         if differ:
