@@ -91,3 +91,14 @@ def test_a_model_table_and_the_nested_layout_are_the_flags(tmp_path, shards):
 def test_parse_args_reads_json_values_by_the_fields_types(name):
     got = archs.parse_args(name, ["n_layers=3", "init_std=1"])
     assert got == {"n_layers": 3, "init_std": 1.0} and isinstance(got["init_std"], float)
+
+
+def test_a_model_table_without_its_name_is_refused_not_the_default_model(tmp_path):
+    """It trained neox-tiny with the table's fields, silently."""
+    toml = tmp_path / "run.toml"
+    toml.write_text('shards = "x"\n[model]\nn_layers = 2\n')
+    r = CliRunner().invoke(train_cli, ["--config", str(toml), "--dry-run"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.output.strip().splitlines()[-1] == (
+        f"Error: {toml}: [model] has no name: give name = PRESET (`zoo list`) or FAMILY, or put "
+        "the fields alone in [model_args] to keep --model's model")

@@ -141,10 +141,20 @@ def test_loss_falls_and_val_loss_follows(tmp_path, shards):
                                                  rel=1e-5)
 
 
+def test_a_warmup_longer_than_the_run_is_cut_to_the_run_and_said():
+    """The default --warmup 10 refused every run of fewer steps (a smoke test)."""
+    from training.loop import resolve_steps
 
-
-
-
+    said = []
+    cfg = resolve_steps(TrainConfig(shards="x", max_steps=4, lr=1.0), seq=65, log=said.append)
+    assert cfg.warmup == 4 and said == ["--warmup 10 is longer than the run's 4 steps: the "
+                                        "learning rate warms up over all 4"]
+    assert [lr_at(s, cfg) for s in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    # --total-tokens resolves first: 2 steps of 8 x 64 predictions
+    cfg = resolve_steps(TrainConfig(shards="x", total_tokens=1024, warmup=3), seq=65,
+                        log=said.append)
+    assert (cfg.max_steps, cfg.warmup) == (2, 2) and len(said) == 2
+    assert resolve_steps(TrainConfig(shards="x", max_steps=40), 65, log=said.append).warmup == 10
 
 
 def test_schedule_shapes(tmp_path):

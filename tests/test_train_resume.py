@@ -119,10 +119,23 @@ def test_other_shards_are_refused(tmp_path, shards, byte_tokenizer):
 
 
 @pytest.mark.slow
-def test_a_changed_order_is_caught_by_the_batch_hashes(tmp_path, shards):
+def test_another_seed_or_global_batch_is_refused_with_the_numbers_and_the_fix(tmp_path, shards):
+    """Each used to be "resume check failed ... (seed or global batch changed?)"."""
     train(config(shards, tmp_path / "r", max_steps=3), log=lambda m: None)
-    with pytest.raises(TrainingError, match="resume check failed"):
+    with pytest.raises(TrainingError, match=r"was trained with --seed 0 and this run has 5: .*"
+                                            r"pass --seed 0 or --resume never"):
         train(config(shards, tmp_path / "r", max_steps=6, seed=5), log=lambda m: None)
+    bs = config(shards, tmp_path / "r").batch_size
+    with pytest.raises(TrainingError) as e:
+        train(config(shards, tmp_path / "r", max_steps=6, grad_accum=2), log=lambda m: None)
+    assert (f"was trained on {bs} rows a step ({bs} x 1 x 1 processes: --batch-size x "
+            f"--grad-accum x processes) and this run takes {2 * bs} ({bs} x 2 x 1); pass "
+            "--grad-accum 1, or --resume never") in str(e.value)
+    # the same global batch cut otherwise continues (the elastic resume)
+    if bs % 2 == 0:
+        history = train(config(shards, tmp_path / "r", max_steps=4, batch_size=bs // 2,
+                               grad_accum=2), log=lambda m: None)
+        assert history[-1]["step"] == 3
 
 
 @pytest.mark.slow

@@ -197,7 +197,11 @@ def flatten_settings(data: dict, path: str) -> dict:
         elif key in ("model", "model_args") and isinstance(value, dict):
             # a table of the model's fields: [model] (with its name) or [model_args]
             table = dict(value)
-            if key == "model" and "name" in table:
+            if key == "model" and "name" not in table:  # it would train the default model
+                raise click.UsageError(f"{path}: [model] has no name: give name = PRESET (`zoo "
+                                       "list`) or FAMILY, or put the fields alone in "
+                                       "[model_args] to keep --model's model")
+            if key == "model":
                 out["model"], where["model"] = table.pop("name"), "model.name"
             if "model_args" in out:
                 raise click.UsageError(f"{path}: the model's fields are set twice ([{key}] and "

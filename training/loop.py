@@ -67,10 +67,10 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
             if found:
                 checkpoint.check_model(found, cfg)
             data = open_sources(cfg, Path(cfg.cache or run / SHARD_CACHE))
-            cfg = resolve_steps(cfg, data.seq, procs.world)
+            cfg = resolve_steps(cfg, data.seq, procs.world, log)
             order = make_order(data, cfg, cfg.batch_size * cfg.grad_accum * procs.world)
             if found:
-                check_resume(found, data, order)
+                check_resume(found, data, order, cfg)
             start = found[0]["step"] if found else 0
             last, cut_by = order.last_step(cfg.max_steps)  # --max-epochs may end the run sooner
             if cut_by is not None and (start > last or last == 0):
@@ -293,15 +293,18 @@ def removed_on_failure(run: Path):
         raise
 
 
-def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1) -> TrainConfig:
-    """--total-tokens -> max_steps (tokens per step = global batch x (seq - 1) predictions)."""
+def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1, log=print) -> TrainConfig:
+    """--total-tokens -> max_steps (tokens per step = global batch x (seq - 1) predictions), and
+    a --warmup longer than the run cut to the run (a smoke test of 5 steps with the default 10),
+    which `log` says."""
     if cfg.total_tokens is not None:
         per_step = cfg.batch_size * cfg.grad_accum * world * (seq - 1)
         cfg = dataclasses.replace(cfg, max_steps=math.ceil(cfg.total_tokens / per_step),
                                   total_tokens=None)
     if cfg.warmup > cfg.max_steps:
-        raise TrainingError(f"--warmup {cfg.warmup} is longer than the run ({cfg.max_steps} "
-                            "steps)")
+        log(f"--warmup {cfg.warmup} is longer than the run's {cfg.max_steps} steps: the "
+            f"learning rate warms up over all {cfg.max_steps}")
+        cfg = dataclasses.replace(cfg, warmup=cfg.max_steps)
     return cfg
 
 

@@ -103,7 +103,7 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes,
           world_size: int | None, gpu_memory: int) -> dict:
     world = procs.world if world_size is None else world_size
     data = open_sources(cfg, cache)
-    cfg = resolve_steps(cfg, data.seq, world)
+    cfg = resolve_steps(cfg, data.seq, world, say)
     vocab = data.manifest["tokenizer"]["vocab_size"]
     seq = data.seq - 1
     if world_size is None:  # this launch: refused here if it cannot fit this device

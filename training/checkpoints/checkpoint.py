@@ -262,7 +262,7 @@ def capture(s: TrainState, step: int, data, order: MixedOrder, cfg) -> dict:
             "fingerprint": data.fingerprint, "seq": data.seq, "config": cfg.to_dict(),
             # what the ids mean: zoo eval refuses a build of another tokenizer by it
             "tokenizer": data.manifest["tokenizer"],
-            "mixture": order.history,
+            "mixture": order.history, "global_batch": order.global_batch,
             # the model's config as built (preset + --model-arg): what resume, export and
             # generate rebuild it from
             "model_config": asdict(s.model.cfg),

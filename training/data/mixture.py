@@ -456,7 +456,7 @@ def make_order(sources: Sources, cfg, global_batch: int) -> MixedOrder:
                       global_batch, cfg.seed, [max_epochs.get(n) for n in names])
 
 
-def check_resume(found: tuple[dict, Path], data: "Sources", order: MixedOrder) -> None:
+def check_resume(found: tuple[dict, Path], data: "Sources", order: MixedOrder, cfg) -> None:
     """Refuse to resume a checkpoint (its state and folder) of other shards, another --seq,
     another mixture before its step (a stage that starts at its step or later may change), or
     another order of rows."""
@@ -477,6 +477,25 @@ def check_resume(found: tuple[dict, Path], data: "Sources", order: MixedOrder) -
     if state["seq"] != data.seq:
         raise TrainingError(f"{path} was trained with --seq {state['seq']}, this run has "
                             f"{data.seq}; pass --seq {state['seq']} or --resume never")
+    was = state["config"]
+    if was.get("seed", cfg.seed) != cfg.seed:
+        raise TrainingError(f"{path} was trained with --seed {was['seed']} and this run has "
+                            f"{cfg.seed}: its rows would come in another order; pass --seed "
+                            f"{was['seed']} or --resume never")
+    rows = state.get("global_batch")  # checkpoints before it: the hashes below catch it
+    if rows is not None and rows != order.global_batch:
+        per_step = cfg.batch_size * cfg.grad_accum
+        world, was_world = order.global_batch // per_step, rows // (was["batch_size"] *
+                                                                   was["grad_accum"])
+        fix = (f"pass --grad-accum {rows // (cfg.batch_size * world)}"
+               if rows % (cfg.batch_size * world) == 0 else
+               f"pass a --batch-size and --grad-accum whose product is {rows // world}"
+               if rows % world == 0 else f"run it on processes that divide {rows}")
+        raise TrainingError(f"{path} was trained on {rows} rows a step ({was['batch_size']} "
+                            f"x {was['grad_accum']} x {was_world} processes: --batch-size x "
+                            f"--grad-accum x processes) and this run takes "
+                            f"{order.global_batch} ({cfg.batch_size} x {cfg.grad_accum} x "
+                            f"{world}); {fix}, or --resume never")
     for step_no, h in state["recent_hashes"]:
         if order.step_hash(step_no) != h:
             raise TrainingError(f"resume check failed: step {step_no} would read other rows "
