@@ -79,9 +79,10 @@ def setting(default=dataclasses.MISSING, help: str = "", *, factory: Callable | 
     (default --field-name), choices (a tuple field: each item's), min / max / min_open /
     max_open / why (the range of a number: Range), multiple (a repeatable flag, the field a
     tuple), comma (a tuple given as comma-separated text, on the command line or in a file),
-    switch (a bool given as a bare --flag, not --flag/--no-flag), show_default (True, False or
-    the text to show), metavar, argument (a positional argument, not a flag), callback (click's:
-    parses the flag's text, which `check` then leaves to the config)."""
+    switch (a bool that is off unless given: a launcher repeats its --flag only when it is on;
+    every bool has --flag and --no-flag), show_default (True, False or the text to show),
+    metavar, argument (a positional argument, not a flag), callback (click's: parses the
+    flag's text, which `check` then leaves to the config)."""
     unknown = set(form) - set(_FORM)
     if unknown:
         raise TypeError(f"setting(): unknown {', '.join(sorted(unknown))}")
@@ -224,9 +225,8 @@ def _option(f: dataclasses.Field, option_class):
         kw["default"] = default
         kw["show_default"] = m["show_default"] if default is not None else False
     kind = next((k for k in (bool, int, float) if k in kinds(f.type)), str)
-    if kind is bool:
-        decls = [flag] if m["switch"] else [f"{flag}/--no-{flag[2:]}"]
-        return click.option(*decls, f.name, is_flag=m["switch"] or None, **kw)
+    if kind is bool:  # --no-X too: a config file's `X = true` is then undone on the command line
+        return click.option(f"{flag}/--no-{flag[2:]}", f.name, **kw)
     # ranges are `check`'s: the command line then says what a config file and Python say
     if m["callback"] is not None or typing.get_origin(f.type) is tuple:  # text it parses
         kw["type"] = click.STRING

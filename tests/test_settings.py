@@ -178,3 +178,19 @@ def test_the_models_copy_of_the_checker_agrees_with_the_settings_one():
         for value in (1, 1.5, 2.0, True, None, "1", [1]):
             assert outcome(settings.typed, value, annotation) == outcome(
                 limits.typed, value, annotation), (annotation, value)
+
+
+def test_every_boolean_setting_can_be_turned_off_on_the_command_line(tmp_path):
+    """A config file's `fsdp = true` could not be undone: the switches had no --no-X."""
+    for command, classes in ((train, (TrainConfig,)),
+                             (pack.commands["build"], (BuildConfig, LaunchConfig))):
+        flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
+        for f in (f for c in classes for f in dataclasses.fields(c) if f.type is bool):
+            flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+            assert {flag, f"--no-{flag[2:]}"} <= flags, f.name
+    config = tmp_path / "run.toml"
+    config.write_text('shards = "x"\nfsdp = true\nfsdp_replicas = 1\n')
+    ctx = train.make_context("train", ["--config", str(config), "--no-fsdp"])
+    assert ctx.params["fsdp"] is False
+    ctx = train.make_context("train", ["--config", str(config)])
+    assert ctx.params["fsdp"] is True

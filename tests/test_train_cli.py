@@ -98,7 +98,8 @@ def test_a_refused_run_leaves_nothing_under_out(tmp_path, shards):
         ("--shards", shards, "--seq", 24),  # not a divisor of the build's rows
         ("--shards", shards, "--model", "neox-tny"),
         ("--shards", shards, "--report-to", "console,wandb"),  # not installed
-        ("--shards", shards, "--warmup", 20, "--max-steps", 10),  # known once the data is open
+        # known once the data is open: a stage past the run's end
+        ("--shards", shards, "--mix-stage", f"20:{shards.name}=1", "--max-steps", 10),
         ("--shards", shards, "--batch-size", "many"),  # a bad flag (click: exit 2)
     ]
     for args in refused:

@@ -148,7 +148,8 @@ def load_settings(path: str) -> dict:
         try:
             import yaml
         except ImportError:
-            raise click.UsageError("a YAML --config needs PyYAML: pip install pyyaml") from None
+            raise click.UsageError("a YAML --config needs PyYAML: pip install pyyaml (the "
+                                   "extra longpack[yaml])") from None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:  # a reader's error too: bytes that are not text

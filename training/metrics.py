@@ -25,8 +25,8 @@ def _import(kind: str):
         import wandb
         return wandb
     except ImportError:
-        raise SettingsError(f"--report-to {kind} needs the {kind} package: pip install {kind}") \
-            from None
+        raise SettingsError(f"--report-to {kind} needs the {kind} package: pip install {kind} "
+                            f"(the extra longpack[{kind}])") from None
 
 
 class MetricsLog:
