@@ -418,3 +418,21 @@ def test_a_failed_evaluation_leaves_the_model_in_training_mode():
     with pytest.raises(OSError, match="damaged"):
         split_loss(model, Damaged(), 2, 1)
     assert model.training
+
+
+def test_ctrl_c_says_it_stops_after_the_step_and_a_second_stops_at_once():
+    """The first Ctrl+C was silent until the step in hand ended, and a second was ignored."""
+    import os
+    import signal
+
+    from training.loop import stop_requested
+
+    said = []
+    with pytest.raises(KeyboardInterrupt):
+        with stop_requested(said.append) as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert stop.requested and said == [
+                "stopping after the step in hand, with a checkpoint (Ctrl+C again to stop at once)"]
+            os.kill(os.getpid(), signal.SIGTERM)  # a second signal, of either kind
+    assert said[-1].startswith("stopped at once: re-run the same command to resume")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back

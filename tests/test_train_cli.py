@@ -187,6 +187,10 @@ def test_console_and_records_say_progress_and_eta(tmp_path, shards):
     train(TrainConfig(shards=str(shards), out=str(tmp_path / "r"), batch_size=2, max_steps=4,
                       warmup=1, log_every=1, workers=0), log=said.append)
     lines = [line for line in said if line.startswith("step")]
+    # before step 0 (which may take minutes: compiling, a GPU warming up), what is starting
+    first = said.index(lines[0]) - 1
+    assert said[first].startswith("training neox-tiny (") and said[first].endswith(
+        " parameters) for steps 0 to 3 of 2 x 64 tokens on 1 cpu process"), said
     # the step as metrics.jsonl numbers it, then the steps done of the run's and their share
     assert [line.split(" loss")[0] for line in lines] == [
         "step 0 (1/4, 25.0%)", "step 1 (2/4, 50.0%)", "step 2 (3/4, 75.0%)", "step 3 (4/4, 100.0%)"]

@@ -109,8 +109,14 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 f"{cfg.max_steps} steps)" if step < last else
                 f"{name} reached --max-epochs at step {last}: the run is complete")
         eta = Eta(last)
-        # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0) ----
-        with stop_requested() as stop, uploads_finished(remote, log), \
+        if step < last:  # said before step 0, which may take a while (compiling, a GPU warming)
+            log(f"training {cfg.model} ({model.num_params():,} parameters) for steps {step} to "
+                f"{last - 1} of {order.global_batch} x {data.seq - 1} tokens on {procs.world} "
+                f"{device.type} process{'es' if procs.world > 1 else ''}"
+                + (": the first step compiles the model" if cfg.compile else ""))
+        # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0);
+        # a second one aborts (the last complete checkpoint stays) ------------------------------
+        with stop_requested(log) as stop, uploads_finished(remote, log), \
                 contextlib.closing(metrics) if metrics else contextlib.nullcontext(), \
                 contextlib.closing(batches(batches_of, step, last, cfg.workers,
                                            cfg.prefetch)) as stream:
@@ -258,13 +264,21 @@ class StopRequest:
 
 
 @contextlib.contextmanager
-def stop_requested():
+def stop_requested(log=print):
     """SIGINT and SIGTERM set `.requested` instead of stopping the process, while the block
-    runs (handlers can be set in the main thread only; elsewhere nothing is caught)."""
+    runs, and say so at once; a second one raises KeyboardInterrupt there and then (a step of an
+    hour need not be waited for; the last complete checkpoint stays, as after a kill). Handlers
+    can be set in the main thread only; elsewhere nothing is caught."""
     stop, previous = StopRequest(), {}
     if threading.current_thread() is threading.main_thread():
         def handler(*_):
+            if stop.requested:
+                log("stopped at once: re-run the same command to resume from the last "
+                    "complete checkpoint")
+                raise KeyboardInterrupt
             stop.requested = True
+            log("stopping after the step in hand, with a checkpoint (Ctrl+C again to stop "
+                "at once)")
         previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield stop
