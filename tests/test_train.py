@@ -436,3 +436,18 @@ def test_ctrl_c_says_it_stops_after_the_step_and_a_second_stops_at_once():
             os.kill(os.getpid(), signal.SIGTERM)  # a second signal, of either kind
     assert said[-1].startswith("stopped at once: re-run the same command to resume")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+@pytest.mark.slow
+def test_a_val_split_too_small_and_a_half_precision_on_a_cpu_are_said(tmp_path, byte_tokenizer):
+    """Both were silent: a val loss of one sample reported as the val loss; bf16 on a CPU
+    running slower than fp32."""
+    shards = padded_build(tmp_path, byte_tokenizer)
+    val_rows = json.loads((shards / "manifest.json").read_text())["splits"]["val"]["rows"]
+    said = []
+    train(config(shards, tmp_path / "r", max_steps=1, eval_batches=100, precision="bf16",
+                 workers=0), log=said.append)
+    assert f"{shards.name}: the build's val split holds {val_rows} sample" in "\n".join(said)
+    assert "of the 400 an evaluation takes (--eval-batches x --batch-size)" in "\n".join(said)
+    assert ("--precision bf16 on a CPU: a CPU without bf16 matrix units emulates it, often "
+            "slower than fp32") in said

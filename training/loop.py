@@ -97,9 +97,17 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         history = metrics.truncate(step) if metrics else []
         if found:
             log(f"resumed from {found[1]} at step {step}")
+        wanted = cfg.eval_batches * cfg.batch_size
         for name, val in data.vals:
             if val is None:
                 log(f"{name}: the build has no val rows: the run reports no val loss for it")
+            elif len(val) < wanted:  # a val loss of a sample or two is noise, not a measure
+                log(f"{name}: the build's val split holds {len(val)} sample"
+                    f"{'s' if len(val) > 1 else ''} of the {wanted} an evaluation takes "
+                    "(--eval-batches x --batch-size): its val loss is of those alone")
+        if device.type == "cpu" and cfg.precision != "fp32":
+            log(f"--precision {cfg.precision} on a CPU: a CPU without {cfg.precision} matrix "
+                "units emulates it, often slower than fp32")
         batches_of = StepBatches(order, data.train, procs.rank, procs.world, cfg.batch_size,
                                  cfg.grad_accum)
         peak = peak_flops(device)
