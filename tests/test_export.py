@@ -232,3 +232,36 @@ def test_generation_samples_only_ids_the_tokenizer_decodes(byte_tokenizer):
     assert generate(Favours300(), [1], 3) == [300, 300, 300]
     assert generate(Favours300(), [1], 3, allowed=allowed) == [65, 65, 65]
     assert tokenizer.decode([65]) == "A"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, torch_dtype, name", [("bf16", torch.bfloat16, "bfloat16"),
+                                                      ("fp16", torch.float16, "float16")])
+def test_a_half_precision_export_holds_half_the_bytes_and_loads_as_it_says(
+        tmp_path, neox_run, dtype, torch_dtype, name):
+    """Exports were fp32 only: a 5B model's folder was ~20 GB."""
+    from safetensors import safe_open
+
+    transformers = import_transformers()
+    full, half = tmp_path / "fp32", tmp_path / dtype
+    for out, more in ((full, []), (half, ["--dtype", dtype])):
+        r = CliRunner().invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out", str(out),
+                                     *more])
+        assert r.exit_code == 0, r.output
+    assert json.loads((half / "config.json").read_text())["torch_dtype"] == name
+    with safe_open(str(half / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch_dtype}
+    size = {p: (p / "model.safetensors").stat().st_size for p in (full, half)}
+    assert size[half] < 0.55 * size[full]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(half, torch_dtype="auto")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(full)
+    assert hf.dtype == torch_dtype and ref.dtype == torch.float32
+    ids = torch.randint(0, ref.config.vocab_size, (1, 32),
+                        generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = ref.eval()(ids).logits, hf.eval()(ids).logits.float()
+    assert (got - want).abs().max() <= 0.05 * want.abs().max()  # rounded weights, same model
+    r = CliRunner().invoke(zoo, ["export", str(neox_run), "--to", "safetensors", "--out",
+                                 str(tmp_path / "st"), "--dtype", dtype])
+    assert r.exit_code == 1 and "--dtype are --to hf's" in r.output
+    assert not (tmp_path / "st").exists()

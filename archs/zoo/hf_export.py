@@ -61,9 +61,15 @@ DEFAULT_LICENSE = "other"  # the weights' terms follow the data's: the user says
 LICENSE = re.compile(r"[a-z0-9][a-z0-9.+-]*")  # the hub's license ids: apache-2.0, cc-by-4.0, ...
 
 
+# zoo export --dtype -> the weights' torch dtype and config.json's torch_dtype
+DTYPES = {"fp32": (torch.float32, "float32"), "bf16": (torch.bfloat16, "bfloat16"),
+          "fp16": (torch.float16, "float16")}
+
+
 def export_hf(trained, out: Path, license: str = DEFAULT_LICENSE,
-              max_shard_size: int | str = "5GB") -> list[str]:
-    """Write the folder; returns notes for the user (what could not be written)."""
+              max_shard_size: int | str = "5GB", dtype: str = "fp32") -> list[str]:
+    """Write the folder, its floating-point weights as `dtype` (DTYPES); returns notes for the
+    user (what could not be written)."""
     if not LICENSE.fullmatch(license):
         raise TrainingError(f"--license {license!r}: give a license id as the hub lists them "
                             "(apache-2.0, mit, cc-by-4.0, other, ...), lowercase")
@@ -79,6 +85,9 @@ def export_hf(trained, out: Path, license: str = DEFAULT_LICENSE,
             config, weights = remote_config(model, context, ids), remote_weights(model)
             code = sorted(n for n, source in shipped_files().items() if source.parent == ARCHS)
             ship_code(folder)
+        torch_dtype, config["torch_dtype"] = DTYPES[dtype]
+        weights = {k: v.to(torch_dtype) if v.is_floating_point() else v
+                   for k, v in weights.items()}
         (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_weights(weights, folder, max_shard_size)
         write_generation_config(folder, ids)

@@ -107,7 +107,7 @@ def export_run(cfg) -> tuple:
     trained = load_run(Path(cfg.run), cfg.step)
     if cfg.to == "hf":
         return trained.model, export_hf(trained, out, cfg.license or DEFAULT_LICENSE,
-                                        cfg.max_shard_size or "5GB")
+                                        cfg.max_shard_size or "5GB", cfg.dtype)
     with staged(out) as folder:
         archs.save(trained.model, folder)
     return trained.model, []

@@ -8,6 +8,7 @@ from longpack.errors import SettingsError
 from longpack.settings import check, setting
 
 EXPORTS = ("hf", "safetensors")  # zoo export --to
+DTYPES = ("fp32", "bf16", "fp16")  # zoo export --dtype
 SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*(kb|mb|gb|tb)?", re.IGNORECASE)
 UNITS = {None: 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}  # the hub's (decimal)
 
@@ -65,15 +66,19 @@ class ExportConfig:
     max_shard_size: int | None = setting(None, "--to hf: largest safetensors file; past it the "
                                          "weights are sharded with an index (e.g. 500MB) "
                                          "[5GB].", metavar="SIZE", callback=_size_flag)
+    dtype: str = setting("fp32", "--to hf: the weights' type: bf16 or fp16 store them in half the "
+                         "bytes, rounded (transformers loads them as config.json's torch_dtype "
+                         "says).", choices=DTYPES)
 
     def __post_init__(self):
         check(self)
         if self.max_shard_size is not None:
             object.__setattr__(self, "max_shard_size", parse_size(self.max_shard_size))
-        if self.to == "safetensors" and (self.license or self.max_shard_size):
-            raise SettingsError("--license and --max-shard-size are --to hf's (a model card, "
-                                "sharded weights); --to safetensors writes one file for "
-                                "archs.load")
+        if self.to == "safetensors" and (self.license or self.max_shard_size
+                                         or self.dtype != "fp32"):
+            raise SettingsError("--license, --max-shard-size and --dtype are --to hf's (a "
+                                "model card, sharded or half-precision weights); --to "
+                                "safetensors writes one fp32 file for archs.load")
 
 
 @dataclass(frozen=True, kw_only=True)
