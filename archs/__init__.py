@@ -197,14 +197,6 @@ class Layout:
     def count(self) -> int:
         return sum(p.numel for p in self.params)
 
-    def block_numel(self, roles=None) -> dict:
-        """{block: parameters in it (of `roles`)}, the root under None."""
-        out = {}
-        for p in self.params:
-            if roles is None or p.role in roles:
-                out[p.block] = out.get(p.block, 0) + p.numel
-        return out
-
 
 MAX_BLOCKS = 100_000
 

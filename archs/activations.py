@@ -261,7 +261,7 @@ class Activations:
 def activations(model_cfg, batch: int, seq: int, precision: str = "fp32", docs: bool = True,
                 mixed: bool = False, cast_numel: dict | None = None) -> Activations:
     """Activation bytes of one micro-batch (module docstring). `cast_numel`: {block: numel of
-    its matrix, expert and router weights} (Layout.block_numel(CAST_ROLES)), whose bf16 copies
+    its matrix, expert and router weights} (memory.block_numel(layout, CAST_ROLES)), whose bf16 copies
     autocast keeps, unless `mixed`: FSDP's MixedPrecisionPolicy, whose bf16 weights need no
     copy and which casts each block's input to bf16 (what checkpointing keeps of a block)."""
     c = model_cfg

@@ -108,10 +108,19 @@ def states(lay: Layout, optimizer: str, sharding: Sharding, rank: int = 0,
     return {"params": params, "grads": grads, "optimizer": opt, "buffers": buffers}
 
 
+def block_numel(lay: Layout, roles=None) -> dict:
+    """{block: parameters in it (of `roles`)}, the root under None."""
+    out = {}
+    for p in lay.params:
+        if roles is None or p.role in roles:
+            out[p.block] = out.get(p.block, 0) + p.numel
+    return out
+
+
 def fsdp_buffers(lay: Layout, precision: str) -> int:
     """FSDP's unsharded weights and gradients in flight (an estimate; module docstring)."""
     dtype = 4 if precision == "fp32" else 2  # MixedPrecisionPolicy(param_dtype) under autocast
-    sizes = lay.block_numel()
+    sizes = block_numel(lay)
     root = sizes.pop(None, 0)
     block = max(sizes.values(), default=0)
     return 2 * block * dtype + block * (dtype + 4) + 2 * root * dtype
@@ -133,8 +142,8 @@ def memory_plan(lay: Layout, model_cfg, batch: int, seq: int, precision: str = "
     input, the final norm, the loss's log-probabilities)."""
     sharding = sharding or Sharding()
     s = states(lay, optimizer, sharding, 0, precision)
-    act = activations(model_cfg, batch, seq, precision, docs, sharding.fsdp,
-                      lay.block_numel(CAST_ROLES))
+    cast = block_numel(lay, CAST_ROLES)  # the weights bf16 autocast copies, by block
+    act = activations(model_cfg, batch, seq, precision, docs, sharding.fsdp, cast)
     used = act.checkpointed if checkpointing else act.peak
     resid = 2 if sharding.fsdp and precision != "fp32" else 4  # a block's input (activations)
     kept_at_loss = act.inputs + model_cfg.n_layers * resid * batch * seq * model_cfg.d_model + \

@@ -164,7 +164,7 @@ def saved_bytes(model, inputs, precision: str) -> int:
 def formula(name: str, rows: int, seq: int, precision: str, docs: bool, **overrides):
     lay = archs.layout(name, **overrides)
     return activations.activations(archs.config(name, **overrides), rows, seq, precision, docs,
-                                   cast_numel=lay.block_numel(activations.CAST_ROLES))
+                                   cast_numel=memory.block_numel(lay, activations.CAST_ROLES))
 
 
 CONFIGS = [(name, {}) for name in FAMILIES] + [
