@@ -73,12 +73,14 @@ def losses(run: Path) -> list[float]:
 
 
 def one_line_error(result) -> str:
-    """The CLI's error, checked to be one `Error:` line and no traceback."""
+    """The CLI's error, checked to be one `Error:` line, the last, and no traceback (before it:
+    what the run said as it started, e.g. its `training ...` line)."""
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
-    return lines[0]
+    assert lines[-1].startswith("Error: "), result.output
+    assert not any(line.startswith("Error") for line in lines[:-1]), result.output
+    return lines[-1]
 
 
 def index_entries(split: Path) -> list[dict]:
