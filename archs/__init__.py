@@ -144,11 +144,7 @@ def footprint(name: str, **overrides) -> dict:
     each and extrapolated. A weight past what a tensor can describe (int64 elements) is
     TooLarge."""
     cfg = config(name, **overrides)
-    small, periods = {}, {}
-    for field, period in cfg.repeated.items():
-        n = getattr(cfg, field)
-        small[field] = n if n <= 3 * period else period + n % period
-        periods[field] = (n - small[field]) // period
+    small, periods = _periods(cfg)
     try:
         base = _measure(name, {**overrides, **small})
         total = dict(base)
@@ -165,6 +161,17 @@ def footprint(name: str, **overrides) -> dict:
         raise TooLarge(f"{_described(name, overrides)}: a weight has more elements than a "
                        f"tensor can hold ({str(e).splitlines()[0]})") from None
     return total
+
+
+def _periods(cfg) -> tuple[dict, dict]:
+    """({field: the small value a model is measured at}, {field: the periods beyond it}) for
+    each of the config's `repeated` fields: a few periods are built, the rest extrapolated."""
+    small, periods = {}, {}
+    for field, period in cfg.repeated.items():
+        n = getattr(cfg, field)
+        small[field] = n if n <= 3 * period else period + n % period
+        periods[field] = (n - small[field]) // period
+    return small, periods
 
 
 def _measure(name: str, overrides: dict) -> dict:
@@ -207,11 +214,7 @@ def layout(name: str, **overrides) -> Layout:
     model is built at a few periods and the parameters one period adds are repeated, so a deep
     model is sized at once. Raises TooLarge for a weight no tensor can hold."""
     cfg = config(name, **overrides)
-    small, periods = {}, {}
-    for name_, period in cfg.repeated.items():
-        n = getattr(cfg, name_)
-        small[name_] = n if n <= 3 * period else period + n % period
-        periods[name_] = (n - small[name_]) // period
+    small, periods = _periods(cfg)
     base, buffers = _params(name, {**overrides, **small})
     params = list(base.values())
     next_block = 1 + max((p.block for p in params if p.block is not None), default=-1)
