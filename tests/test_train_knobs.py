@@ -335,7 +335,7 @@ def test_configs_ship_the_seeds_runs():
                      "resonance-large-32k.toml"]
 
 
-@pytest.mark.parametrize("path", [  # the hybrid's FLOPs are measured at 32k: ~20 s on a CPU
+@pytest.mark.parametrize("path", [  # the hybrid's FLOPs are measured at 32k: slow on a CPU
     pytest.param(p, marks=pytest.mark.slow) if p.name.startswith("hybrid") else p
     for p in sorted(CONFIGS.glob("*.toml"))], ids=lambda p: p.name)
 def test_each_config_loads_and_its_plan_fits_8_gpus(path, build_32k, tmp_path):
