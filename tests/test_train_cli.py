@@ -91,7 +91,10 @@ def tree(path):
     return sorted(p.relative_to(path) for p in path.rglob("*"))
 
 
-def test_a_refused_run_leaves_nothing_under_out(tmp_path, shards):
+def test_a_refused_run_leaves_nothing_under_out(tmp_path, shards, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed, wherever it is
     out = tmp_path / "r"
     refused = [
         ("--shards", tmp_path / "nowhere"),  # no build there
@@ -263,3 +266,16 @@ def test_a_weight_decay_that_would_flip_every_weight_is_refused():
         with pytest.raises(SettingsError, match="lr x weight decay must be below 1"):
             TrainConfig(shards=("x",), out="o", weight_decay=wd, lr=lr, min_lr=0)
     TrainConfig(shards=("x",), out="o", weight_decay=1.0, lr=0.5, min_lr=0)  # halves: allowed
+
+
+def test_a_run_records_its_builds_where_they_are_not_as_typed(tmp_path, monkeypatch):
+    """Checkpoints and W&B keep TrainConfig.to_dict(): a relative --shards there would name
+    another folder for `zoo export` run from elsewhere (issue 44)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(shards=("./fwe", "web=../dolma", "s3://bucket/x"), cache="cache",
+                      out=str(tmp_path / "run"))
+    recorded = cfg.to_dict()
+    assert recorded["shards"] == (str(tmp_path / "fwe"), f"web={tmp_path.parent / 'dolma'}",
+                                  "s3://bucket/x")
+    assert recorded["cache"] == str(tmp_path / "cache")
+    assert cfg.shards == ("./fwe", "web=../dolma", "s3://bucket/x")  # the run itself: as given

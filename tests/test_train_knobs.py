@@ -133,9 +133,14 @@ def test_zoo_eval_scores_the_windows_the_run_trained_on(tmp_path, shards):
 class FakeWandb(types.ModuleType):
     """What MetricsLog uses of wandb: init (its keyword arguments kept), log, finish."""
 
-    def __init__(self):
+    def __init__(self, logged_in=True):
         super().__init__("wandb")
         self.inits, self.logged, self.finished = [], [], 0
+        self.logged_in = logged_in
+
+    def login(self, prompt=True, verify=True):
+        assert not prompt and not verify  # asks no one, reaches no server
+        return self.logged_in
 
     def init(self, **kw):
         self.inits.append(kw)
@@ -178,6 +183,32 @@ def test_wandb_gets_the_run_settings_and_its_resolved_config(tmp_path, shards, m
         "project": "longpack", "name": "plain", "entity": None, "group": None,
         "tags": ["a", "b"]}
     assert wandb_settings(TrainConfig(shards="x"))["tags"] is None
+    # a resume continues the same W&B run (its id is in the checkpoint); a fresh start does not
+    r = CliRunner().invoke(train_cli, ["--config", str(toml), "--out", str(tmp_path / "r"),
+                                       "--total-tokens", "600"])
+    assert r.exit_code == 0, r.output
+    assert fake.inits[1]["id"] == init["id"] and fake.inits[1]["resume"] == "allow"
+    assert [step for step, _ in fake.logged[3:]] == [3, 4]
+    r = CliRunner().invoke(train_cli, ["--config", str(toml), "--out", str(tmp_path / "r"),
+                                       "--resume", "never"])
+    assert r.exit_code == 0, r.output
+    assert fake.inits[2]["id"] != init["id"]
+
+
+def test_wandb_without_a_login_is_one_line_before_anything_is_made(tmp_path, shards,
+                                                                   monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", FakeWandb(logged_in=False))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    out = tmp_path / "r"
+    r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(out),
+                                       "--report-to", "console,wandb"])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "not logged in to W&B; run `wandb login` or set WANDB_API_KEY" in r.output
+    assert not out.exists()
+    monkeypatch.setenv("WANDB_MODE", "offline")  # records kept locally: no login needed
+    from training.metrics import check_installed
+
+    check_installed(("console", "wandb"))
 
 
 # -- Muon's settings ------------------------------------------------------------------------

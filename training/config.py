@@ -170,7 +170,22 @@ class TrainConfig:
             else overrides
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The settings as a run records them (checkpoints, W&B): local --shards and --cache
+        made absolute, so that `zoo export` finds the build from any folder."""
+        import os
+
+        from longpack import is_url
+        from pipeline import source_name
+
+        def absolute(path: str) -> str:
+            return path if is_url(path) else os.path.abspath(path)
+
+        shards = []
+        for name, path in self.mixture()[0]:
+            path = absolute(path)
+            shards.append(path if source_name(path) == name else f"{name}={path}")
+        return {**asdict(self), "shards": tuple(shards),
+                "cache": self.cache and absolute(self.cache)}
 
 
 def rules(cfg: TrainConfig) -> None:

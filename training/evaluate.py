@@ -3,11 +3,8 @@
     loss_sum, targets = split_loss(model, rows, n=len(rows), batch_size=8)
     loss = loss_sum / targets                  # nats per real target, however it was batched
 
-The loss of every real (non-padding) target of rows [0, n), summed, and their number: the mean
-does not depend on the batching or on how the batches are shared out over processes (`rank`,
-`world`: batch i goes to process i % world). Bits per byte (`bits_per_byte`) turn a loss per
-token into one per byte of the documents' UTF-8 text, the split's tokens per byte as the
-manifest counts them (`tokens` and `text_bytes`), so models of different tokenizers compare.
+`bits_per_byte` turns a loss per token into one per byte of UTF-8 text (the manifest's tokens
+and text_bytes), so models of different tokenizers compare.
 """
 
 import contextlib

@@ -1,17 +1,10 @@
 """The training loop, top to bottom: processes -> data -> model -> resume -> steps.
 
-Each step's rows come from the global order (data/mixture.py), so the run is a pure function of the
-config and the shards: N steps straight and K steps + resume + N - K steps give the same losses
-and weights (CPU, fp32), and a resume with another number of processes or per-device batch
-(the same global batch) continues the same order. What a checkpoint holds, and what a resume
-checks before it goes on, is checkpoint.py's; the step itself (the one --dry-run times) is
-step.py's; each step's record goes to metrics.jsonl, which a resumed run reads back.
-
-The models in archs/ draw no random numbers while training (no dropout, no router noise), so
-nothing a rank computes depends on which rank it is or how many there are.
-
-Under torchrun every process runs this same code on its slice of each step (DDP averages the
-gradients); rank 0 logs and saves.
+A run is a pure function of the config and the shards (the order is data/mixture.py's; the
+models draw no random numbers while training): N steps straight and K + resume + N - K give
+the same losses and weights, under any number of processes with the same global batch. What
+a checkpoint holds is checkpoints/checkpoint.py's, the step step.py's. Under torchrun every
+process runs this code on its slice of each step; rank 0 logs and saves.
 """
 
 import contextlib
@@ -21,6 +14,7 @@ import shutil
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -90,8 +84,9 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         # -- the run starts: its directory and metrics ------------------------------------------
         run.mkdir(parents=True, exist_ok=True)
         step_tokens = order.global_batch * (data.seq - 1)
+        run_id = (found and found[0].get("run_id")) or uuid.uuid4().hex[:16]  # W&B's run id
         metrics = MetricsLog(run, cfg, resolved_config(cfg, model, data, procs.world, order,
-                                                       step_tokens)) if procs.main else None
+                                                       step_tokens), run_id) if procs.main else None
         # the records of the steps before `step`; lines of later ones (a crash, --resume never)
         # go, to be written again
         history = metrics.truncate(step) if metrics else []
@@ -170,7 +165,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                     if procs.main and remote:
                         remote.wait()  # the previous checkpoint's upload, if still running
                     saved = checkpoint.save(run, step, state, checkpoint.capture(
-                        state, step, data, order, cfg), cfg.keep_last, procs)
+                        state, step, data, order, cfg, run_id), cfg.keep_last, procs)
                     if procs.main and remote:
                         remote.submit(saved, run, cfg.keep_last)  # in the background
                 if stopping:

@@ -2,6 +2,7 @@
 (optional extras: a clear error when the package is missing, never a silent no-op)."""
 
 import json
+import os
 from pathlib import Path
 
 from longpack import SettingsError, write_bytes
@@ -11,10 +12,23 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 
 
 def check_installed(kinds: tuple[str, ...]) -> None:
-    """Refuse --report-to tensorboard / wandb without the package (before a run makes anything)."""
+    """Refuse --report-to tensorboard / wandb without the package, and wandb without a login
+    (before a run makes anything: wandb.init's own refusal is a traceback after it)."""
     for kind in ("tensorboard", "wandb"):
         if kind in kinds:
-            _import(kind)
+            module = _import(kind)
+    if "wandb" in kinds and os.environ.get("WANDB_MODE", "").lower() not in (
+            "offline", "disabled", "dryrun") and not _logged_in(module):
+        raise SettingsError("--report-to wandb: not logged in to W&B; run `wandb login` or set "
+                            "WANDB_API_KEY (or WANDB_MODE=offline to keep the records locally)")
+
+
+def _logged_in(wandb) -> bool:
+    """Whether W&B has credentials, asking no one and reaching no server."""
+    try:
+        return bool(wandb.login(prompt=False, verify=False))
+    except TypeError:  # a wandb before login(prompt=...): its older key lookup
+        return bool(getattr(getattr(wandb, "api", None), "api_key", None))
 
 
 def _import(kind: str):
@@ -31,16 +45,17 @@ def _import(kind: str):
 
 class MetricsLog:
     """metrics.jsonl in the run directory, and TensorBoard and W&B as cfg.report_to asks.
-    `config`: the run's resolved config (training/loop.resolved_config), W&B's run config."""
+    `config`: the run's resolved config (training/loop.resolved_config), W&B's run config;
+    `run_id`: the run's W&B id, kept in its checkpoints, so a resumed run continues its W&B run."""
 
-    def __init__(self, run: Path, cfg, config: dict):
+    def __init__(self, run: Path, cfg, config: dict, run_id: str):
         self.path = run / "metrics.jsonl"
         self.tb = self.wandb = None
         if "tensorboard" in cfg.report_to:
             self.tb = _import("tensorboard")(str(run / "tensorboard"))
         if "wandb" in cfg.report_to:
             self.wandb = _import("wandb").init(**wandb_settings(cfg), dir=str(run),
-                                               config=config, resume="allow")
+                                               config=config, id=run_id, resume="allow")
 
     def close(self) -> None:
         """The end of the run: TensorBoard's events flushed, the W&B run marked finished."""

@@ -1,21 +1,10 @@
-"""Optimizers by parameter role: AdamW, or Muon for the hidden matrices + AdamW for the rest.
+"""Optimizers by parameter role (AdamW, or Muon for the hidden matrices + AdamW for the rest), and
+the learning rate by step (docs/TRAIN.md, "Steps").
 
-Each model names every parameter's role (`model.param_roles()`, tables in the model files; the
-roles are archs.layers.OPTIMIZER_ROLES), never inferred from ndim or module type: MoE experts
-are bare 3-D parameters, resonance's short convolution a 2-D one that is no hidden matrix.
-
-    role              weight decay   --optimizer adamw   --optimizer muon
-    matrix, experts   yes            AdamW               Muon (each expert's matrix on its own)
-    head              yes            AdamW               AdamW
-    embedding, norm,  no             AdamW               AdamW
-    bias, router, kernel
-
-Muon (torch.optim.Muon: Newton-Schulz orthogonalized momentum) takes 2-D parameters only; the
-subclass below also takes MoE's stacks [experts, in, out] and treats each expert's [in, out]
-as its own matrix, shaped like an nn.Linear weight [out, in] for Muon's learning-rate scaling.
-
-The learning rate is a pure function of the step (`lr_at`), set on every optimizer before each
-step (`set_lr`; Muon's scaled by --muon-lr / --lr).
+Each model names every parameter's role (`model.param_roles()`), never inferred from shapes:
+MoE experts are bare 3-D parameters, resonance's short convolution a 2-D one that is no hidden
+matrix. Muon here also takes MoE's stacks [experts, in, out], each expert's matrix on its own.
+The learning rate is a pure function of the step (`lr_at`), set just before each update.
 """
 
 import math

@@ -3,16 +3,13 @@
     prepare(model, cfg, procs)   model -> TrainState: optimizers, grad scaler, and the loss as
                                  the run calls it (DDP over the processes, torch.compile)
     train_step(state, micro_batches, step, cfg, procs)
-                                 forward + backward of each micro-batch (fp16: scaled), then
-                                 unscale, clip, optimizer step, scaler update; its numbers
-                                 stay on the device
+                                 forward + backward of each micro-batch, unscale, clip, update;
+                                 its numbers stay on the device
     read_steps(results)          many steps' numbers on the host, in one copy
 
-The step's loss is the mean over the real (not padding) targets of the whole global batch,
-however it is cut into micro-batches and processes: a micro-batch weighs by its real targets,
-so one of padding counts for nothing. Every other number the model's loss returns (`ce`, the
-next-token loss; `aux`; MoE's balance, z_loss, mtp, ...) is averaged with the same weights, so
-`ce` + `aux` = `loss` for the step as for each micro-batch (StepResult.terms).
+The step's loss is the mean over the real targets of the whole global batch: a micro-batch
+weighs by its real targets (one of padding counts for nothing), and every term of the model's
+loss is averaged with the same weights, so `ce` + `aux` = `loss`.
 """
 
 import contextlib

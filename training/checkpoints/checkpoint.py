@@ -1,48 +1,16 @@
-"""Checkpoints: RUN/step-NNNNNNNN/ directories, written whole or not at all, newest kept; what
-they hold (`capture`) and how a run takes it back (`check_model`, `restore`; the data's order
-is checked by data/mixture.py's `check_resume`).
-
-A checkpoint is written into `.step-N.tmp/`, with a `COMPLETE` file written last, then renamed;
-`RUN/latest` names the newest. Loading takes the newest checkpoint whose files match COMPLETE,
-saying (in one line) which it skips. A run reads and prunes only its own checkpoints: folders
-named exactly `step-NNNNNNNN` whose COMPLETE ends in the record `longpack checkpoint of step N`
-of that same N (or, written before the record, a COMPLETE of file hashes alone). Anything else
-in RUN (an export, a user's copy `step-00000002-best`) is never resumed from nor removed.
-
-state.pt holds the grad scaler, RNG states, the step, the shards' fingerprint and seq, the
-config, the optimizers' param_groups and the batch hashes of the last RECENT_HASHES steps: a
-resumed run recomputes those from its own order and refuses to go on if they differ. The model
-and the optimizers' tensors are DCP files beside it, each process's part,
-whatever the number of processes and sharding; COMPLETE lists the sha256 of every file
-("HASH  NAME" lines) and ends with the record. Any checkpoint resumes with or without --fsdp,
-under any number of processes. Its size does not grow with the run: the metrics of the steps
-done are in RUN/metrics.jsonl, not here. Checkpoints of earlier formats load: format 2 held the
-model and optimizers in state.pt (but for --fsdp runs; COMPLETE: state.pt's hash alone), format
-1 also the whole metrics history, which is ignored.
-
-Loading never runs code from a checkpoint (a run's folder may come from a shared bucket):
-state.pt is read with torch.load(weights_only=True), which builds tensors and plain Python
-values only (and numpy's arrays, for the RNG state), and a sharded checkpoint's DCP metadata
-through an allow-list (SafeReader, below).
+"""Checkpoints: RUN/step-NNNNNNNN/ folders, written whole or not at all, the newest kept; what
+they hold (`capture`) and how a run takes them back (`check_model`, `restore`; the data's order
+is checked by data/mixture.py's `check_resume`). docs/TRAIN.md, "Checkpoints and resume", says
+what is where and why; in short:
 
     step-NNNNNNNN/  __R_0.distcp (process R's part)    .metadata (DCP's index of them)
                     state.pt (rank 0: no weights)      COMPLETE (last: sha256 of every file)
 
-DCP stores each tensor under its name with the piece each process held (a DTensor's shard,
-or a plain tensor once), so a checkpoint loads under any number of processes, sharded or not:
-`load_into` asks for the tensors as the model holds them now (get_state_dict: sharded for
-FSDP, whole otherwise) and DCP reads the pieces that cover them. The optimizer state is keyed
-by parameter name (not by position), so it follows the parameters whatever their layout.
-
-Nothing read from a checkpoint runs code. DCP reads its `.metadata` with plain pickle, and its
-default planner each non-tensor ("bytes") item with torch.load(weights_only=False); both run
-whatever a crafted file asks for. Here the metadata is read by `SafeReader`, whose unpickler
-builds only DCP's own metadata classes, torch sizes and dtypes (anything else: "not a DCP
-metadata file", nothing run), and bytes items by `SafeLoadPlanner`, with weights_only=True
-(plain values only). The trainer writes no bytes item at all: DCP gets the tensors, and the
-optimizers' param_groups (learning rates, betas: plain values) go into state.pt, itself read
-with weights_only=True. Checkpoints written before held the param_groups as bytes items; they
-load through the same planner.
+One format for every run (DCP: any number of processes, sharded or not, loads it); formats 1
+and 2 (tensors in state.pt) still load. A run reads and prunes only its own checkpoints (the
+record ending COMPLETE). Nothing read runs code: state.pt through torch.load(weights_only=True),
+DCP's pickled `.metadata` through `SafeReader`'s allow-list, bytes items through
+`SafeLoadPlanner` with weights_only=True.
 """
 
 import io
@@ -253,8 +221,9 @@ def find(run: Path, resume: str, say=warn) -> tuple[dict, Path] | None:
     return load(Path(resume))
 
 
-def capture(s: TrainState, step: int, data, order: MixedOrder, cfg) -> dict:
-    """What a checkpoint after `step` steps holds (the state of this process)."""
+def capture(s: TrainState, step: int, data, order: MixedOrder, cfg, run_id: str) -> dict:
+    """What a checkpoint after `step` steps holds (the state of this process); `run_id` names
+    the run across its resumes (its W&B run)."""
     recent = range(max(0, step - RECENT_HASHES), step)
     # the model and optimizers: save() adds them to a whole checkpoint (a sharded one's parts
     # are written by every process)
@@ -266,7 +235,7 @@ def capture(s: TrainState, step: int, data, order: MixedOrder, cfg) -> dict:
             # the model's config as built (preset + --model-arg): what resume, export and
             # generate rebuild it from
             "model_config": asdict(s.model.cfg),
-            "recent_hashes": [(n, order.step_hash(n)) for n in recent]}
+            "recent_hashes": [(n, order.step_hash(n)) for n in recent], "run_id": run_id}
 
 
 def check_model(found: tuple[dict, Path], cfg) -> None:

@@ -1,4 +1,5 @@
-"""A run's checkpoints in a bucket: uploaded in the background, found again on a fresh machine.
+"""A run's checkpoints in a bucket: uploaded in the background, found again on a fresh machine
+(docs/TRAIN.md, "Checkpoints in a bucket").
 
     remote = RemoteRun("s3://bucket/run")       # reaches the store now: one line if it cannot
     remote.fetch_newest(run)                     # --resume auto: the bucket's newest complete
@@ -6,17 +7,9 @@
     remote.submit(run / "step-00000100", run, keep_last=3)   # returns at once
     remote.close()                               # waits for the upload in flight
 
-The bucket holds what the run directory holds: `step-NNNNNNNN/state.pt`, then
-`step-NNNNNNNN/COMPLETE` (uploaded last: a checkpoint without it is not complete, whatever was
-cut short), `metrics.jsonl` (its lines up to that checkpoint) and `latest`. Then --keep-last
-applies in the bucket as in the run directory (checkpoint.to_remove), and uploads an earlier
-process left cut short go: each checkpoint removed loses its COMPLETE first, so one cut short
-mid-removal is never taken for complete.
-
-One upload runs at a time, in a thread: training goes on while it runs; the next checkpoint
-waits for it only if it is still running (`submit` first waits, then starts). An upload's
-failure is raised at the next submit or at close, as one StorageError line; the local
-checkpoint is whole whatever happens to the upload.
+COMPLETE goes up last and comes down first, so a checkpoint cut short anywhere is never taken
+for complete. One upload at a time, in a thread; its failure is raised at the next submit or at
+close, and the local checkpoint is whole whatever happens to the upload.
 """
 
 import shutil

@@ -1,40 +1,16 @@
-"""Where the trainer's rows come from: a build of `pack build` (OUT), local or at a URL.
+"""Where the trainer's rows come from: a build of `pack build` (OUT), local or at a URL
+(docs/TRAIN.md, "Rows and their order").
 
     build = open_build("OUT" or "s3://bucket/OUT", cache=Path("run/shard-cache"), ...)
     tokens, starts, hashes = build.train.get(i)    # global row i
 
-One reader, `Rows`, for every shard format: a split's index.json says which format it is
-(pipeline's registry, `open_format`), and the format reads a shard's rows at random
-(`read_rows`: its files memory-mapped, a row a view of them; `unpacked` / `unpack` for a format
-that stores shards compressed). Nothing here knows a format by name: a new format trains as it
-is, from a folder or a URL.
-
-- A local build is read in place and never written to; a shard stored compressed (MDS with
-  zstd) is read from its decompressed copy, which its format writes into the cache, a chunk at a
-  time, when a row of it is first needed.
-- A build at a URL (s3://, gs://, az://, any store longpack/store.py reaches; S3_ENDPOINT_URL
-  names an S3-compatible one): the manifest and each split's index.json are read through the
-  store, and each shard's files are downloaded into the cache (and unpacked there) when a row of
-  it is first needed.
-- The cache (training/data/shard_cache.py) lives under the build's fingerprint, so a cache left by
-  other shards is never read; beyond `cache_limit` the least recently used shards leave it. It
-  is made when the first file is written into it (an uncompressed local build never writes
-  one), and when open_build fails it removes what it made, so a failed run leaves nothing behind.
-- `seq` shorter than the build's rows: each row is cut into row_seq / seq windows; sample
-  i is window i % k of row i // k. A document running into a window starts it (offset 0).
-
-Every shard is checked (the sha256 of the files its rows are read from against index.json, its
-ids against the vocabulary) once per run, before any of its rows is returned:
-training/data/verify.py. A copy in the cache that fails is made again (fetched, unpacked) once
-before the shard is blamed: the cache, or a fetch, may be what broke. A shard that fails, is
-missing or cannot be read or unpacked raises DataError naming its file or URL (and the row where
-known); the store itself failing (unreachable, no credentials, no bucket) is the StorageError
-line every URL of longpack gives (longpack/store.py).
-
-Rows come as (tokens [seq], starts, hashes): segment starts (first 0) and document hashes
-(0 = padding), what training/data/loader.py turns into a model's batch. `check(i)` checks the shard
-of row i without reading the row (the loader checks ahead with it); `unchecked()` says how many
-shards are left to check.
+One reader, `Rows`, for every shard format: a split's index.json names its format (pipeline's
+`open_format`), which reads rows at random from memory-mapped files; a shard stored compressed,
+or one at a URL, is unpacked or fetched into the cache (data/shard_cache.py) when a row of it is
+first needed. Every shard is checked once per run before any of its rows is returned
+(data/verify.py); a cached copy that fails is made again once before the shard is blamed.
+Rows come as (tokens [seq], segment starts (first 0), document hashes (0 = padding)); with
+`seq` shorter than the build's rows, sample i is window i % k of row i // k.
 """
 
 import bisect

@@ -1,44 +1,19 @@
 """Batches built ahead by worker processes, in the global order, from any step on, and what a
-model in archs/ takes of them: input_ids, targets, doc_starts.
+model in archs/ takes of them: input_ids, targets, doc_starts (docs/TRAIN.md, "Rows and
+their order").
 
-Item k of StepBatches is micro-batch k % grad_accum of step k // grad_accum for this rank. Its
-rows come from the global order (mixture.py), so the loader begins at any step without reading
-or skipping what came before: resume is O(1).
+Item k of StepBatches is micro-batch k % grad_accum of step k // grad_accum for this rank, so
+the loader begins at any step without reading what came before. Worker w of W builds items
+w, w + W, ... into its own slots of anonymous shared memory, two semaphores counting filled and
+free slots: the order is kept without sorting, and a slot goes back when the next batch is
+asked for (use a batch before then). torch's DataLoader makes a shared-memory segment per
+tensor, which costs more than the whole batch here (tools/bench_loader.py). A worker's typed
+error reaches the trainer as the same one line; a dead worker is reported, not waited for.
+Each worker checks the shards of its next items in a thread while it waits for a free slot.
 
-With `workers` > 0, worker w builds items w, w + W, w + 2W, ... (W = workers) into its own
-`prefetch` slots of shared memory (train --prefetch, default PREFETCH), made once; the trainer
-takes them in turn, so the order is kept without sorting. A slot holds the tokens and the small
-arrays (padding, document starts): everything is written once, by the worker, and read in place.
-Two semaphores per worker count the filled and the free slots; taking or giving one is an atomic
-operation in shared memory, and a system call only when a side has to sleep (a pipe costs two
-system calls a batch). A slot is handed back when the trainer asks for the next batch, so a
-batch must be used (moved to the device or copied) before then. torch's DataLoader makes a new
-shared-memory segment per tensor, and a thread pool's threads share one interpreter lock: both
-are slower on the same shards (tools/bench_loader.py; the figures in docs/BENCHMARKS.md).
-
-Errors: a typed error in a worker (a DataError naming a damaged shard, training/data/verify.py)
-reaches the trainer as the same error, its one line intact; anything else as a LoaderError with
-the worker's traceback. A worker that dies (killed) is reported whichever worker the trainer is
-waiting for, since its siblings may be waiting for it.
-
-Checking ahead: each worker runs a thread that checks the shards of its next 2 x prefetch
-items (CHECK_AHEAD by default; the rows' `check`, training/data/builds.py) while the worker itself
-waits for a free slot, so the first read of a shard rarely waits for its hash; it ends once
-every shard is checked.
-
-A batch: a row of `seq` tokens gives input_ids = row[:-1] and targets = row[1:] (seq - 1 predictions), so
-no token of another row is needed. Targets that are padding (the hash-0 segment, see
-docs/FORMAT.md) are -100, ignored by the loss. doc_starts is the row's segment starts below
-seq - 1, padded with -1 to the batch's widest row: the archs/ convention (first start 0). A
-compiled run pads it to the row's length (`full_width`).
-The token after an EOS stays a target: it is predicted from the ending document alone, since
-attention never crosses the boundary.
-
-Two halves, because a loader worker builds the batch in its own process: `collate` (in the
-worker, into a shared-memory slot, training/data/loader.py) keeps the tokens in the build's dtype and
-says where padding starts, a few small numpy arrays (torch tensors would each take a new
-shared-memory segment, which costs more than the whole batch at these sizes); `model_inputs` (in
-the trainer) widens them to the int64 tensors the model takes.
+A batch: input_ids = row[:-1], targets = row[1:] (-100 in padding), doc_starts the row's
+segment starts padded with -1. `collate` (in the worker) keeps the build's dtype in a few numpy
+arrays; `model_inputs` (in the trainer) widens them to the model's int64 tensors.
 """
 
 import mmap

@@ -1,46 +1,17 @@
-"""The rows of each step when the trainer draws from several builds at set shares (docs/TRAIN.md,
-"Mixtures"); one build is the mixture of one source, drawn exactly as its GlobalOrder (below) orders it.
+"""The order of a run's rows: which rows each step takes, from one build or several at set shares
+(docs/TRAIN.md, "Rows and their order" and "Mixtures", say how and why).
 
     order = MixedOrder(sources, stages, global_batch, seed)
     order.step_rows(step)        # the step's rows, ids into MixedRows (source k: base_k + row)
     order.rows_before(step)      # rows each source gave to steps [0, step): O(stages)
 
-Counts: stage j has a share w_k per source. Each step gives source k floor(w_k G) rows
-(G = global batch) plus, for the R = G - sum floor(w_k G) rows left, one more to R sources,
-chosen so that every source's count stays floor or ceil of w_k G (the proportions hold in every
-batch up to rounding) and its running total stays within a row or so of w_k G per step (the
-long-run shares are exact). The choice: the fractional parts f_k of w_k G lie end to end on
-[0, R); step t of the stage puts R points at u_t, u_t + 1, ..., u_t + R - 1 and a source gets
-an extra row when a point falls on its part (a part is shorter than 1, so at most one point).
-u_t = ((t * P) mod Q + 1/2) / Q, a rotation by about the golden ratio with period Q, spreads
-each source's extras evenly; a table of their running count over one period (Q per source)
-gives any step's totals at once. Positioning at step 1,000,000 reads no rows and loops over
-nothing but the stages.
-
-Source k's rows come from its own endless order of epoch permutations (GlobalOrder,
-seeded by its build's fingerprint): the step takes the next count_k of them. A step drawing from
-two or more sources shuffles its rows (by sorting a key per position, a hash of the run's seed,
-the step and the position), so every process and micro-batch gets the mixture, not a block of
-one source. Steps are drawn a block at a time, vectorized (a loader asks for every step in
-turn); what a step holds does not depend on the block it was drawn in. Epochs of a source are
-its rows drawn over its train rows; `max_epochs` cuts the run at the last step before a source
-would pass it.
-
-A step's hash (what checkpoints keep to prove a resume continues the same order) is of the
-rows' (build fingerprint, row) pairs, not of ids that depend on the order the sources are
-listed in; a step of one source hashes as a single build's step does.
-
-One source's order (GlobalOrder) is a pure function of (seed, epoch, build fingerprint). Global
-step s takes rows [s * G, (s + 1) * G) of the concatenation of epoch permutations
-(G = global batch size in rows): every row appears once per epoch before any repeats, each epoch
-is shuffled anew, and a step's rows do not depend on the number of processes. Rank r of W takes
-the r-th contiguous slice of the step's rows, so any (W, per-device batch) with the same G
-continues the same order. Positioning at step 1,000,000 computes an offset, reads nothing and
-skips nothing: O(1) apart from building that epoch's permutation once (numpy's PCG64 seeded
-from (seed, epoch, fingerprint), so every machine agrees).
-
-Each step's rows hash to a short id (`batch_hash`) that the trainer logs and keeps in its
-checkpoints, so a resumed run can prove it reproduces the steps it replaces.
+One source's order (GlobalOrder) is a pure function of (seed, epoch, build fingerprint): step s
+takes rows [s * G, (s + 1) * G) of the concatenation of epoch permutations, whatever the
+number of processes; rank r takes the r-th slice. Several sources: each step gives source k
+floor or ceil of w_k G rows, the extras spread by a golden-ratio rotation so that the long-run
+shares are exact, and the step's rows are shuffled together. Positioning at any step reads
+nothing. Each step's rows hash to a short id (`batch_hash`) that checkpoints keep, so a resume
+proves it reproduces the steps it replaces.
 """
 
 import bisect

@@ -1,20 +1,12 @@
-"""The trainer's shard cache: the local files of shards that are not read where they lie (a build
-at a URL, downloaded; a shard stored compressed, unpacked), at most `limit` bytes of them.
+"""The trainer's shard cache: the local files of shards not read where they lie (fetched from a
+URL, or unpacked), at most `limit` bytes, one folder per split under the build's fingerprint.
 
-One folder per split, under the build's fingerprint (training/data/builds.py). Files are put in under a
-temporary name and renamed, so a file under its own name is whole; sizes are read from the folder
-itself (one listing per shard put in), so files that another process or an earlier run left
-count too. To make room, the least recently used shards' files are removed, never those of a
-shard in use (being fetched, unpacked, checked or opened by a process of the run at that moment),
-and never the shard being put in: with every other shard in use, a shard goes in over the limit.
-
-Shared like training/data/verify.py's verdicts: anonymous shared memory made when the build is opened,
-before the loader forks its workers, holds for each shard when it was last used (a monotonic
-clock, the same in every process), how many processes are using it, and a generation counted up
-each time its files are removed. A process keeps the files it has mapped readable after they
-are removed (Linux frees a removed file once its last map goes), so it compares the generation
-before using a map and drops maps of removed files when it opens another: the disk they hold
-is given back. Under torchrun each rank keeps its own table over the same folder.
+Files go in under a temporary name and are renamed; sizes are read from the folder itself, so
+what another process or an earlier run left counts too. To make room the least recently used
+shards leave, never one in use by a process of the run (fetched, unpacked, checked, opened) nor
+the one going in. The table of last use, users and generation is anonymous shared memory made
+before the loader forks, like data/verify.py's verdicts; a process compares a shard's
+generation before using its maps and drops maps of removed files, giving their disk back.
 """
 
 import contextlib

@@ -1,33 +1,14 @@
-"""Every shard is checked before any of its rows is trained on, once per run.
+"""Every shard is checked before any of its rows is trained on, once per run (docs/TRAIN.md,
+"Rows and their order"): a zstd frame carries no checksum and a .npy file none at all, so a
+flipped byte or ids rewritten by another tool would otherwise train silently.
 
-Why: a zstd frame carries no checksum and a .npy file none at all, so one flipped byte in a
-shard, or ids rewritten by another tool, would otherwise train silently. What a check is:
+A check: the files its rows are read from (its format's `unpacked` files, local, fetched or left
+in the cache) against the sha256 its split's index.json records, and its ids against the
+build's vocabulary. A failure is a DataError naming the shard (and the row, for an id).
 
-- the files the shard's rows are read from (its format's `unpacked` files) against the sha256
-  that its split's index.json records (docs/FORMAT.md): memmap, `tokens` and `docs`; MDS, the
-  decompressed shard in the cache (`raw_data`). Those are the very bytes the rows are read from,
-  whether the build is local, at a URL, or left in the cache by an earlier run
-  (training/data/builds.py);
-- its token ids against the vocabulary (the build's `tokenizer.vocab_size`, which is the
-  model's): an id beyond it would fail deep in the embedding, or worse, index a padded row.
-
-A failed check is a DataError naming the shard (and the row, for an id), which the loader
-forwards from its worker processes as the same one-line error.
-
-Once per run: the verdicts live in anonymous shared memory made when the build is opened, that
-is before the loader forks its workers, so the trainer and all its workers share one table
-(under torchrun, each rank and its workers: a rank checks the shards its own rows come from).
-The first process that needs a shard claims it and checks it; the others wait for its verdict
-(a claim whose process has gone, a worker stopped or killed while checking, is taken over).
-Checks happen where rows are read, so in the loader's worker processes (training/data/loader.py),
-and each worker checks ahead, in a thread, the shards of its next items while it waits for the
-trainer to free a slot: hashing overlaps the training step instead of stalling it. The trainer
-itself checks only what it reads itself (val, and everything with --workers 0).
-
-Cost: one sequential read of every shard used (sha256 ~1.4 GB/s per core with SHA-NI, a
-max over the tokens ~3.5 GB/s), spread over the first epoch; then one byte read per row
-(tools/bench_loader.py, docs/BENCHMARKS.md). Not re-checked: a shard the cache evicted and
-fetched again later in the run (from the same source, checked once; its sizes are).
+Once per run: the verdicts are anonymous shared memory made before the loader forks, so the
+trainer and all its workers share one table. The first process that needs a shard claims and
+checks it; the others wait for its verdict (a claim whose process is gone is taken over).
 """
 
 import mmap

@@ -1,29 +1,14 @@
-"""`train --fsdp`: the model's parameters, gradients and optimizer state sharded over the
-processes with FSDP2 (torch.distributed.fsdp.fully_shard), as torchtitan and OLMo-core do.
+"""`train --fsdp`: parameters, gradients and optimizer state sharded with FSDP2
+(torch.distributed.fsdp.fully_shard), as torchtitan and OLMo-core do (docs/TRAIN.md,
+"Sharded training").
 
     shard(model, cfg, procs)      in place: each block of model.blocks is a unit, then the root
 
-A unit's parameters become DTensors split along dim 0 over the shard group; the forward of a
-unit gathers its parameters (all-gather) and frees them after; backward reduce-scatters the
-gradients. The root unit holds what is outside the blocks: embeddings, final norm, the head
-(whose weight the chunked loss reads directly: archs.layers.chunked_cross_entropy) and MoE's
-MTP projections. The zoo's loss is `model.loss(...)`, not `forward`, so it is registered as a
-forward method of the root (else FSDP's hooks never run for it: "mixed torch.Tensor and
-DTensor").
-
---fsdp-replicas R: hybrid sharding (HSDP) on a 2-D mesh (R, world / R): parameters are
-sharded within each group of world / R processes (a node, say) and replicated across the R
-groups, so the all-gathers stay inside a group and only the gradients cross groups.
-
---precision bf16: parameters are gathered in bf16 for compute and gradients reduced in fp32,
-over fp32 master weights (MixedPrecisionPolicy). fp16 (a gradient scaler over sharded
-gradients) is refused with --fsdp, in one line, by TrainConfig. Muon runs on sharded
-parameters: its Newton-Schulz step needs whole matrices, which training/optim.py gathers
-(tests/test_train_fsdp.py: Muon on sharded parameters is Muon on whole ones).
-
-Gradients are reduce-scattered at every micro-step of an accumulation (memory stays sharded;
-skipping the sync would keep whole unsharded gradients between micro-steps). Clipping uses the
-global norm: clip_grad_norm_ over DTensor gradients reduces their squares over the shards.
+The root unit holds what is outside the blocks (embeddings, final norm, head, MTP). The zoo's
+loss is `model.loss(...)`, not `forward`, so it is registered as a forward method of the root:
+otherwise FSDP's hooks never run for it ("mixed torch.Tensor and DTensor"). --fsdp-replicas R
+shards within groups of world / R and replicates across them; bf16 gathers in bf16 and reduces
+in fp32 over fp32 master weights.
 """
 
 import torch
