@@ -95,3 +95,21 @@ def test_a_build_whose_val_split_has_no_rows(tmp_path, byte_tokenizer):
           log=lines.append)
     assert [m for m in lines if "no val rows" in m] == [
         "no-val: the build has no val rows: the run reports no val loss for it"]
+
+
+def test_pack_stats_says_when_val_is_too_small_to_measure(tmp_path, byte_tokenizer):
+    """A val split of a row or two gives a val loss of noise: pack stats says so (issue 44)."""
+    from conftest import write_jsonl
+    from pipeline.build import build
+    from pipeline.config import BuildConfig
+
+    write_jsonl(tmp_path / "d.jsonl", [{"text": f"document {i}: a few words."} for i in range(400)])
+    out = tmp_path / "small-val"
+    build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
+                      tokenizer=byte_tokenizer, seq=65, val_fraction=0.01), show_progress=False)
+    rows = json.loads((out / "manifest.json").read_text())["splits"]["val"]["rows"]
+    assert 0 < rows < 8
+    result = CliRunner().invoke(pack, ["stats", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"not checked: val: {rows} row" in result.output
+    assert "a val loss over fewer than 8 rows is noise" in result.output

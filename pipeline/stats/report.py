@@ -43,6 +43,9 @@ def _tokenizer(manifest: dict | None, not_checked: list):
         return None
 
 
+FEW_VAL_ROWS = 8  # below it, a val split is a sample or two: its loss measures little
+
+
 def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_checked, tokenizer,
           other_hashes, open_reader=SplitReader) -> tuple[dict, SplitScan] | None:
     if not path.is_dir():
@@ -70,7 +73,15 @@ def _scan(name: str, path: Path, eos_id, vocab, seq, verify, problems, not_check
                            "documents for its share)")
     elif not scan.has_segments:
         not_checked.append(f"{name}: no document hashes recorded: split overlap not checked")
-    return scan.report(reader.stored_bytes(), reader.format, tokenizer.result()), scan
+    report = scan.report(reader.stored_bytes(), reader.format, tokenizer.result())
+    if name == "val" and 0 < report["rows"] < FEW_VAL_ROWS:
+        docs = report.get("documents")
+        not_checked.append(
+            f"val: {report['rows']} row{'s' if report['rows'] > 1 else ''}"
+            + (f" ({docs:,} documents)" if docs is not None else "")
+            + f": a val loss over fewer than {FEW_VAL_ROWS} rows is noise, not a measure; "
+            "rebuild with a larger --val-fraction for one")
+    return report, scan
 
 
 def read_threads() -> int:
