@@ -279,3 +279,21 @@ def test_a_run_records_its_builds_where_they_are_not_as_typed(tmp_path, monkeypa
                                   "s3://bucket/x")
     assert recorded["cache"] == str(tmp_path / "cache")
     assert cfg.shards == ("./fwe", "web=../dolma", "s3://bucket/x")  # the run itself: as given
+
+
+def test_help_comes_in_sections_holding_every_flag_once():
+    import dataclasses
+    import re
+
+    from training.cli import HELP_SECTIONS
+
+    text = run_cli("--help").output
+    headings = [line[:-1] for line in text.splitlines() if re.fullmatch(r"[A-Z][\w ]*:", line)]
+    assert headings == ["Run", *HELP_SECTIONS.values()] and "Options:" not in text
+    flags = re.findall(r"^  (--[a-z-]+)", text, re.M)
+    assert len(flags) == len(set(flags))
+    for f in dataclasses.fields(TrainConfig):
+        flag = f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+        assert flag in flags, flag
+    assert text.index("\n  --shards") > text.index("Data:") > text.index("\n  --resume")
+    assert text.index("Reports:") < text.index("\n  --wandb-project")

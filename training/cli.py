@@ -19,6 +19,28 @@ class _Shards(click.Option):
         return super().process_value(ctx, value)
 
 
+# `train --help` in sections, each from its first setting on (TrainConfig declares them in this
+# order); the command's own flags come first, under "Run".
+HELP_SECTIONS = {"shards": "Data", "model": "Model", "out": "Where the run goes",
+            "batch_size": "Batch and length", "lr": "Learning rate and optimizer",
+            "precision": "Step", "fsdp": "Parallelism and memory", "workers": "Loader and cache",
+            "save_every": "Checkpoints and evaluation", "report_to": "Reports",
+            "version": "Other"}
+
+
+class GroupedHelp(Command):
+    def format_options(self, ctx, formatter):
+        sections, title = {}, "Run"
+        for param in self.get_params(ctx):
+            title = HELP_SECTIONS.get(param.name, title)
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(title, []).append(record)
+        for title, records in sections.items():
+            with formatter.section(title):
+                formatter.write_dl(records)
+
+
 def _read_config_file(ctx, _param, path):
     """--config: the file's settings, checked as the Python API's are (longpack/settings.py),
     become the defaults of the flags (click's default_map), so a flag on the command line wins
@@ -46,7 +68,7 @@ def _renamed_log(ctx, _param, value):
                                "--log-dir), e.g. --report-to console,jsonl")
 
 
-@click.command(cls=Command)
+@click.command(cls=GroupedHelp)
 @click.option("--list-models", is_flag=True, is_eager=True,
               help="Print the model zoo's presets and exit: sized at the build's vocabulary "
                    "with --shards, else at each preset's own.")
