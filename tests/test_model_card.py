@@ -21,7 +21,10 @@ def trained(tmp_path: Path, builds: list[str], steps: int = 2) -> TrainedRun:
     settings as a checkpoint holds them, every place one of the machine's."""
     run = tmp_path / "home" / "me" / "runs" / "tiny"
     run.mkdir(parents=True)
-    (run / "metrics.jsonl").write_text(json.dumps({"step": steps - 1, "tokens": 512}) + "\n")
+    records = [{"step": steps - 2, "tokens": 256, "loss": 6.5, "val_loss": 6.4},
+               {"step": steps - 1, "tokens": 512, "loss": 6.25, "lm_loss": 6.25},
+               {"step": steps, "tokens": 768, "loss": 6.0, "val_loss": 5.9}]  # after it
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     first = Path(builds[0].partition("=")[2] or builds[0])
     manifest = json.loads((first / "manifest.json").read_text())
     settings = {"shards": builds, "model": "neox-tiny", "max_steps": steps, "out": str(run),
@@ -51,6 +54,8 @@ def test_the_card_names_no_path_of_the_machine_that_trained_it(tmp_path, shards_
     assert card.data.pipeline_tag == "text-generation"
     assert card.data.tags == ["longpack", "gpt-neox"]
     assert card.data.datasets is None and card.data.base_model is None  # no fact to give
+    # the checkpoint's last step's train loss, and the last val loss up to it, as metadata
+    assert card.data.longpack == {"loss": 6.25, "lm_loss": 6.25, "val_loss": 6.4, "val_step": 0}
     counts = manifest["counts"]
     for fact in [f"`mds`, fingerprint `{dataset_fingerprint(manifest)}`",
                  f"- `{Path(source['path']).name}` ({source['size']:,} bytes)",
@@ -85,3 +90,14 @@ def test_a_build_of_hub_files_names_its_dataset(tmp_path, shards_once):
     assert card.data.tags == ["longpack", "gpt-neox", "custom_code"]
     assert f"- `{hub.uri(0)}` (300 bytes)" in card.text
     assert "trust_remote_code=True" in card.text
+
+
+def test_a_build_of_a_named_dataset_read_from_local_files_names_it(tmp_path, shards_once):
+    """`pack build --dataset fineweb-edu --input ./local/*.parquet`: the card's datasets is the
+    dataset's hub repository, though no input came from the hub."""
+    build = Path(shutil.copytree(shards_once, tmp_path / "fwe"))
+    manifest = json.loads((build / "manifest.json").read_text())
+    manifest["settings"]["dataset"] = "fineweb-edu"
+    (build / "manifest.json").write_text(json.dumps(manifest))
+    card = ModelCard(model_card(trained(tmp_path, [str(build)]), "fwe-hf", "other", 1024, []))
+    assert card.data.datasets == [DATASETS["fineweb-edu"].hub_repo]

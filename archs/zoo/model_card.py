@@ -3,16 +3,18 @@ huggingface_hub's ModelCard.
 
     model_card(trained, "hf-x", license="apache-2.0", context=1024, code=["moe.py", ...]) -> str
 
-Its metadata (ModelCardData, the YAML the hub reads): license, library_name, pipeline_tag,
-tags (custom_code where the folder carries its own modeling code), and datasets only where
-the run's builds read a hub dataset (their inputs are hf://datasets/... files); no base_model,
-as longpack trains from scratch. Then what the model is and where it came from, each read from
-the run rather than restated: the family and its sizes (parameters, and active parameters per
-token for MoE) from the model; the tokens it trained on from the run's metrics.jsonl (the
-record of the checkpoint's last step); the build's fingerprint from the checkpoint; each
-build's inputs and counts from its manifest (a build no longer where the run read it is named,
-without counts); the command that trained it from the run's settings as the checkpoint holds
-them (the flags that differ from `train`'s defaults); how to load it.
+Its metadata (ModelCardData, the YAML the hub reads): license, library_name, pipeline_tag, tags
+(custom_code where the folder carries its own modeling code), datasets where the run's builds
+read a hub dataset (hf://datasets/... inputs, or a --dataset the catalog names), and
+`longpack`: the final train loss and the last val loss (with its step) from the run's
+metrics.jsonl; no base_model, as longpack trains from scratch. Then what the model is and where
+it came from, each read from the run rather than restated: the family and its sizes
+(parameters, and active parameters per token for MoE) from the model; the tokens it trained on
+from the run's metrics.jsonl (the record of the checkpoint's last step); the build's
+fingerprint from the checkpoint; each build's inputs and counts from its manifest (a build no
+longer where the run read it is named, without counts); the command that trained it from the
+run's settings as the checkpoint holds them (the flags that differ from `train`'s defaults);
+how to load it.
 
 The card goes to the hub, so it names nothing by a path of the machine that trained it: a build
 is named by its folder's name and its manifest's fingerprint, a local input file by its name,
@@ -42,11 +44,13 @@ def model_card(trained, name: str, license: str, context: int, code: list[str]) 
     preset = settings.get("model", family)
     params = model.num_params()
     active = model.active_params() if hasattr(model, "active_params") else params
-    tokens = trained_tokens(trained.checkpoint.parent, trained.step)
+    last = final_losses(trained.checkpoint.parent, trained.step)
+    tokens = last.get("tokens")
     builds = [(source, path, _manifest(path)) for source, path in _sources(settings)]
     data = ModelCardData(license=license, library_name="transformers",
                          pipeline_tag="text-generation", datasets=_hub_datasets(builds) or None,
-                         tags=["longpack", family] + (["custom_code"] if code else []))
+                         tags=["longpack", family] + (["custom_code"] if code else []),
+                         longpack={k: v for k, v in last.items() if k != "tokens"} or None)
     run = trained.checkpoint.parent.name
     lines = [f"# {name}", "",
              f"A {_describe(model)} language model trained with longpack and exported by "
@@ -88,19 +92,29 @@ def model_card(trained, name: str, license: str, context: int, code: list[str]) 
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines)))
 
 
-def trained_tokens(run: Path, step: int | None) -> int | None:
-    """The tokens the run had trained on when it wrote the checkpoint of `step`: the "tokens"
-    of metrics.jsonl's record of step - 1 (the last step it holds)."""
+def final_losses(run: Path, step: int | None) -> dict:
+    """What the run's metrics.jsonl says of the checkpoint of `step` (its last step is step - 1):
+    the tokens trained, that step's train loss (`loss`, `lm_loss`) and the last val loss up to
+    it (`val_loss`, at `val_step`); {} when the file is not here."""
+    out = {}
     if step is None:
-        return None
+        return out
     try:
-        for line in reversed((run / "metrics.jsonl").read_text().splitlines()):
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
             record = json.loads(line)
-            if record.get("step") == step - 1 and "tokens" in record:
-                return int(record["tokens"])
-    except (OSError, ValueError):
-        pass
-    return None
+        except ValueError:  # a line cut short by a crash
+            continue
+        if not isinstance(record, dict) or record.get("step") is None or record["step"] >= step:
+            continue
+        if record["step"] == step - 1:
+            out.update({k: record[k] for k in ("tokens", "loss", "lm_loss") if k in record})
+        if record.get("val_loss") is not None:
+            out.update(val_loss=record["val_loss"], val_step=record["step"])
+    return out
 
 
 def train_command(settings: dict) -> str:
@@ -190,10 +204,19 @@ def _manifest(path: str) -> dict | None:
 
 
 def _hub_datasets(builds) -> list[str]:
-    """The hub datasets (repository ids) the builds read their inputs from."""
-    return sorted({m["repo"] for _, _, manifest in builds if manifest
-                   for i in manifest.get("inputs", [])
-                   if (m := HUB_INPUT.match(str(i.get("path", ""))))})
+    """The hub datasets (repository ids) of the builds: those they read their inputs from, and
+    the one a build's --dataset names (fineweb-edu: its files, wherever they were read)."""
+    from pipeline.read.catalog import DATASETS
+
+    repos = set()
+    for _, _, manifest in builds:
+        if manifest:
+            repos |= {m["repo"] for i in manifest.get("inputs", [])
+                      if (m := HUB_INPUT.match(str(i.get("path", ""))))}
+            named = DATASETS.get(str(manifest.get("settings", {}).get("dataset")))
+            if named is not None and named.hub_repo:
+                repos.add(named.hub_repo)
+    return sorted(repos)
 
 
 def _build(source: str, path: str, manifest: dict | None) -> list[str]:
