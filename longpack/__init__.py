@@ -15,6 +15,7 @@ import importlib
 _API = {  # name -> the module that defines it
     "LongpackError": "errors", "SettingsError": "errors", "DataError": "errors",
     "TrainingError": "errors", "LoaderError": "errors", "StorageError": "errors",
+    "install_hint": "errors",  # how to install an extra, by its packages' names
     "setting": "settings", "click_options": "settings",  # settings declared once, both CLIs
     "write_bytes": "atomic", "sha256_file": "atomic",  # atomic writes, file checksums
     "Store": "store", "is_url": "store", "staging_folder": "store",  # object stores

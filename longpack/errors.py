@@ -40,3 +40,19 @@ class LoaderError(TrainingError):
 
 class StorageError(LongpackError):
     """An object store that cannot be reached, read or written; the message names the URL."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install longpack's optional `extra`, by its packages' names as pyproject.toml
+    declares them: "pip install 'gcsfs>=2024.2' (the extra [gcs])". Not `pip install
+    longpack[gcs]`: installed from a clone, that would look for longpack on the package index."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        packages = [r.split(";")[0].strip() for r in requires("longpack") or ()
+                    if r.replace("'", '"').endswith(f'extra == "{extra}"')]
+    except PackageNotFoundError:  # run from a folder without an install
+        packages = []
+    if not packages:
+        return f"pip install -e '.[{extra}]' in longpack's clone"
+    return "pip install " + " ".join(f"'{p}'" for p in packages) + f" (the extra [{extra}])"

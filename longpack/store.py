@@ -13,7 +13,7 @@ with range reads (a parquet file is read a row group at a time, never downloaded
 
 Endpoint and credentials come from the environment only (AWS_ACCESS_KEY_ID, AWS_PROFILE, ...;
 S3_ENDPOINT_URL, mosaicml-streaming's variable, or AWS_ENDPOINT_URL for an S3-compatible
-server). The cloud libraries are extras (`pip install 'longpack[s3]'`); a missing one, missing
+server). The cloud libraries are extras (s3, gcs, azure in pyproject.toml); a missing one, missing
 credentials, an unreachable endpoint, a missing bucket or a refused request each end in one
 StorageError line naming the URL and what to do. Nothing here ever prints a credential: errors
 carry URLs with any user:password@ part cut out.
@@ -25,7 +25,7 @@ import os
 import re
 from pathlib import Path
 
-from longpack.errors import StorageError
+from longpack.errors import StorageError, install_hint
 
 # protocol -> (the extra that provides it, the library) for the stores a build writes to
 WRITABLE = {"s3": ("s3", "s3fs"), "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
@@ -73,7 +73,7 @@ def filesystem(url: str):
     try:
         import fsspec
     except ImportError:
-        raise StorageError(f"{redact(url)} needs fsspec: pip install 'longpack[s3]'") from None
+        raise StorageError(f"{redact(url)} needs fsspec: {install_hint('s3')}") from None
     scheme = protocol(url)
     options = {}
     if scheme == "s3" and endpoint():
@@ -82,7 +82,7 @@ def filesystem(url: str):
         fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, **options)
     except (ImportError, ValueError) as e:
         extra, library = WRITABLE.get(scheme, (None, None))
-        hint = (f"pip install 'longpack[{extra}]'" if extra else
+        hint = (install_hint(extra) if extra else
                 f"install the fsspec implementation of {scheme}://" if library is None else
                 f"pip install {library}")
         raise StorageError(f"{redact(url)}: {scheme}:// needs {library or 'a library'} "

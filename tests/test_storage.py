@@ -79,8 +79,9 @@ def test_a_store_whose_library_is_missing_names_the_extra():
         pass
     with pytest.raises(StorageError) as caught:
         Store("gs://bucket/x")
+    # by the package's name: longpack installed from a clone is not on the package index
     assert str(caught.value) == ("gs://bucket/x: gs:// needs gcsfs (ImportError); pip install "
-                                 "'longpack[gcs]'")
+                                 "'gcsfs>=2024.2' (the extra [gcs])")
 
 
 @pytest.mark.slow

@@ -3,7 +3,7 @@
 
 import click
 
-from longpack import SettingsError, click_options
+from longpack import SettingsError, click_options, install_hint
 from longpack.cli import Command
 from longpack.settings import check_values, refuse_unknown
 from training.config import TrainConfig
@@ -170,8 +170,8 @@ def load_settings(path: str) -> dict:
         try:
             import yaml
         except ImportError:
-            raise click.UsageError("a YAML --config needs PyYAML: pip install pyyaml (the "
-                                   "extra longpack[yaml])") from None
+            raise click.UsageError(f"a YAML --config needs PyYAML: {install_hint('yaml')}"
+                                   ) from None
         try:
             data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:  # a reader's error too: bytes that are not text

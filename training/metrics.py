@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from longpack import SettingsError, write_bytes
+from longpack import SettingsError, install_hint, write_bytes
 
 # Dense bf16 peak FLOP/s by device name, for MFU (vendor datasheets).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -39,8 +39,8 @@ def _import(kind: str):
         import wandb
         return wandb
     except ImportError:
-        raise SettingsError(f"--report-to {kind} needs the {kind} package: pip install {kind} "
-                            f"(the extra longpack[{kind}])") from None
+        raise SettingsError(f"--report-to {kind} needs the {kind} package: "
+                            f"{install_hint(kind)}") from None
 
 
 class MetricsLog:

@@ -22,7 +22,7 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from longpack.errors import LongpackError, SettingsError
+from longpack.errors import LongpackError, SettingsError, install_hint
 from pipeline.config import BuildConfig
 from pipeline.progress import Progress
 from pipeline.store.destination import Destination
@@ -112,7 +112,7 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise SettingsError("--engine ray needs Ray: pip install 'longpack[ray]'") from None
+        raise SettingsError(f"--engine ray needs Ray: {install_hint('ray')}") from None
     return ray
 
 

@@ -10,7 +10,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from longpack.errors import HubError, SettingsError
+from longpack.errors import HubError, SettingsError, install_hint
 from pipeline.read.catalog import Dataset
 
 NO_NETWORK_HINT = "pass --input with local files (directories and globs work)"
@@ -23,8 +23,8 @@ class HuggingFaceHub:
         try:
             import huggingface_hub
         except ImportError:
-            raise HubError("building without --input needs huggingface_hub: pip install "
-                           f"'longpack[hub]', or {NO_NETWORK_HINT}") from None
+            raise HubError("building without --input needs huggingface_hub: "
+                           f"{install_hint('hub')}, or {NO_NETWORK_HINT}") from None
         self._hub = huggingface_hub
 
     def list_files(self, repo: str, revision: str | None) -> tuple[str, list[tuple[str, int]]]:
