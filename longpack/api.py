@@ -100,15 +100,16 @@ def stats(path, verify: bool = False, throughput: float | None = None,
     return report.collect(cfg.paths[0], cfg.verify, cfg.throughput, cfg.budget, cfg.eos_id)
 
 
-def train(resume: str = "auto", log=None, **settings) -> list[dict]:
+def train(resume: str = "auto", log=print, **settings) -> list[dict]:
     """`train`: TrainConfig's settings; returns the metrics history (one dict a step, as
-    metrics.jsonl holds). `log` gets the console's lines (default: none)."""
+    metrics.jsonl holds). `log` gets the console's lines, as `train` prints them (default:
+    printed; `log=lambda line: None` for none): a run says what it does before its first step."""
     from training.config import TrainConfig
     from training.loop import train as run_training
 
     cfg = _config(TrainConfig, settings, "train")
     return run_training(cfg, resume=_text("resume", resume),
-                        log=_callable("log", log or (lambda line: None)))
+                        log=_callable("log", log))
 
 
 def export(run, out, to: str = "hf", **settings) -> list[str]:

@@ -71,10 +71,12 @@ def test_import_tokens(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_then_export(tmp_path, shards):
+def test_train_then_export(tmp_path, shards, capsys):
     history = longpack.train(shards=str(shards), out=str(tmp_path / "run"), model="neox-tiny",
                              max_steps=3, warmup=1, batch_size=2, workers=0)
     assert [h["step"] for h in history] == [0, 1, 2]
+    printed = capsys.readouterr().out  # by default the console's lines, as `train` says them
+    assert "training neox-tiny" in printed and "step 0" in printed
     lines = []
     longpack.train(shards=str(shards), out=str(tmp_path / "run"), model="neox-tiny",
                    max_steps=4, warmup=1, batch_size=2, workers=0, log=lines.append)
