@@ -1,11 +1,11 @@
 """longpack from Python: each command as a function, with the command's settings as keyword
 arguments (named as its flags, with _) and its errors (LongpackError and its kinds; never
-SystemExit, never a printed progress bar unless asked).
+SystemExit; a build's progress bar only with progress=True; `train` prints the console's lines
+unless given another `log`).
 
     import longpack
 
-    manifest = longpack.build(inputs=["../shared/data/fineweb-edu-sample"], seq=2048,
-                              tokenizer="../shared/tokenizers/gpt2.tiktoken", out="./mds")
+    manifest = longpack.build(dataset="fineweb-edu-sample", seq=2048, out="./mds")  # offline
     report = longpack.stats("./mds", verify=True)         # `pack stats --json`'s dict
     history = longpack.train(shards="./mds", out="./run", model="neox-tiny", max_steps=20)
     longpack.export("./run", "./hf")                       # zoo export --to hf

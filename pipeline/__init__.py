@@ -22,7 +22,8 @@ one writer) and touches only files it can prove it wrote (store/output_dir). cli
 `pack` command, config.py its settings.
 
 The sub-packages, by role:
-    read/        input files and their records          tokenize/   tokenizers, hashing, split
+    read/        input files and their records          tokenize/   tokenizers, hashing, split,
+                                                                    the build's own copy (kept)
     pack/        the packer and the shard writers       formats/    shard formats, read back
     store/       output folder, lock, staging, upload   stats/      `pack stats`
     distribute/  tasks, merge, Ray, Slurm, launch       adopt/      `pack import`

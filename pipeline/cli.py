@@ -128,7 +128,7 @@ def merge(quiet, **settings):
 @click_options(ImportConfig)
 @click.option("--quiet", is_flag=True, help="No summary.")
 def import_(quiet, **settings):
-    """Adopt pretokenized rows (.npy, .pt, nanoGPT .bin) as a longpack build. Splits come from
+    """Adopt pretokenized rows (.npy, .npz, .pt, nanoGPT .bin) as a longpack build. Splits come from
     the names below SRC: val.bin, *_val_*.bin, val/ are val; train ones, or all of it when
     nothing is named, train; a test split or an unnamed file beside named ones is refused."""
     from pipeline.adopt.import_tokens import import_tokens

@@ -27,7 +27,8 @@ class BuildConfig:
     dataset: str = setting("fineweb-edu", "Named dataset: text field, file patterns, hub "
                            "location.", choices=DATASETS, role="output")
     inputs: tuple[str, ...] = setting((), "File, directory or glob (repeatable). Without it the "
-                                      "dataset is fetched from the Hugging Face hub.",
+                                      "dataset is fetched from the Hugging Face hub (a -sample "
+                                      "dataset: its files shipped with longpack).",
                                       flag="--input", multiple=True, metavar="PATH", role="run")
     subset: str | None = setting(None, "Hub subset, e.g. sample-10BT (the default), "
                                  "sample-100BT, CC-MAIN-2024-10.", role="output")

@@ -1,7 +1,10 @@
 """OUT/manifest.json: exactly what went in and what came out, and the end-of-build summary.
 
 Written last (atomically), so its presence means the build is complete. docs/FORMAT.md
-documents every field.
+documents every field. Just before it, the build's tokenizer file is copied into OUT
+(`keep_tokenizer`: OUT/tokenizer.tiktoken or OUT/tokenizer.json, which the manifest's
+"tokenizer"."file" names), so the build carries what gives its ids their meaning wherever it
+is moved or read from.
 """
 
 import time
@@ -91,9 +94,30 @@ def _split_outputs(fmt: str, folder: Path, index: dict, seq: int) -> dict:
     return {"rows": rows, "shards": len(shards), "bytes": nbytes, "row_tokens": rows * seq}
 
 
+def keep_tokenizer(tokenizer: dict, out: Path) -> dict:
+    """OUT's copy of the build's tokenizer file (tokenize/kept.py's COPY_NAMES by kind),
+    claimed in OUT's journal and written atomically, the same bytes whoever builds (a worker,
+    a task's merge, an engine); the identity with "file" naming it. An imported build without
+    a tokenizer keeps none."""
+    from longpack.atomic import write_bytes
+    from pipeline.store.output_dir import claim
+    from pipeline.tokenize.kept import COPY_NAMES, tokenizer_bytes
+
+    name = COPY_NAMES.get(tokenizer.get("kind"))
+    if name is None:
+        return tokenizer
+    data = tokenizer_bytes(tokenizer)
+    claim(out, out / name)
+    write_bytes(out / name, data, fsync=True)
+    return {**tokenizer, "file": name}
+
+
 def make_manifest(cfg, fingerprint: dict, tokenizer: dict, engine: dict, inputs: list[dict],
                   counts: dict, indexes: dict, out: Path, timings: dict) -> dict:
-    """`tokenizer`, `engine`: the Tokenizer's identity() and engine_identity()."""
+    """`tokenizer`, `engine`: the Tokenizer's identity() and engine_identity(). Writes OUT's
+    copy of the tokenizer (keep_tokenizer), which the manifest names: the one file this
+    writes, as the manifest is to be written right after it."""
+    tokenizer = keep_tokenizer(tokenizer, out)
     splits = {}
     for name, index in indexes.items():
         splits[name] = {**counts["splits"][name], **_split_outputs(cfg.format, out / name, index,
@@ -126,6 +150,25 @@ def already_complete(m: dict, out: str) -> str:
             "the summary is that build's. --overwrite rebuilds it.")
 
 
+# Below this many tokens a row holds less context than a paragraph: a long-context build's rows
+# are thousands (--seq 32768 by default), while tests build rows of 4 to 64 tokens on purpose.
+SHORT_SEQ = 64
+
+
+def short_rows(m: dict) -> str | None:
+    """A line for a build whose rows are tiny (--seq below SHORT_SEQ), with its rows and the
+    documents' mean length; None otherwise."""
+    seq = m.get("seq") or 0
+    if seq >= SHORT_SEQ:
+        return None
+    rows = sum(s.get("rows", 0) for s in m.get("splits", {}).values())
+    docs = sum(s.get("documents", 0) for s in m.get("splits", {}).values())
+    tokens = sum(s.get("tokens", 0) for s in m.get("splits", {}).values())
+    mean = f", documents average {tokens / docs:,.0f}" if docs else ""
+    return (f"--seq {seq}: {rows:,} rows of {seq} tokens{mean}: a model sees at most {seq} "
+            "tokens of context; pass the length you will train on (e.g. --seq 2048)")
+
+
 def summary(m: dict, out: str) -> str:
     c, t = m["counts"], m["timings"]
     lines = [f"pack build: {out}  ({m['format']}, seq {m['seq']}, {m['dtype']}, "
@@ -143,6 +186,9 @@ def summary(m: dict, out: str) -> str:
         lines.append(f"  {name:<11} {s['documents']:,} docs, {s['tokens']:,} tokens -> "
                      f"{s['rows']:,} rows in {s['shards']} shards, {s['bytes']:,} bytes; "
                      f"padding {s['padding_tokens']:,}, dropped {s['dropped_tokens']:,}")
+    short = short_rows(m)
+    if short:
+        lines.append(f"  warning     {short}")
     rate = t.get("steady_tokens_per_second")
     rate_text = f", {rate / 1e6:.2f} M tokens/s steady" if rate else ""
     if t.get("tasks"):  # a build split into tasks: its rate over the wall time of them all

@@ -123,6 +123,37 @@ def shared() -> Path:
     return SHARED
 
 
+SAMPLES = Path(__file__).resolve().parents[1] / "pipeline" / "samples"
+
+
+class Corpus:
+    """Real text for a test that needs only a sample of it: ../shared's corpus where it is (CI),
+    else the subset of it shipped with the package (pipeline/samples/, tools/make_samples.py:
+    400 FineWeb-Edu-schema rows, 180 Dolma records, GPT-2's ranks file)."""
+
+    def __init__(self, root: Path, shipped: bool):
+        self.root, self.shipped = root, shipped
+
+    def data(self, folder: str) -> Path:
+        """The folder of "fineweb-edu-sample" or "dolma-sample"."""
+        return self.root / folder if self.shipped else self.root / "data" / folder
+
+    def tokenizer(self, name: str) -> Path:
+        """A tokenizer file of ../shared/tokenizers; only gpt2.tiktoken ships, the others skip."""
+        path = self.root / name if self.shipped else self.root / "tokenizers" / name
+        if not path.is_file():
+            pytest.skip(f"{name} is in the shared corpus only, not at {SHARED} (CI has it); the "
+                        "shipped sample has gpt2.tiktoken")
+        return path
+
+
+@pytest.fixture
+def real_text() -> Corpus:
+    if (SHARED / "data").is_dir():
+        return Corpus(SHARED, shipped=False)
+    return Corpus(SAMPLES, shipped=True)
+
+
 def write_byte_ranks(path: Path) -> Path:
     """A .tiktoken ranks file of the 256 single bytes: every byte is one token (hermetic, fast)."""
     lines = [base64.b64encode(bytes([b])) + b" " + str(b).encode() for b in range(256)]

@@ -96,7 +96,7 @@ def test_zoo_list_is_the_presets_table(tmp_path):
 @pytest.mark.parametrize("name", ["gpt2.tiktoken", "cl100k_base.tiktoken",
                                   "gpt-neox-tokenizer.json"])
 @pytest.mark.slow  # each ~4 s
-def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
+def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, real_text, name):
     """The shipped tokenizers, cl100k_base's gap between its last rank and its special ids
     included."""
     pytest.importorskip("transformers")
@@ -104,7 +104,7 @@ def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, shared, name):
     from archs.zoo.hf_folder import write_tokenizer
     from pipeline.tokenize.tokenizer import load_tokenizer
 
-    ref = load_tokenizer(str(shared / "tokenizers" / name))
+    ref = load_tokenizer(str(real_text.tokenizer(name)))
     write_tokenizer(ref, tmp_path, 2048)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
     text = "Long-context pretraining: ünïcode, 数字 12345, emoji 🙂,\n\n\tcode() {}"
@@ -265,3 +265,59 @@ def test_a_half_precision_export_holds_half_the_bytes_and_loads_as_it_says(
                                  str(tmp_path / "st"), "--dtype", dtype])
     assert r.exit_code == 1 and "--dtype are --to hf's" in r.output
     assert not (tmp_path / "st").exists()
+
+
+def _moved_build(monkeypatch, keep_copy: bool):
+    """The run's build as zoo would find it after `cd elsewhere`: its manifest's source is the
+    relative path a user typed (not here); the build's copy of the tokenizer is kept or not."""
+    import archs.zoo.runs as runs
+
+    real = runs._build
+
+    def moved(shards):
+        folder, manifest = real(shards)
+        tok = {**manifest["tokenizer"], "source": "../shared/tokenizers/bytes-tokenizer.json"}
+        if not keep_copy:
+            tok.pop("file")
+        return folder, {**manifest, "tokenizer": tok}
+
+    monkeypatch.setattr(runs, "_build", moved)
+
+
+@pytest.mark.slow
+def test_an_export_from_another_folder_takes_the_builds_copy(tmp_path, monkeypatch, neox_run):
+    pytest.importorskip("transformers")
+    _moved_build(monkeypatch, keep_copy=True)
+    out = tmp_path / "hf"
+    result = CliRunner().invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out", str(out)])
+    assert result.exit_code == 0 and "note" not in result.output, result.output
+    assert (out / "tokenizer.json").is_file()
+
+
+@pytest.mark.slow
+def test_an_export_without_its_tokenizer_is_an_error_unless_asked_for(tmp_path, monkeypatch,
+                                                                      neox_run):
+    pytest.importorskip("transformers")
+    _moved_build(monkeypatch, keep_copy=False)
+    runner = CliRunner()
+    result = runner.invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out",
+                                 str(tmp_path / "hf")])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"Error: {neox_run}: no tokenizer to export with the model: ")
+    assert "keeps no copy of its tokenizer" in lines[0]
+    assert "../shared/tokenizers/bytes-tokenizer.json" in lines[0]
+    assert "--no-tokenizer" in lines[0] and not (tmp_path / "hf").exists()
+    result = runner.invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out",
+                                 str(tmp_path / "hf"), "--no-tokenizer"])
+    assert result.exit_code == 0 and "note: no tokenizer written" in result.output
+    assert not (tmp_path / "hf" / "tokenizer.json").exists()
+    assert (tmp_path / "hf" / "config.json").is_file()
+    result = runner.invoke(zoo, ["export", str(neox_run), "--to", "safetensors", "--out",
+                                 str(tmp_path / "st"), "--no-tokenizer"])
+    assert result.exit_code == 1 and "--no-tokenizer is --to hf's" in result.output
+    result = runner.invoke(zoo, ["generate", str(neox_run), "--prompt", "hi"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1, result.output
+    assert "no tokenizer to encode the prompt with" in lines[0]
+    assert "keeps no copy of its tokenizer" in lines[0]

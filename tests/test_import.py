@@ -98,7 +98,7 @@ def test_refusals_are_one_line(tmp_path):
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "a.txt").write_text("x")
     code, text = run("import", tmp_path / "notes", "--out", tmp_path / "o")
-    assert code == 1 and "no .npy, .pt, .bin files to import" in text
+    assert code == 1 and "no .npy, .npz, .pt, .bin files to import" in text
     assert not (tmp_path / "o").exists()
 
 
@@ -134,3 +134,45 @@ def test_an_llm_foundry_mds_dataset_is_imported(tmp_path, byte_tokenizer, encodi
     assert np.array_equal(rows_of(out), rows)
     code, text = run("stats", out, "--verify")
     assert code == 0, text
+
+
+def test_an_npz_archive_is_imported_array_by_array(tmp_path, byte_tokenizer):
+    """numpy.savez's archives (seed 000's data): [N, seq] arrays as .npy rows, 1-D arrays as
+    token streams cut at --seq (their tails counted), in the archive's order; an array of
+    another width is skipped whole, as a .npy of another width."""
+    rng = np.random.default_rng(1)
+    src = tmp_path / "seed"
+    (src / "train").mkdir(parents=True)
+    (src / "val").mkdir()
+    rows = documents(rng, 12, 16)
+    stream = documents(rng, 3, 16).reshape(-1)
+    np.savez(src / "train" / "shards.npz", rows=rows, stream=np.append(stream, [7, 8, 9]),
+             narrow=rows[:, :8])
+    np.savez_compressed(src / "val" / "v.npz", documents(rng, 2, 16))
+    out = tmp_path / "imported"
+    code, text = run("import", src, "--out", out, "--seq", 16, "--eos-id", EOS,
+                     "--tokenizer", byte_tokenizer)
+    assert code == 0, text
+    assert np.array_equal(rows_of(out), np.concatenate([rows, stream.reshape(-1, 16)]))
+    assert rows_of(out, "val").shape == (2, 16)
+    skips = [json.loads(line) for line in (out / "skipped.jsonl").read_text().splitlines()]
+    assert [(s["reason"], s["row"], s["records"]) for s in skips] == [
+        ("wrong_length", 15, 12), ("partial_row", 15, 1)]
+    assert "array 'stream'" in skips[1]["detail"]
+    code, text = run("stats", out, "--verify")
+    assert code == 0, text
+
+
+def test_npz_refusals_are_one_line(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    np.savez(src / "a.npz", docs=np.array([[1, 2], "x"], dtype=object))
+    code, text = run("import", src, "--out", tmp_path / "o")
+    assert code == 1 and len(text.strip().splitlines()) == 1, text
+    assert "array 'docs': holds Python objects" in text and not (tmp_path / "o").exists()
+    np.savez(src / "a.npz", stream=np.arange(40, dtype=np.uint16))
+    code, text = run("import", src, "--out", tmp_path / "o")
+    assert code == 1 and "a 1-D token stream: pass --seq" in text, text
+    (src / "a.npz").write_bytes(b"PK\x03\x04 not a zip")
+    code, text = run("import", src, "--out", tmp_path / "o")
+    assert code == 1 and "not a .npz file" in text, text

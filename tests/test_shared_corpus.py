@@ -1,4 +1,5 @@
-"""End-to-end builds of the real shared corpus (../shared) with the GPT-2 tokenizer."""
+"""End-to-end builds of the real shared corpus (../shared) with the GPT-2 tokenizer; where a test
+needs only some real text (`corpus`), the sample shipped with the package stands in without it."""
 
 import gzip
 import json
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from conftest import split_documents
+from conftest import Corpus, split_documents
 from longpack.errors import InputError
 from pipeline.build import build
 from pipeline.config import WORK_DIR, BuildConfig
@@ -42,10 +43,11 @@ def gpt2(shared):
     return str(shared / "tokenizers/gpt2.tiktoken")
 
 
-def pack_cmd(shared, out, *extra):
+def pack_cmd(corpus: Corpus, out, *extra):
     pack = str(Path(sys.executable).parent / "pack")
     return [pack, "build", "--dataset", "fineweb-edu", "--input",
-            str(shared / "data/fineweb-edu-sample"), "--tokenizer", gpt2(shared), "--seq", "32768",
+            str(corpus.data("fineweb-edu-sample")), "--tokenizer",
+            str(corpus.tokenizer("gpt2.tiktoken")), "--seq", "32768",
             "--out", str(out), "--val-fraction", "0.01", "--quiet", *extra]
 
 
@@ -75,9 +77,9 @@ def test_real_corpus_round_trips_exactly(tmp_path, shared, dataset, texts_of, do
 
 
 @pytest.mark.slow
-def test_real_build_is_identical_for_1_and_2_workers(tmp_path, shared):
+def test_real_build_is_identical_for_1_and_2_workers(tmp_path, real_text):
     for w in (1, 2):
-        subprocess.run(pack_cmd(shared, tmp_path / f"w{w}", "--workers", str(w),
+        subprocess.run(pack_cmd(real_text, tmp_path / f"w{w}", "--workers", str(w),
                                 "--format", "memmap"), check=True, timeout=300)
     files = sorted(p.relative_to(tmp_path / "w1") for p in (tmp_path / "w1").rglob("*.npy"))
     assert len(files) >= 4
@@ -87,10 +89,11 @@ def test_real_build_is_identical_for_1_and_2_workers(tmp_path, shared):
 
 @pytest.mark.slow
 def test_build_killed_with_sigkill_resumes_to_identical_output(tmp_path, shared):
+    whole = Corpus(shared, shipped=False)  # the whole corpus: the shipped sample is too short
     small_shards = ["--shard-bytes", str(4 * 32768 * 2)]
-    subprocess.run(pack_cmd(shared, tmp_path / "clean", *small_shards), check=True, timeout=300)
+    subprocess.run(pack_cmd(whole, tmp_path / "clean", *small_shards), check=True, timeout=300)
     out = tmp_path / "killed"
-    proc = subprocess.Popen(pack_cmd(shared, out, "--workers", "1", *small_shards))
+    proc = subprocess.Popen(pack_cmd(whole, out, "--workers", "1", *small_shards))
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         if (out / WORK_DIR / "checkpoint.npz").exists() and len(
@@ -101,7 +104,7 @@ def test_build_killed_with_sigkill_resumes_to_identical_output(tmp_path, shared)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed"
     assert not (out / "manifest.json").exists() and not (out / "train" / "index.json").exists()
-    subprocess.run(pack_cmd(shared, out, *small_shards), check=True, timeout=300)
+    subprocess.run(pack_cmd(whole, out, *small_shards), check=True, timeout=300)
     m = json.loads((out / "manifest.json").read_text())
     assert m["timings"]["resumed"] and m["timings"]["tokens_this_run"] < m["counts"]["tokens"]
     for p in sorted((tmp_path / "clean").rglob("*")):
@@ -161,14 +164,15 @@ def test_damaged_real_files_are_counted_and_the_rest_is_kept(tmp_path, shared):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["neox-tiny", "mamba-tiny"])
-def test_loss_falls_training_on_the_real_corpus(tmp_path, shared, model):
+def test_loss_falls_training_on_the_real_corpus(tmp_path, real_text, model):
     from training.config import TrainConfig
     from training.loop import train
 
     out = tmp_path / "mds"
     build(BuildConfig(out=str(out), dataset="fineweb-edu",
-                      inputs=(str(shared / "data/fineweb-edu-sample"),),
-                      tokenizer=gpt2(shared), seq=129, val_fraction=0.05,
+                      inputs=(str(real_text.data("fineweb-edu-sample")),),
+                      tokenizer=str(real_text.tokenizer("gpt2.tiktoken")), seq=129,
+                      val_fraction=0.05,
                       max_tokens=300_000), show_progress=False)
     history = train(TrainConfig(shards=str(out), model=model, out=str(tmp_path / "run"),
                                 batch_size=4, max_steps=40, warmup=5, lr=3e-3, save_every=40,

@@ -118,10 +118,11 @@ def test_builds_of_other_tokenizers_or_row_lengths_are_refused_before_any_shard_
     code_, out = stats(builds["web"], builds["other"])
     assert code_ == 1
     sha = json.loads((builds["web"] / "manifest.json").read_text())["tokenizer"]["sha256"][:12]
-    assert out.strip() == (f"Error: pack stats: web and other were tokenized differently: gpt2 "
-                           f"(sha256 {sha}, vocabulary 50,257) vs cl100k_base (sha256 {sha}, "
-                           "vocabulary 100,277); a mixture needs one tokenizer: rebuild one of "
-                           "them")
+    # the test's byte ranks files are not the real ones: named by stem and hash (issue 44)
+    assert out.strip() == (f"Error: pack stats: web and other were tokenized differently: "
+                           f"gpt2-{sha[:8]} (sha256 {sha}, vocabulary 50,257) vs "
+                           f"cl100k_base-{sha[:8]} (sha256 {sha}, vocabulary 100,277); a mixture "
+                           "needs one tokenizer: rebuild one of them")
     code_, out = stats(builds["web"], builds["longer"], "--mix", "web=1,longer=1")
     assert code_ == 1 and len(out.strip().splitlines()) == 1
     assert "pack stats: web has rows of 65 tokens and longer of 129" in out

@@ -326,16 +326,16 @@ def test_every_shard_but_the_last_is_written_by_the_one_task_holding_its_last_to
         assert set(owners) | {layout.shards - 1} >= set(range(layout.shards))
 
 
-# -- the shared real corpora ----------------------------------------------------------------------
+# -- the real corpora (../shared's, or the sample shipped with the package) ------------------------
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dataset,folder", [("fineweb-edu", "fineweb-edu-sample"),
                                             ("dolma", "dolma-sample")])
 @pytest.mark.parametrize("fmt,val", [("mds", 0.02), ("memmap", 0.02), ("mds", 0.0)])
-def test_real_corpora_split_into_tasks_give_the_single_machine_bytes(tmp_path, shared, dataset,
+def test_real_corpora_split_into_tasks_give_the_single_machine_bytes(tmp_path, real_text, dataset,
                                                                      folder, fmt, val):
-    base = dict(dataset=dataset, inputs=(str(shared / "data" / folder),),
-                tokenizer=str(shared / "tokenizers" / "gpt2.tiktoken"), seq=2048,
+    base = dict(dataset=dataset, inputs=(str(real_text.data(folder)),),
+                tokenizer=str(real_text.tokenizer("gpt2.tiktoken")), seq=2048,
                 val_fraction=val, format=fmt, shard_bytes=2048 * 2 * 64)
     single = build(BuildConfig(out=str(tmp_path / "single"), **base), show_progress=False)
     assert (single["splits"]["val"]["documents"] > 0) == (val > 0)

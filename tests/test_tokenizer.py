@@ -1,4 +1,6 @@
+import hashlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -8,9 +10,14 @@ from pipeline.tokenize.tokenizer import load_tokenizer
 
 
 def test_byte_ranks_file_takes_the_encoding_named_by_the_file(byte_tokenizer):
+    """Not GPT-2's ranks, though named gpt2.tiktoken: GPT-2's pattern and <|endoftext|>, and a
+    name that does not claim to be gpt2 (its stem and its sha256's first 8 hex digits)."""
     tok = load_tokenizer(byte_tokenizer)
-    assert (tok.name, tok.eos_id, tok.vocab_size, tok.dtype) == ("gpt2", 50256, 50257, np.uint16)
+    sha = hashlib.sha256(open(byte_tokenizer, "rb").read()).hexdigest()
+    assert (tok.name, tok.eos_id, tok.vocab_size, tok.dtype) == (
+        f"gpt2-{sha[:8]}", 50256, 50257, np.uint16)
     assert tok.encode_batch(["ab"])[0].tolist() == [97, 98]
+    assert tok.source == os.path.abspath(byte_tokenizer)
 
 
 def test_special_token_text_is_encoded_as_text(byte_tokenizer):
@@ -111,3 +118,67 @@ def test_a_lone_surrogate_is_an_invalid_utf8_skip_for_every_tokenizer(tmp_path, 
     assert m["counts"]["documents"] == 2
     logged = [json.loads(line) for line in (tmp_path / "out/skipped.jsonl").read_text().splitlines()]
     assert [(r["line"], r["reason"]) for r in logged] == [(2, "invalid_utf8")]
+
+
+def _registered(monkeypatch, name: str, path) -> str:
+    """The byte ranks file's sha256 made the official one of `name` (hermetic: no real file)."""
+    import pipeline.tokenize.tokenizer as tokenizer_mod
+
+    sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    _, pattern, specials = tokenizer_mod.TIKTOKEN_ENCODINGS[name]
+    monkeypatch.setitem(tokenizer_mod.TIKTOKEN_ENCODINGS, name, (sha, pattern, specials))
+    return sha
+
+
+def test_a_ranks_file_is_named_by_its_content_not_its_file_name(tmp_path, monkeypatch):
+    from conftest import write_byte_ranks
+
+    mine = write_byte_ranks(tmp_path / "vocab.tiktoken")  # a name that says nothing
+    _registered(monkeypatch, "cl100k_base", mine)
+    tok = load_tokenizer(str(mine))
+    assert (tok.name, tok.eos_id, tok.vocab_size) == ("cl100k_base", 100257, 100277)
+    misnamed = write_byte_ranks(tmp_path / "gpt2.tiktoken")  # cl100k's ranks, named gpt2
+    tok = load_tokenizer(str(misnamed))
+    assert (tok.name, tok.eos_id) == ("cl100k_base", 100257)
+    # a name the caller gives a file of no known hash (a build's copy, tokenizer.tiktoken)
+    monkeypatch.undo()
+    copy = write_byte_ranks(tmp_path / "tokenizer.tiktoken")
+    with pytest.raises(TokenizerError, match="unknown .tiktoken ranks file"):
+        load_tokenizer(str(copy))
+    tok = load_tokenizer(str(copy), encoding="gpt2")
+    assert tok.name.startswith("gpt2-") and tok.eos_id == 50256
+
+
+def test_the_real_gpt2_file_is_gpt2_whatever_its_name(tmp_path, shared):
+    renamed = tmp_path / "vocab.tiktoken"
+    renamed.write_bytes((shared / "tokenizers/gpt2.tiktoken").read_bytes())
+    tok = load_tokenizer(str(renamed))
+    assert (tok.name, tok.eos_id, tok.vocab_size) == ("gpt2", 50256, 50257)
+    assert load_tokenizer(str(shared / "tokenizers/gpt2.tiktoken")).name == "gpt2"
+
+
+def test_offline_gpt2_falls_back_to_the_shipped_ranks_file(tmp_path, monkeypatch):
+    """`--tokenizer gpt2` with no network: the package's pipeline/samples/gpt2.tiktoken, when
+    it is there with the official sha256; the build's identity is the downloaded one's."""
+    import tiktoken
+
+    import pipeline.tokenize.tokenizer as tokenizer_mod
+    from conftest import write_byte_ranks
+
+    def offline(name):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", offline)
+    monkeypatch.setattr(tokenizer_mod, "SAMPLES", tmp_path / "samples")
+    with pytest.raises(TokenizerError, match=r"--tokenizer path/to/gpt2\.tiktoken"):
+        load_tokenizer("gpt2")  # no shipped file
+    (tmp_path / "samples").mkdir()
+    shipped = write_byte_ranks(tmp_path / "samples" / "gpt2.tiktoken")
+    with pytest.raises(TokenizerError, match="no network"):
+        load_tokenizer("gpt2")  # a file there, but not the official one: not taken
+    sha = _registered(monkeypatch, "gpt2", shipped)
+    tok = load_tokenizer("gpt2")
+    assert (tok.name, tok.source, tok.sha256, tok.eos_id) == ("gpt2", "gpt2", sha, 50256)
+    assert tok.encode_batch(["hi"])[0].tolist() == [104, 105]
+    with pytest.raises(TokenizerError, match="cl100k_base"):
+        load_tokenizer("cl100k_base")  # nothing shipped for it

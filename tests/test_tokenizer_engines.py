@@ -15,15 +15,15 @@ pytest.importorskip("fastokens")
 SHARED_TOKENIZERS = ["gpt2.tiktoken", "cl100k_base.tiktoken", "gpt-neox-tokenizer.json"]
 
 
-def shared_texts(shared, limit: int = 2000) -> list[str]:
+def shared_texts(real_text, limit: int = 2000) -> list[str]:
     import gzip
 
     import pyarrow.parquet as pq
 
     texts = []
-    for path in sorted((shared / "data/fineweb-edu-sample").glob("*.parquet")):
+    for path in sorted(real_text.data("fineweb-edu-sample").glob("*.parquet")):
         texts += pq.read_table(path, columns=["text"]).column(0).to_pylist()[: limit // 2]
-    for path in sorted((shared / "data/dolma-sample").glob("*.gz")):
+    for path in sorted(real_text.data("dolma-sample").glob("*.gz")):
         with gzip.open(path, "rt") as f:
             texts += [json.loads(line)["text"] for _, line in zip(range(limit // 4), f)]
     return texts
@@ -31,12 +31,12 @@ def shared_texts(shared, limit: int = 2000) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SHARED_TOKENIZERS)
-def test_fast_engine_gives_the_reference_ids_on_the_real_corpus(shared, name):
-    fast = load_tokenizer(str(shared / "tokenizers" / name), engine="fast")
-    reference = load_tokenizer(str(shared / "tokenizers" / name), engine="reference")
+def test_fast_engine_gives_the_reference_ids_on_the_real_corpus(real_text, name):
+    fast = load_tokenizer(str(real_text.tokenizer(name)), engine="fast")
+    reference = load_tokenizer(str(real_text.tokenizer(name)), engine="reference")
     assert fast.engine_identity()["library"] == "fastokens"
     assert reference.engine_identity()["library"] in ("tiktoken", "tokenizers")
-    texts = shared_texts(shared) + list(HARD_TEXTS)
+    texts = shared_texts(real_text) + list(HARD_TEXTS)
     ids_f, off_f = fast.encode_flat(texts)
     ids_r, off_r = reference.encode_flat(texts)
     assert np.array_equal(off_f, off_r) and np.array_equal(ids_f, ids_r)
@@ -199,19 +199,19 @@ def test_the_sample_check_stops_a_build_whose_fast_engine_disagrees(tmp_path, mo
 @pytest.mark.slow
 @pytest.mark.parametrize("name,engines", [("gpt2.tiktoken", ("fast", "reference")),
                                           ("gpt-neox-tokenizer.json", ("fast",))])
-def test_a_100_mb_document_is_packed_whole_by_every_engine(tmp_path, shared, name, engines):
+def test_a_100_mb_document_is_packed_whole_by_every_engine(tmp_path, real_text, name, engines):
     """One document of 100 MB of real text between two small ones: packed whole, every token
     once, the same bytes under both engines. (Hugging Face tokenizers itself, the reference of
     a tokenizer.json, takes ~70 s and ~12 GB for it here -- per-token objects -- so that pair is
     left to the fast engine; docs/BENCHMARKS.md.)"""
     from conftest import write_jsonl
 
-    real = "\n\n".join(shared_texts(shared, limit=400))
+    tok = real_text.tokenizer(name)
+    real = "\n\n".join(shared_texts(real_text, limit=400))
     huge = (real * (100_000_000 // len(real) + 1))[:100_000_000]
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": "first"}, {"text": huge},
                                                 {"text": "last"}])
     del real
-    tok = shared / "tokenizers" / name
     expected = sum(len(load_tokenizer(str(tok), engine=engines[0]).encode_flat([t])[0]) + 1
                    for t in ("first", huge, "last"))
     builds = {e: build_with(tmp_path, corpus, tok, e, f"out-{e}", val_fraction=0.0,

@@ -1,7 +1,7 @@
 """`zoo`: the model zoo's command line, next to `pack` and `train`.
 
     zoo list [--vocab V] [--json]           the presets: total and active parameters, FLOPs/token
-    zoo export RUN [--step N] --to hf --out DIR [--license ID --max-shard-size 5GB]
+    zoo export RUN [--step N] --to hf --out DIR [--license ID --max-shard-size 5GB --no-tokenizer]
                                              every family -> a transformers / hub folder
     zoo export RUN --to safetensors --out DIR            any family -> what archs.load(DIR) reads
     zoo eval RUN --shards BUILD [--split val] [--seq N] [--json]
@@ -157,9 +157,9 @@ def generate(**settings):
     trained = load_run(run, cfg.step)
     tokenizer = trained.tokenizer
     if tokenizer is None:
-        raise LongpackError(f"{run}: the build's tokenizer cannot be loaded here (its "
-                            "manifest or tokenizer file is missing, or it was imported "
-                            "without --tokenizer): nothing to encode the prompt with")
+        raise LongpackError(f"{run}: no tokenizer to encode the prompt with: "
+                            f"{trained.tokenizer_problem}. Put the build's tokenizer back (its "
+                            "--out, or the file it names)")
     try:
         ids = tokenizer.reference.encode_flat([prompt])[0].tolist()
     except UnicodeEncodeError as e:

@@ -28,7 +28,8 @@ is, for every family.
 - MoE (hybrids included) and resonance: archs' own model files under a thin PreTrainedModel,
   `from_pretrained(DIR, trust_remote_code=True)` (archs/zoo/hf_remote.py).
 
-Every folder also holds the build's tokenizer, generation_config.json,
+Every folder also holds the build's tokenizer (archs/zoo/runs.py loads it from the build's copy;
+`zoo export` refuses to write a folder without it unless --no-tokenizer), generation_config.json,
 special_tokens_map.json and a model card (README.md); the weights are safetensors, sharded past
 `max_shard_size` with an index; files 0644, folders 0755, nothing hidden (archs/zoo/
 hf_folder.py). `max_position_embeddings` is the model's context: the longer of its `max_seq`
@@ -100,9 +101,10 @@ def export_hf(trained, out: Path, license: str = DEFAULT_LICENSE,
         if problems:  # a bug here, not the user's: say what
             raise TrainingError(f"zoo export wrote a folder the hub would not take whole: "
                                 f"{'; '.join(problems)}")
-    if trained.tokenizer is None:
-        return ["no tokenizer written: the build's manifest or tokenizer file is not here; copy "
-                "the build's tokenizer.json (or convert its .tiktoken file with "
+    if trained.tokenizer is None:  # asked for (zoo export --no-tokenizer refuses otherwise)
+        why = getattr(trained, "tokenizer_problem", None)
+        return [f"no tokenizer written{f' ({why})' if why else ''}: copy the build's "
+                "tokenizer.json (or convert its .tiktoken file with "
                 "transformers.integrations.tiktoken.convert_tiktoken_to_fast) into the folder"]
     return []
 

@@ -3,6 +3,11 @@
     trained = load_run(Path("runs/x"), step=None)   # the newest sound checkpoint
     trained.model, trained.tokenizer, trained.seq, trained.step, trained.train_config
 
+The tokenizer is the build's own copy (BUILD/tokenizer.tiktoken or tokenizer.json, which its
+manifest names beside the file's sha256), else the file the manifest says the build read (a
+build of before the copy); either only with the sha256 the build recorded. When neither
+loads, `tokenizer_problem` says why in words an error can quote.
+
 `zoo export --to hf` (every family: archs/zoo/hf_export.py) and `--to safetensors`
 (`archs.save`, which `archs.load` reads) write it out.
 """
@@ -29,6 +34,7 @@ class TrainedRun:
     step: int | None = None  # the optimizer steps the checkpoint holds
     train_config: dict | None = None  # the run's settings (TrainConfig's fields), as saved
     fingerprint: str | None = None  # of the build (or mixture) it trained on
+    tokenizer_problem: str | None = None  # why `tokenizer` is None, in a few words
 
 
 def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> TrainedRun:
@@ -59,46 +65,57 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> Trained
         raise TrainingError(f"{path}: its model ({name}) cannot be built here "
                             f"({str(e).strip().splitlines()[0]})") from None
     model.eval()
-    manifest = _manifest(state["config"].get("shards"))
+    shards = state["config"].get("shards")
+    folder, manifest = _build(shards)
     # checkpoints record the build's tokenizer; older ones only where the build still is
     trained_on = state.get("tokenizer") or (manifest or {}).get("tokenizer")
-    return TrainedRun(model, _tokenizer(manifest), trained_on, state.get("seq"), path,
-                      state.get("step"), state.get("config"), state.get("fingerprint"))
+    if manifest is None:
+        tokenizer, problem = None, (f"the build it trained on ({shards}) is not here (no "
+                                    "manifest.json to read)")
+    else:
+        tokenizer, problem = _tokenizer(manifest, folder)
+    return TrainedRun(model, tokenizer, trained_on, state.get("seq"), path,
+                      state.get("step"), state.get("config"), state.get("fingerprint"),
+                      problem)
 
 
-def _manifest(shards: str | list | None) -> dict | None:
-    """The manifest of the run's build (a mixture's first source's: they share the tokenizer),
-    or None when it is not here."""
+def _build(shards: str | list | None) -> tuple[Path | None, dict | None]:
+    """The folder and manifest of the run's build (a mixture's first source's: they share the
+    tokenizer), or (None, None) when it is not here."""
     from longpack import LongpackError
+    from longpack.store import Store, is_url
     from pipeline import parse_mixture
+    from pipeline.tokenize.kept import fetch_kept
 
     try:
         first = parse_mixture([shards] if isinstance(shards, str) else shards, None, (), ())
-        manifest = json.loads((Path(first[0][0][1]) / "manifest.json").read_text())
-        return manifest if isinstance(manifest.get("tokenizer"), dict) else None
+        location = first[0][0][1]
+        if is_url(location):  # a build in a bucket: its manifest, and its tokenizer's copy cached
+            store = Store(location)
+            manifest = json.loads(store.read_bytes("manifest.json"))
+            if not isinstance(manifest.get("tokenizer"), dict):
+                return None, None
+            return fetch_kept(store, manifest["tokenizer"]) or Path(location), manifest
+        folder = Path(location)
+        manifest = json.loads((folder / "manifest.json").read_text())
+        return (folder, manifest) if isinstance(manifest.get("tokenizer"), dict) else (None, None)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, LongpackError):
-        return None
+        return None, None
 
 
-def _tokenizer(manifest: dict | None):
-    """The build's tokenizer (pipeline.tokenize.tokenizer.Tokenizer), or None when its file is not
-    here (or the build records none: pack import without --tokenizer)."""
-    from longpack import LongpackError
-    from pipeline import load_tokenizer
+def _tokenizer(manifest: dict, folder: Path):
+    """The build's tokenizer and None, or None and why it cannot be loaded here
+    (pipeline.tokenize.tokenizer.load_build_tokenizer: its copy first, then its source)."""
+    from pipeline.tokenize.kept import load_build_tokenizer
 
-    source = (manifest or {}).get("tokenizer", {}).get("source")
-    if source is None:
-        return None
-    try:
-        return load_tokenizer(source)
-    except (OSError, ValueError, LongpackError):
-        return None
+    return load_build_tokenizer(manifest["tokenizer"], folder)
 
 
 def export_run(cfg) -> tuple:
     """`zoo export` (an ExportConfig, archs/zoo/settings.py): RUN's model (its newest sound
     checkpoint, or step-N's) written to --out, a new or empty directory. Returns the model and
-    notes for the user (what could not be written)."""
+    notes for the user (what could not be written). `--to hf` without the build's tokenizer
+    is refused before anything is written, unless --no-tokenizer."""
     from archs.zoo.hf_export import DEFAULT_LICENSE, export_hf
     from archs.zoo.hf_folder import refuse_taken, staged
 
@@ -106,6 +123,11 @@ def export_run(cfg) -> tuple:
     refuse_taken(out)  # before the checkpoint is read
     trained = load_run(Path(cfg.run), cfg.step)
     if cfg.to == "hf":
+        if trained.tokenizer is None and not cfg.no_tokenizer:
+            raise TrainingError(f"{cfg.run}: no tokenizer to export with the model: "
+                                f"{trained.tokenizer_problem}. Put the build's tokenizer back "
+                                "(its --out, or the file it names), or pass --no-tokenizer to "
+                                "export the model alone")
         return trained.model, export_hf(trained, out, cfg.license or DEFAULT_LICENSE,
                                         cfg.max_shard_size or "5GB", cfg.dtype)
     with staged(out) as folder:

@@ -69,9 +69,14 @@ class ExportConfig:
     dtype: str = setting("fp32", "--to hf: the weights' type: bf16 or fp16 store them in half the "
                          "bytes, rounded (transformers loads them as config.json's torch_dtype "
                          "says).", choices=DTYPES)
+    no_tokenizer: bool = setting(False, "--to hf: write the folder without the build's tokenizer "
+                                 "when it cannot be loaded here (otherwise that is an error).")
 
     def __post_init__(self):
         check(self)
+        if self.no_tokenizer and self.to != "hf":
+            raise SettingsError("--no-tokenizer is --to hf's: --to safetensors writes no "
+                                "tokenizer")
         if self.max_shard_size is not None:
             object.__setattr__(self, "max_shard_size", parse_size(self.max_shard_size))
         if self.to == "safetensors" and (self.license or self.max_shard_size

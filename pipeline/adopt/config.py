@@ -16,7 +16,8 @@ class ImportConfig:
 
     src: str = setting(argument=True, role="output")
     out: str = setting(help="Output directory.", role="run")
-    seq: int | None = setting(None, "Tokens per row (.bin: required; .npy/.pt: their width) "
+    seq: int | None = setting(None, "Tokens per row (.bin and a .npz's 1-D streams: required; "
+                              ".npy/.pt/.npz arrays: their width) "
                               "[the files'].", min=2, role="output")
     dtype: str | None = setting(None, ".bin: the token type, uint8 to uint64 or int8 to int64 "
                                 "(nanoGPT's GPT-2: uint16).", choices=BIN_DTYPES, role="output")

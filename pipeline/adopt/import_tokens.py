@@ -9,6 +9,8 @@ beside files with one, or one named for two, is refused rather than guessed. --v
 gives a source without val a hash split of whole documents (of rows without an EOS id), as
 pack build draws its own. Files (and dataset folders), sorted by path, by their suffix:
   .npy   [N, seq] integer arrays (memory-mapped: rows are read as they are written out)
+  .npz   numpy.savez archives: each array in order, an [N, seq] array as a .npy, a 1-D array
+         a token stream cut into rows of --seq as a .bin (its tail dropped and counted)
   .pt    [N, seq] integer tensors (torch.load(..., weights_only=True): no code is run)
   .bin   a flat run of --dtype tokens (nanoGPT's train.bin), cut into rows of --seq; the tokens
          after the last whole row are dropped and counted
@@ -59,7 +61,7 @@ from pipeline.adopt.splits import HashSplit, split_files
 from pipeline.config import WORK_DIR
 from pipeline.formats import get_format
 from pipeline.formats.base import rows_per_shard
-from pipeline.manifest import FORMAT_VERSION, longpack_version
+from pipeline.manifest import FORMAT_VERSION, keep_tokenizer, longpack_version
 from pipeline.store.lock import OutputLock
 from pipeline.store.output_dir import Journal, prepare_output, remove_work_files
 from pipeline.tokenize.split import PAD_HASH, doc_hash
@@ -162,7 +164,7 @@ class _Split:
 def import_tokens(cfg: ImportConfig, warn=print) -> dict:
     """Write OUT; returns its manifest."""
     t0 = time.time()
-    src, out = Path(cfg.src), Path(cfg.out)
+    src, out = Path(os.path.abspath(cfg.src)), Path(cfg.out)  # recorded from any folder alike
     if out.exists() and not out.is_dir():
         raise SettingsError(f"--out {out} is a file, not a folder: give a new or empty folder")
     _refuse_overlap(src, out)
@@ -191,7 +193,10 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
     # Without a val fraction the seed changes no byte: the fingerprint leaves both out.
     fingerprint = {"import": {k: v for k, v in settings.items() if cfg.val_fraction
                               or k not in ("val_fraction", "seed")},
-                   "inputs": inputs, "tokenizer": tok.identity() if tok else None,
+                   "inputs": inputs,
+                   # not where its file was read from (as a build's): the ids' meaning
+                   "tokenizer": ({k: v for k, v in tok.identity().items() if k != "source"}
+                                 if tok else None),
                    "format_version": FORMAT_VERSION}
     seq, largest = _scan(files, cfg, tok is None)
     if seq is None or seq < 2:
@@ -326,10 +331,14 @@ def _write(cfg, files, out, seq, vocab, dtype, tok, eos, inputs, fingerprint, jo
                 split = HashSplit(writers, cfg.val_fraction, cfg.seed, eos, seq)
             for path in units:
                 first = 0  # the source's row number of the block's first row
-                for rows in read_blocks(path, cfg):
+                tails = []  # a .npz's token streams' tails
+                for rows in read_blocks(path, cfg, tails):
                     _add_rows(rows, path, first, seq, vocab, split, skip)
                     first += len(rows)
                 read += first
+                for row, tail, name in tails:
+                    skip(path, row, "partial_row", f"the last {tail} tokens of array {name!r} "
+                         f"do not fill a row of {seq}")
                 if path.suffix == ".bin":
                     tail = os.path.getsize(path) // np.dtype(cfg.dtype).itemsize % seq
                     if tail:
@@ -348,12 +357,14 @@ def _write(cfg, files, out, seq, vocab, dtype, tok, eos, inputs, fingerprint, jo
         reasons = ", ".join(f"{n:,} {r}" for r, n in sorted(skipped.items()))
         raise InputError(f"{cfg.src}: no row imported ({read:,} rows read; {reasons}: "
                          f"{skip_path} says which and why); check --seq, --dtype and the ids")
+    if tok is not None:  # a copy of its file in OUT, as a build keeps one
+        tokenizer = keep_tokenizer(tokenizer, out)
     manifest = {
         "longpack_version": longpack_version(), "format_version": FORMAT_VERSION,
         "format": cfg.format, "seq": seq, "dtype": np.dtype(dtype).name,
         "tokenizer": tokenizer, "tokenizer_engine": None, "pad_id": eos,
         "document_order": "imported files sorted by path, rows in file order",
-        "imported_from": str(cfg.src), "settings": settings_of(cfg, "output"),
+        "imported_from": os.path.abspath(cfg.src), "settings": settings_of(cfg, "output"),
         "inputs": inputs,
         "counts": {"records_read": read, **totals,
                    "skipped": skipped},

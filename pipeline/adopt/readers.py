@@ -2,6 +2,9 @@
 or one InputError line naming the file.
 
   .npy  its header checked first (never unpickled, never read past its end), then memory-mapped
+  .npz  numpy.savez's archive: each array in the archive's order, read as a .npy is (never
+        unpickled): an [N, seq] array is rows; a 1-D array is a token stream cut into rows of
+        --seq as a .bin is, its tail (fewer than --seq ids) dropped and counted (`tails`)
   .pt   torch.load(weights_only=True): a pickle of more than tensors is refused, never run
   .bin  a flat run of --dtype ids (BIN_DTYPES, little-endian), cut at --seq
   an MDS folder: its `tokens` column, a shard at a time
@@ -16,12 +19,14 @@ import numpy as np
 
 from longpack.errors import InputError, SettingsError
 
-SUFFIXES = (".npy", ".pt", ".bin")
+SUFFIXES = (".npy", ".npz", ".pt", ".bin")
 
 
-def read_blocks(path: Path, cfg):
+def read_blocks(path: Path, cfg, tails: list | None = None):
     """The source's rows, [n, width] integer arrays one after another (one for a file, one a
-    shard for an MDS folder); InputError naming the file for anything else."""
+    shard for an MDS folder, one an array for a .npz); InputError naming the file for anything
+    else. `tails` gets (rows before it, ids dropped, the array's name) for each .npz token
+    stream's tail."""
     if path.is_dir():
         from pipeline.formats.shards import ShardError, SplitReader
 
@@ -36,8 +41,49 @@ def read_blocks(path: Path, cfg):
     if path.stat().st_size == 0:
         raise InputError(f"{path}: an empty file (0 bytes), not token rows: remove it or write "
                          "it again")
+    if path.suffix == ".npz":
+        yield from _read_npz(path, cfg, tails)
+        return
     read = {".npy": _read_npy, ".pt": _read_pt}.get(path.suffix, _read_bin)
     yield _integer_rows(path, read(path, cfg), "it holds")
+
+
+def _read_npz(path: Path, cfg, tails: list | None):
+    """Each array of the archive in its order, loaded one at a time (a zip member is not
+    memory-mapped) with allow_pickle=False: an array of Python objects is refused, never
+    unpickled."""
+    import zipfile
+
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise InputError(f"{path}: not a .npz file ({_one_line(e)}): write it with numpy.savez")\
+            from None
+    with archive:
+        if not isinstance(archive, np.lib.npyio.NpzFile):  # a .npy under another name
+            archive = {"arr_0": archive}
+        before = 0
+        for name in list(archive.keys()):
+            where = f"{path}, array {name!r}:"
+            try:
+                array = archive[name]
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+                what = ("holds Python objects, which import never unpickles: save the ids as "
+                        "integer arrays" if "allow_pickle" in str(e) else
+                        f"cannot be read ({_one_line(e)}): write it again")
+                raise InputError(f"{where} {what}") from None
+            if array.ndim == 1 and np.issubdtype(array.dtype, np.integer):
+                if cfg.seq is None:
+                    raise SettingsError(f"{where} a 1-D token stream: pass --seq to cut it "
+                                        "into rows (a .npz of [N, seq] arrays needs none)")
+                whole = len(array) // cfg.seq * cfg.seq
+                rows = array[:whole].reshape(-1, cfg.seq)
+                if whole < len(array) and tails is not None:
+                    tails.append((before + len(rows), len(array) - whole, name))
+            else:
+                rows = _integer_rows(path, array, f"its array {name!r} holds")
+            before += len(rows)
+            yield rows
 
 
 def _read_npy(path: Path, cfg) -> np.ndarray:

@@ -1,7 +1,7 @@
 """`pack import`'s splits (import_tokens.py): which split each source file goes to, and
 --val-fraction's hash split of a source that has no val.
 
-Names. SRC's units are its .npy, .pt and .bin files and its dataset folders (a folder holding
+Names. SRC's units are its .npy, .npz, .pt and .bin files and its dataset folders (a folder holding
 index.json: MDS, or a longpack split, read whole), in path order. A unit's split is read from
 the words of its path below SRC (cut at anything but a letter or digit, lower-cased):
   val, valid, validation       val    (nanoGPT's val.bin, llm.c's *_val_*.bin, fairseq's

@@ -13,12 +13,16 @@ from pipeline.read.records import is_broken_link
 
 
 def open_inputs(cfg, dataset, hub_client=None):
-    """(the build's input files, their description for the fingerprint)."""
-    if cfg.inputs:
-        files = InputFiles(expand_inputs(dataset, list(cfg.inputs), cfg.out))
+    """(the build's input files, their description for the fingerprint): --input's, else the
+    dataset's shipped sample folder, else its hub repository's."""
+    if cfg.inputs or dataset.sample_folder:
+        inputs = list(cfg.inputs) or [str(dataset.sample_folder)]
+        files = InputFiles(expand_inputs(dataset, inputs, cfg.out))
         return files, files.description
     if dataset.hub_repo is None:
-        raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH")
+        raise SettingsError(f"--dataset {dataset.name} has no hub location; pass --input PATH "
+                            "(or --dataset fineweb-edu-sample / dolma-sample: the samples "
+                            "shipped with longpack, offline)")
     hub = HubFiles(hub_client or HuggingFaceHub(), dataset, cfg.subset or dataset.hub_subset)
     return hub, hub.describe()
 

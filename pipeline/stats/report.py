@@ -26,21 +26,21 @@ MAX_READ_THREADS = 4  # each thread holds the compressed and decompressed bytes 
 DIGEST_BLOCK = 1 << 20  # bytes of rows digested at a time: a block stays in a 2 MiB L2 cache
 
 
-def _tokenizer(manifest: dict | None, not_checked: list):
+def _tokenizer(manifest: dict | None, not_checked: list, folder: Path | None):
+    """The build's tokenizer, to show token texts: its copy in `folder` (a local build), else the
+    file it was read from (tokenize/kept.py), or None with a note."""
     if not manifest:
         return None
-    from pipeline.tokenize.tokenizer import load_tokenizer
+    from pipeline.tokenize.kept import load_build_tokenizer
 
-    source = manifest["tokenizer"]["source"]
-    if source is None:  # `pack import` without --tokenizer: ids only
+    if manifest["tokenizer"].get("source") is None:  # `pack import` without --tokenizer
         not_checked.append("token texts: the build records no tokenizer (pack import without "
                            "--tokenizer)")
         return None
-    try:
-        return load_tokenizer(source)
-    except LongpackError as e:
-        not_checked.append(f"token texts: the tokenizer {source} cannot be loaded here ({e})")
-        return None
+    tokenizer, why = load_build_tokenizer(manifest["tokenizer"], folder)
+    if tokenizer is None:
+        not_checked.append(f"token texts: the build's tokenizer cannot be loaded here ({why})")
+    return tokenizer
 
 
 FEW_VAL_ROWS = 8  # below it, a val split is a sample or two: its loss measures little
@@ -189,7 +189,8 @@ def _collect(path: Path, verify: bool, throughput, budget, eos_id, open_reader) 
                                "boundaries not computed")
     # Loading the tokenizer (only to show the top tokens as text) overlaps the scan.
     loader = ThreadPoolExecutor(1, thread_name_prefix="load-tokenizer")
-    tokenizer = loader.submit(_tokenizer, manifest, not_checked)
+    tokenizer = loader.submit(_tokenizer, manifest, not_checked,
+                              path if open_reader is SplitReader else None)
     loader.shutdown(wait=False)
     splits, scans = {}, {}
     order = sorted(split_dirs, key=lambda s: s != "val")  # val first: train checks against it

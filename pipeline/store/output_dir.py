@@ -2,8 +2,8 @@
 
 A build writes OUT/manifest.json, OUT/skipped.jsonl, shards and index.json in OUT/train/ and
 OUT/val/, and its work folder OUT/.longpack-build/. A file there is the build's own when
-  - a finished build's manifest.json lists it (manifest.json itself, skipped.jsonl, each split's
-    index.json, and the shards that index.json lists);
+  - a finished build's manifest.json lists it (manifest.json itself, skipped.jsonl, the copy of
+    its tokenizer, each split's index.json, and the shards that index.json lists);
   - an unfinished build's journal lists it: `.longpack-build/outputs.txt` records every path
     outside the work folder before the file is created, so a build killed in between leaves
     no file unlisted;
@@ -31,6 +31,7 @@ from pipeline.config import SPLITS, WORK_DIR
 from pipeline.formats import open_format
 from pipeline.formats.base import ShardError
 from pipeline.store.lock import LOCK_NAME
+from pipeline.tokenize.kept import COPY_NAMES
 
 JOURNAL = "outputs.txt"
 FINGERPRINT, CHECKPOINT = "fingerprint.json", "checkpoint.npz"
@@ -51,12 +52,15 @@ class Journal:
     """OUT/.longpack-build/outputs.txt: OUT-relative paths, one a line, each recorded (and
     fsynced) before the file is created."""
 
+    _open: dict[str, "Journal"] = {}  # OUT (absolute) -> its journal while open (`claim`)
+
     def __init__(self, out: Path):
         self.out, self.path = out, out / WORK_DIR / JOURNAL
         self.listed = _read_journal(out)
         self.lock = threading.Lock()
         with writing(self.path):
             self.file = open(self.path, "a", encoding="utf-8")
+        Journal._open[os.path.abspath(out)] = self
 
     def claim(self, path: Path) -> None:
         rel = path.relative_to(self.out).as_posix()
@@ -69,10 +73,26 @@ class Journal:
             self.listed.add(rel)
 
     def close(self) -> None:
+        if Journal._open.get(os.path.abspath(self.out)) is self:
+            del Journal._open[os.path.abspath(self.out)]
         try:
             self.file.close()
         except OSError:
             pass  # what did not reach the disk was never claimed: nothing was created after it
+
+
+def claim(out: Path, path: Path) -> None:
+    """`path` recorded in OUT's journal before it is created: through the journal the build
+    holds open (its writer's), else one opened for it (the holder of OUT's lock calls this)."""
+    journal = Journal._open.get(os.path.abspath(out))
+    if journal is not None and not journal.file.closed:
+        journal.claim(path)
+        return
+    journal = Journal(out)
+    try:
+        journal.claim(path)
+    finally:
+        journal.close()
 
 
 def _read_journal(out: Path) -> set[str]:
@@ -91,6 +111,9 @@ def _read_manifest(out: Path) -> dict | None:
 
 def _listed_by_manifest(out: Path, m: dict) -> set[str]:
     listed = {"manifest.json", m.get("skipped_log", "skipped.jsonl")}
+    tokenizer = m.get("tokenizer")
+    if isinstance(tokenizer, dict) and tokenizer.get("file") in COPY_NAMES.values():
+        listed.add(tokenizer["file"])  # only a name a build gives its copy: nothing else
     for split in m.get("splits", {}).values():
         folder = split.get("path", "")
         if not (out / folder / "index.json").is_file():

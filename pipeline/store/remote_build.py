@@ -8,14 +8,15 @@ Order in the store, so that a reader never takes a partial dataset for a complet
   1. URL/.longpack-build/fingerprint.json   first: the prefix holds an unfinished build
   2. shards, as the shard writer finishes them, in the background (uploader.py; each leaves the
      staging disk once up, so it holds a few shards whatever the build's size)
-  3. each split's index.json, then skipped.jsonl, then manifest.json last
+  3. each split's index.json, then skipped.jsonl and the tokenizer's copy, then manifest.json last
   4. the marker goes, then the staging folder.
 A re-run (after Ctrl+C, kill -9, a lost connection) resumes the staged build from its
 checkpoint; the shards it writes again are checked against the ledger and the store, not sent
 again. The bytes in the store are those of a local build of the same command.
 
 What the build may remove or replace in the store follows output_dir.py's rules: only its own
-layout (manifest.json, skipped.jsonl, SPLIT/index.json, SPLIT/shard.*, .longpack-build/*) under
+layout (manifest.json, skipped.jsonl, tokenizer.tiktoken or tokenizer.json, SPLIT/index.json,
+SPLIT/shard.*, .longpack-build/*) under
 a prefix that holds a longpack build (a manifest or the marker); anything else there is
 foreign, and the build refuses to start, --overwrite or not. Two machines building into one
 URL at once are not kept apart (stores have no locks): one URL, one writer.
@@ -40,8 +41,8 @@ from pipeline.store.uploader import Uploader
 
 MARKER = f"{WORK_DIR}/{FINGERPRINT}"
 _SPLIT = "|".join(SPLITS)
-_OWN = re.compile(rf"manifest\.json|skipped\.jsonl|({_SPLIT})/(index\.json|shard\.\d{{5,}}\.[a-z.]+)"
-                  rf"|{re.escape(WORK_DIR)}/.+")
+_OWN = re.compile(rf"manifest\.json|skipped\.jsonl|tokenizer\.(tiktoken|json)"
+                  rf"|({_SPLIT})/(index\.json|shard\.\d{{5,}}\.[a-z.]+)|{re.escape(WORK_DIR)}/.+")
 
 
 @dataclasses.dataclass
@@ -143,6 +144,10 @@ class RemoteOut:
             listed.add(rel)
             uploader.ensure(self.staged / rel)
         uploader.ensure(self.staged / manifest["skipped_log"])
+        kept = manifest["tokenizer"].get("file")  # the tokenizer's copy (none: an import's)
+        if kept:
+            listed.add(kept)
+            uploader.ensure(self.staged / kept)
         # shards of an earlier, longer attempt (none when the settings are the same: the bytes
         # are) and the marker stay out of the finished prefix
         stale = [rel for rel in self.survey().own if rel not in listed and rel != MARKER]

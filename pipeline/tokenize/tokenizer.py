@@ -2,7 +2,17 @@
 
 Offline use is first-class: a file path never touches the network. A tiktoken name (gpt2,
 cl100k_base, ...) is fetched by tiktoken itself (and cached in TIKTOKEN_CACHE_DIR); when that
-fails, the error names the file to pass instead.
+fails, the ranks file shipped with the package (`pipeline/samples/`, SAMPLE_RANKS) stands in for
+it where it is there and has the official file's sha256, and otherwise the error names the file
+to pass instead.
+
+A `.tiktoken` file is named by what it is, its sha256 against the official files' (gpt2 /
+r50k_base, p50k_base, cl100k_base, o200k_base): the real GPT-2 ranks are "gpt2" whatever the
+file is called. A file of no known hash takes the pattern and special tokens of the encoding
+its name says (`mine/gpt2.tiktoken`: GPT-2's) and a name that claims no known encoding:
+`gpt2-1a2b3c4d`, the stem and the first 8 hex digits of its sha256. A file's `source` is
+recorded as an absolute path, so it names the same file from any folder. What a build keeps of
+its tokenizer, and how a reader loads it back: kept.py.
 
 Text is always encoded as ordinary text: a literal "<|endoftext|>" inside a document becomes the
 tokens of those characters, never the EOS id, so splitting packed rows at EOS gives back exactly
@@ -57,6 +67,8 @@ TIKTOKEN_ENCODINGS = {
              _R50K_PAT, {ENDOFTEXT: 50256}),
     "r50k_base": ("306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930",
                   _R50K_PAT, {ENDOFTEXT: 50256}),
+    "p50k_base": ("94b5ca7dff4d00767bc256fdd1b27e5b17361d7b8a5f968547f9f23eb70d2069",
+                  _R50K_PAT, {ENDOFTEXT: 50256}),
     "cl100k_base": ("223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
                     _CL100K_PAT, {ENDOFTEXT: 100257, "<|fim_prefix|>": 100258,
                                   "<|fim_middle|>": 100259, "<|fim_suffix|>": 100260,
@@ -64,6 +76,10 @@ TIKTOKEN_ENCODINGS = {
     "o200k_base": ("446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
                    _O200K_PAT, {ENDOFTEXT: 199999, "<|endofprompt|>": 200018}),
 }
+# tiktoken names whose ranks file the package may ship (pipeline/samples/, another part's): the
+# offline stand-in for tiktoken's download, used only when its sha256 is the official one.
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+SAMPLE_RANKS = {"gpt2": "gpt2.tiktoken", "r50k_base": "gpt2.tiktoken"}
 # Names a Hugging Face tokenizer gives its end- and start-of-document tokens, in order of preference.
 HF_EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 HF_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>", "<|bos|>")
@@ -206,16 +222,19 @@ class Unencodable(Exception):
         self.index = index
 
 
-def load_tokenizer(spec: str, bos: bool = False, engine: str = "reference") -> Tokenizer:
+def load_tokenizer(spec: str, bos: bool = False, engine: str = "reference",
+                   encoding: str | None = None) -> Tokenizer:
     """`spec` is a tiktoken encoding name, a `.tiktoken` ranks file, or a tokenizer.json.
-    `engine` (auto, fast, reference) picks what encodes; the ids are the same whichever."""
+    `engine` (auto, fast, reference) picks what encodes; the ids are the same whichever.
+    `encoding`: the encoding whose pattern and special tokens a ranks file of no known hash
+    uses, where its file name does not say (a build's copy, OUT/tokenizer.tiktoken)."""
     path = Path(spec).expanduser()
     prefetch = engine != "reference"  # start loading fastokens beside the reference library
     if path.is_file():
         if path.suffix == ".json":
             tok = _load_huggingface(path, prefetch)
         else:
-            tok = _load_tiktoken_file(path, prefetch)
+            tok = _load_tiktoken_file(path, prefetch, encoding)
     elif spec in TIKTOKEN_ENCODINGS:
         tok = _load_tiktoken_name(spec)
     elif path.suffix in (".json", ".tiktoken") or os.sep in spec:
@@ -234,13 +253,16 @@ def load_tokenizer(spec: str, bos: bool = False, engine: str = "reference") -> T
     return tok
 
 
+def _canonical_ranks(ranks: dict[bytes, int]) -> bytes:
+    """The .tiktoken serialization ("base64 rank" lines in rank order) of the official files."""
+    return b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
+                    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
+
+
 def _ranks_sha256(ranks: dict[bytes, int]) -> str:
-    """sha256 of the canonical .tiktoken serialization ("base64 rank" lines in rank order),
-    which equals the sha256 of the official ranks file."""
-    h = hashlib.sha256()
-    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-        h.update(base64.b64encode(token) + b" " + str(rank).encode() + b"\n")
-    return h.hexdigest()
+    """sha256 of the canonical .tiktoken serialization, which equals the sha256 of the official
+    ranks file."""
+    return hashlib.sha256(_canonical_ranks(ranks)).hexdigest()
 
 
 def _in_background(load: Callable[[], FastEngine] | bool) -> Callable[[], FastEngine] | None:
@@ -277,27 +299,45 @@ def _load_tiktoken_name(name: str) -> Tokenizer:
     try:
         enc = tiktoken.get_encoding(name)
     except Exception as e:  # requests/urllib/blobfile errors when offline
-        raise TokenizerError(
-            f"could not load tiktoken encoding {name!r} ({type(e).__name__}: no network?); pass "
-            f"its ranks file instead, e.g. --tokenizer path/to/{name}.tiktoken") from None
+        shipped = _shipped_ranks(name)
+        if shipped is None:
+            raise TokenizerError(
+                f"could not load tiktoken encoding {name!r} ({type(e).__name__}: no network?); "
+                f"pass its ranks file instead, e.g. --tokenizer path/to/{name}.tiktoken") from None
+        tok = _load_tiktoken_file(shipped, False, name)
+        tok.source = name  # the same identity as tiktoken's download: the same build
+        return tok
     return _tiktoken_tokenizer(enc, name, name, _ranks_sha256(enc._mergeable_ranks), None)
 
 
-def _load_tiktoken_file(path: Path, prefetch: bool) -> Tokenizer:
+def _shipped_ranks(name: str) -> Path | None:
+    """The package's own copy of an encoding's ranks file (SAMPLE_RANKS), where it is there
+    with the official sha256."""
+    path = SAMPLES / SAMPLE_RANKS[name] if name in SAMPLE_RANKS else None
+    if path is None or not path.is_file():
+        return None
+    return path if sha256_file(path) == TIKTOKEN_ENCODINGS[name][0] else None
+
+
+def _load_tiktoken_file(path: Path, prefetch: bool, encoding: str | None = None) -> Tokenizer:
+    """A ranks file, named by its sha256 (the module docstring)."""
     import tiktoken
     from tiktoken.load import load_tiktoken_bpe
 
     sha = sha256_file(path)
     by_hash = [n for n, (h, _, _) in TIKTOKEN_ENCODINGS.items() if h == sha]
-    if path.stem in TIKTOKEN_ENCODINGS and (not by_hash or path.stem in by_hash):
-        name = path.stem
-    elif by_hash:
-        name = by_hash[0]
+    like = encoding or path.stem
+    if by_hash:  # gpt2 and r50k_base share a file: the one asked for, else the first
+        name = like if like in by_hash else by_hash[0]
+        pattern_of = name
+    elif like in TIKTOKEN_ENCODINGS:
+        name, pattern_of = f"{like}-{sha[:8]}", like
     else:
         raise TokenizerError(
-            f"{path}: unknown .tiktoken ranks file (sha256 {sha[:12]}…); name it after the "
-            f"encoding whose pattern and special tokens it uses ({', '.join(TIKTOKEN_ENCODINGS)})")
-    _, pat_str, special_tokens = TIKTOKEN_ENCODINGS[name]
+            f"{path}: unknown .tiktoken ranks file (sha256 {sha[:12]}…, none of the official "
+            f"files'); name it after the encoding whose pattern and special tokens it uses "
+            f"({', '.join(TIKTOKEN_ENCODINGS)}), e.g. {path.with_name('gpt2.tiktoken')}")
+    _, pat_str, special_tokens = TIKTOKEN_ENCODINGS[pattern_of]
     loading = _in_background(prefetch and (
         lambda: FastEngine.load("tiktoken", path, None, pat_str, special_tokens)))
     try:
@@ -306,7 +346,7 @@ def _load_tiktoken_file(path: Path, prefetch: bool) -> Tokenizer:
         raise TokenizerError(f"{path}: not a .tiktoken ranks file ({e})") from None
     enc = tiktoken.Encoding(name=name, pat_str=pat_str, mergeable_ranks=ranks,
                             special_tokens=special_tokens)
-    return _tiktoken_tokenizer(enc, name, str(path), sha, path, loading)
+    return _tiktoken_tokenizer(enc, name, os.path.abspath(path), sha, path, loading)
 
 
 def _load_huggingface(path: Path, prefetch: bool) -> Tokenizer:
@@ -342,7 +382,7 @@ def _load_huggingface(path: Path, prefetch: bool) -> Tokenizer:
         except Exception as e:  # a tokenizer.json fastokens does not support
             raise TokenizerError(f"fastokens cannot load {path} ({e})") from None
 
-    return Tokenizer(name=path.stem, kind="huggingface", source=str(path),
+    return Tokenizer(name=path.stem, kind="huggingface", source=os.path.abspath(path),
                      sha256=sha256_file(path), vocab_size=max(vocab.values()) + 1,
                      eos_id=vocab[eos], bos_id=vocab[bos] if bos else None,
                      reference=reference, _load_fast=load_fast)
