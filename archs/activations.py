@@ -26,15 +26,19 @@ Per layer (derivation: each term is a tensor an op saves, named at its line belo
                 lin(2) over all n (router, predictor) and 8 (c n) d + 24n (gate, blend).
     Mamba       RMS + mixer; mixer with inner I = expand d, H heads of P, state N, G groups,
                 conv width K, Q = min(chunk, seq), c = ceil(seq / Q), n' = batch c Q, w = I + 2GN:
-                lin(1) + a n (I + w + H) + taps(w) + 8n w + 8n H + [n' > n] 4n' (I + H + 2GN)
+                lin(1) + a n (I + w + H) + lin(I)
+                (in_proj's input, its output u, out_proj's input: archs/mamba.py's LeanMix keeps
+                u alone of what lies between). Its backward makes that again, one layer at a
+                time ("remade"): taps(w) + 8n w + 8n H + [n' > n] 4n' (I + H + 2GN)
                 + [documents] n' Q + (4 + a) n' H Q + 4n' G Q + 2a n' G N + (4 + 2a) n' I
                 + 2a n' H N + (4 + a) batch c H P N + a n' I + 8n' H + (12 + 2a) n I
-                (in_proj's output; the convolution's masked taps and output, SiLU's; dt and
-                softplus(dt); chunks padded; the same-document mask; the decays L and C B^T * L;
-                C B^T and its operands; dt x, its operand copy and dt x * decay; B and C
-                broadcast over heads; the carried states and their stack; the carried state's
-                output; the decays to the chunk's end and from its start; the gated RMSNorm:
-                y, silu(z), its fp32 input, normalized input and output)
+                + 8n' H Q + 8 batch c H P N
+                (the convolution's masked taps and output, SiLU's; dt and softplus(dt); chunks
+                padded; the same-document mask; the decays L and C B^T * L; C B^T and its
+                operands; dt x, its operand copy and dt x * decay; B and C broadcast over
+                heads; the carried states and their stack; the carried state's output; the
+                decays to the chunk's end and from its start; the gated RMSNorm: y, silu(z),
+                its fp32 input, normalized input and output; the gradients of L and the states)
     Resonance   2 LN + 3 lin(1) + 2a n d + taps(d) + 8nd + a nd + FFT + 2a n d_ff
                 (in's output u and gate; the short convolution's taps and output, the long
                 one's output; SiLU(gate); FFT = 8nd + 8 (n + batch) d + 16 seq d: the padded
@@ -52,12 +56,15 @@ backward, (4 + a + 4 [autocast]) x CE_CHUNK x V at its peak. MoE's multi-token h
 2nd [autocast] + a nd + 8n and their own loss.
 
 Peak. Without activation checkpointing, the end of the forward: every layer + the weight copies
-+ the final norm + the loss, kept and its transient. With it (each block's recompute in
++ the final norm + the loss, kept and its transient; or, where larger, a Mamba layer's backward:
+the layers before it, their weight copies, what it keeps then (its input, in_proj's input and
+output), its remade tensors and its input's gradient (`widest`). With it (each block's recompute in
 backward, training/step.py's models): each layer keeps its input only (4nd; 2nd under FSDP's
 bf16 policy, which casts each block's input), and the peak is the larger of the loss's moment
 (every input, the final norm, the loss; under autocast every weight copy, held by autocast's
 cache until the forward ends) and a block's backward (every input, one layer recomputed with
-its weight copies, and the widest gradient its backward makes: `widest`). Plus the micro-batch
+its weight copies, or at its Mamba mixer's backward its remade tensors, and the widest
+gradient its backward makes: `widest`). Plus the micro-batch
 (input ids and targets) and the positions, int64: 24n.
 
 Checked on the CPU (tests/test_memory_plan.py), every family, fp32 and bf16, with and without
@@ -148,15 +155,21 @@ def experts(c, t: Tokens) -> int:
 
 
 def mamba_mixer(t: Tokens, d: int, inner: int, heads: int, groups: int, head_dim: int,
-                state: int, conv: int, chunk: int) -> int:
+                state: int, conv: int, chunk: int) -> tuple[int, int, int]:
+    """(kept, made again, kept then): what a Mamba mixer keeps (archs/mamba.py's LeanMix:
+    in_proj's input and output, out_proj's input); what LeanMix's backward makes again (the
+    convolution, the scan's chunk internals, the gate and its norm: module docstring) and the
+    gradients of the decays and chunk states it makes; what the mixer still keeps then."""
     B, T, a = t.batch, t.seq, t.a
     n, H, G, P, N = t.n, heads, groups, head_dim, state
     Q = min(chunk, T)
     c = -(-T // Q)
     padded = B * c * Q
     cd = inner + 2 * G * N
-    b = a * n * (inner + cd + H)  # in_proj's output: z, x B C, dt
-    b += t.taps(cd, conv) + 8 * n * cd  # masked taps; the convolution's output, SiLU's
+    u = a * n * (inner + cd + H)  # in_proj's output: z, x B C, dt
+    kept = t.lin_in(d) + u + t.lin_in(inner)  # in_proj's input, u, out_proj's input
+    then = kept - t.lin_in(inner)  # out_proj's backward has run
+    b = t.taps(cd, conv) + 8 * n * cd  # masked taps; the convolution's output, SiLU's
     b += 8 * n * H  # dt + bias, softplus(dt)
     if padded != n:  # x, dt, B, C padded to whole chunks
         b += 4 * padded * (inner + H + 2 * G * N)
@@ -168,7 +181,8 @@ def mamba_mixer(t: Tokens, d: int, inner: int, heads: int, groups: int, head_dim
     b += (4 + a) * B * c * H * P * N  # carried states; stacked (operand)
     b += a * padded * inner + 8 * padded * H  # the carried state's output; decays
     b += 12 * n * inner + 2 * a * n * inner  # gated RMSNorm: fp32 in, normalized, out; y, silu(z)
-    return b + t.lin_in(d)  # in_proj's input
+    b += 8 * padded * H * Q + 8 * B * c * H * P * N  # gradients: decays, chunk states
+    return kept, b, then
 
 
 def resonance_block(c, t: Tokens) -> int:
@@ -182,33 +196,41 @@ def resonance_block(c, t: Tokens) -> int:
 
 def blocks(model_cfg, t: Tokens) -> list[int]:
     """Bytes autograd keeps for each block of the model, in order."""
+    return [kept for kept, _, _ in blocks_and_remade(model_cfg, t)]
+
+
+def blocks_and_remade(model_cfg, t: Tokens) -> list[tuple[int, int, int]]:
+    """(kept, made again in its backward, kept then) of each block, in order: a Mamba layer's
+    LeanMix makes its internals again (mamba_mixer), other layers nothing."""
     c = model_cfg
     if isinstance(c, archs.gpt_neox.GPTNeoXConfig):
-        return [neox_block(c, t)] * c.n_layers
+        return [(neox_block(c, t), 0, 0)] * c.n_layers
     if isinstance(c, archs.resonance.ResonanceConfig):
-        return [resonance_block(c, t)] * c.n_layers
+        return [(resonance_block(c, t), 0, 0)] * c.n_layers
     if isinstance(c, archs.mamba.MambaConfig):
         inner = c.expand * c.d_model
-        one = rms_norm(t, c.d_model) + mamba_mixer(
-            t, c.d_model, inner, inner // c.head_dim, c.n_groups, c.head_dim, c.d_state,
-            c.conv_width, c.chunk)
-        return [one] * c.n_layers
+        kept, again, then = mamba_mixer(t, c.d_model, inner, inner // c.head_dim, c.n_groups,
+                                        c.head_dim, c.d_state, c.conv_width, c.chunk)
+        norm = rms_norm(t, c.d_model)
+        return [(norm + kept, again, norm + then)] * c.n_layers
     out = []
     for i, mixer in enumerate(c.mixers):
         routed = c.mod_capacity is not None and i % 2
         tt = t if not routed else Tokens(t.batch, max(1, math.floor(c.mod_capacity * t.seq)),
                                          t.a, t.docs, t.bf16)
+        again = then = 0
         if mixer == "A":
             mix = tt.lin_in(c.d_model, 2) + attention(  # q and kv read norm1's output
                 tt, c.d_model, c.n_heads, c.n_kv_heads, c.d_model // c.n_heads, merged_qkv=False)
         else:
             inner = c.ssm_expand * c.d_model
-            mix = mamba_mixer(tt, c.d_model, inner, inner // c.ssm_head_dim, c.ssm_groups,
-                              c.ssm_head_dim, c.ssm_state, c.ssm_conv, c.ssm_chunk)
+            mix, again, then = mamba_mixer(tt, c.d_model, inner, inner // c.ssm_head_dim,
+                                           c.ssm_groups, c.ssm_head_dim, c.ssm_state,
+                                           c.ssm_conv, c.ssm_chunk)
         b = 2 * rms_norm(tt, c.d_model) + mix + tt.lin_in(c.d_model) + experts(c, tt)
         if routed:  # router and predictor over every token, the gate and its blend
             b += t.lin_in(c.d_model, 2) + 8 * tt.n * c.d_model + 24 * t.n
-        out.append(b)
+        out.append((b, again, rms_norm(tt, c.d_model) + then))  # the experts' backward ran
     return out
 
 
@@ -270,7 +292,7 @@ def activations(model_cfg, batch: int, seq: int, precision: str = "fp32", docs: 
     resid = 2 if mixed and a == 2 else 4  # a block's input, as checkpointing keeps it
     t = Tokens(batch, seq, a, docs, precision == "bf16")
     n, d = t.n, c.d_model
-    per_block = blocks(c, t)
+    per_block, remade, then = zip(*blocks_and_remade(c, t))
     copies = {k: 2 * v for k, v in (cast_numel or {}).items()} if casts else {}
     root_copies = copies.pop(None, 0)
     block_copies = [copies.get(i, 0) for i in range(len(per_block))]
@@ -282,10 +304,16 @@ def activations(model_cfg, batch: int, seq: int, precision: str = "fp32", docs: 
     kept, transient = loss(t, c.vocab_size, heads)
     inputs = 16 * n + 8 * n  # input ids and targets; positions
     saved = sum(per_block) + sum(block_copies) + root_copies + final + kept
-    peak = inputs + saved + transient
+    # or a Mamba layer's backward (LeanMix): the blocks before it, its copies and what it
+    # keeps then, its internals made again, and the gradient of its input
+    remaking = [sum(per_block[:i]) + sum(block_copies[:i + 1]) + then[i] + r + widest(c, t)
+                for i, r in enumerate(remade) if r]
+    peak = inputs + max([saved + transient, *remaking])
     at_loss = len(per_block) * resid * n * d + final + kept + transient + root_copies + (
         sum(block_copies) if casts else 0)  # autocast's cache holds every copy to the end
-    one_block = max(b + w for b, w in zip(per_block, block_copies)) if per_block else 0
+    # (at a Mamba layer's LeanMix the weight copies of the layers after it are gone)
+    one_block = max(max(b + w, h + r) for b, w, r, h in zip(per_block, block_copies, remade,
+                                                            then))
     at_block = len(per_block) * resid * n * d + one_block + widest(c, t)
     detail = {"at_loss": at_loss, "at_block": at_block, "blocks": sum(per_block),
               "weight_copies": sum(block_copies) + root_copies, "loss": kept + transient,

@@ -14,15 +14,21 @@ A block: x + out(norm(y * silu(z))) with (z, xBC, dt) = in(RMSNorm(x)) and xBC t
 causal depthwise convolution (width 4) and SiLU first. With `doc_starts` the state and the
 convolution restart at each document start: L is zero between documents, a chunk's carried
 state reaches only tokens of the document it belongs to, and convolution taps never reach back
-past a start. The last block is followed by an RMSNorm (`norm_f`, weight only), and embeddings
-are tied to the output head, as in the published Mamba-2 models, so the presets' sizes (130m,
-370m, 1.3b: Mamba-2's published widths and depths) are what they say, and a trained model is
-transformers' Mamba2ForCausalLM weight for weight (archs/zoo/hf_export.py). The gated RMSNorm
-spans the whole inner width, as transformers' Mamba2 computes it for any n_groups (mamba_ssm's
-own module normalizes each group apart; with one group, every preset's, the two are one).
+past a start. In training a layer keeps only in's input and output and out's input: all between
+(the convolution, the scan's chunk decays, products and states, the gated norm) is made again
+in backward (`LeanMix`), which costs that part's forward once more and cuts what a layer keeps
+to about a fifth (archs/activations.py). The scan is ssd_chunked, or on CUDA
+flash-linear-attention's kernel where it is installed (`scan_name`). The last block is followed
+by an RMSNorm (`norm_f`, weight only), and embeddings are tied to the output head, as in the
+published Mamba-2 models, so the presets' sizes (130m, 370m, 1.3b: Mamba-2's published widths
+and depths) are what they say, and a trained model is transformers' Mamba2ForCausalLM weight for
+weight (archs/zoo/hf_export.py). The gated RMSNorm spans the whole inner width, as
+transformers' Mamba2 computes it for any n_groups (mamba_ssm's own module normalizes each
+group apart; with one group, every preset's, the two are one).
 The mixer (`MambaMixer`) is also the Mamba layer of the MoE family's hybrids (archs/moe.py).
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -150,8 +156,104 @@ def ssd_recurrent(x, dt, A, B, C, seg=None, state=None):
     return torch.stack(ys, 1), h
 
 
+# -- which scan runs: on CUDA with flash-linear-attention's Triton kernels installed (the `gpu`
+# extra, fla-core) its chunk_simple_gla, Mamba-2's SSD with one decay per head (q = C, k = B,
+# v = dt x, g = dt A, scale 1; documents as cu_seqlens); else ssd_chunked, the reference.
+_FLA = []  # chunk_simple_gla once imported, or None when it cannot be
+
+
+def fla_kernel():
+    """flash-linear-attention's chunk_simple_gla, or None when the package is not importable."""
+    if not _FLA:
+        try:
+            from fla.ops.simple_gla import chunk_simple_gla
+        except Exception:  # absent, or its Triton cannot load: the PyTorch scan runs
+            chunk_simple_gla = None
+        _FLA.append(chunk_simple_gla)
+    return _FLA[0]
+
+
+def scan_name(device) -> str:
+    """"fla" (CUDA, flash-linear-attention installed) or "pytorch" (ssd_chunked)."""
+    cuda = torch.device(device).type == "cuda"
+    return "fla" if cuda and torch.cuda.is_available() and fla_kernel() else "pytorch"
+
+
+def scan_lines(cfg, device) -> list[str]:
+    """`train --dry-run`'s line on which scan a model's Mamba layers run (none without any)."""
+    if not isinstance(cfg, MambaConfig) and not getattr(cfg, "uses", lambda _: False)("M"):
+        return []
+    if scan_name(device) == "fla":
+        return ["  scan        Mamba layers: flash-linear-attention's chunk_simple_gla (Triton)"]
+    why = ("flash-linear-attention is not installed: pip install -e '.[gpu]'"
+           if torch.device(device).type == "cuda" else "its GPU kernel runs only on CUDA")
+    return [f"  scan        Mamba layers: the PyTorch chunked scan (ssd_chunked; {why})"]
+
+
+def fla_scan(x, dt, A, B, C, seg=None):
+    """ssd_chunked's output through chunk_simple_gla: the rows end to end, cut at every row and
+    document start (cu_seqlens). No state in or out (generation runs ssd_chunked)."""
+    b, T, G, R, P = x.shape
+    N, H = B.shape[-1], G * R
+    heads = (b, T, G, R, N)
+    q = C[:, :, :, None].expand(heads).reshape(1, b * T, H, N)
+    k = B[:, :, :, None].expand(heads).reshape(1, b * T, H, N)
+    v = (x * dt[..., None]).reshape(1, b * T, H, P)
+    g = (dt * A).reshape(1, b * T, H)
+    new = torch.ones(b, T, dtype=torch.bool, device=x.device)
+    if seg is not None:
+        new[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    new[:, 0] = True
+    starts = new.reshape(-1).nonzero()[:, 0]
+    cu = torch.cat([starts, starts.new_tensor([b * T])])
+    y, _ = fla_kernel()(q, k, v, g, scale=1.0, cu_seqlens=cu)
+    return y.reshape(b, T, G, R, P)
+
+
+def scan(x, dt, A, B, C, seg, chunk: int):
+    """The training scan's output: the kernel's on CUDA where it is installed (scan_name)."""
+    if scan_name(x.device) == "fla":
+        return fla_scan(x, dt, A, B, C, seg)
+    return ssd_chunked(x, dt, A, B, C, seg, chunk)[0]
+
+
+class LeanMix(torch.autograd.Function):
+    """MambaMixer.mix keeping only in_proj's output u (in the dtype in_proj made it: bf16 under
+    autocast) and the document starts: forward runs mix without a graph, backward runs it
+    again with one under the forward's autocast and differentiates it. The same operations in
+    the same order: outputs and gradients are the plain path's (`lean = False`), bit for bit."""
+
+    @staticmethod
+    def forward(ctx, mixer, u, doc_starts, dtype, *params):
+        ctx.mixer, ctx.dtype, ctx.params = mixer, dtype, params
+        device = u.device.type  # (autocast has no meta device; an fp32 dtype raises)
+        if not torch.amp.is_autocast_available(device):
+            ctx.autocast = contextlib.nullcontext()
+        elif torch.is_autocast_enabled(device):
+            ctx.autocast = torch.autocast(device, torch.get_autocast_dtype(device))
+        else:
+            ctx.autocast = torch.autocast(device, enabled=False)
+        ctx.save_for_backward(u, doc_starts)
+        with torch.no_grad():
+            return mixer.mix(u.detach(), doc_starts, dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        u, doc_starts = ctx.saved_tensors
+        u = u.detach().requires_grad_(ctx.needs_input_grad[1])
+        wrt = [t for t, need in zip((u, *ctx.params), (ctx.needs_input_grad[1],
+                                                      *ctx.needs_input_grad[4:])) if need]
+        with torch.enable_grad(), ctx.autocast:
+            y = ctx.mixer.mix(u, doc_starts, ctx.dtype)
+        got = iter(torch.autograd.grad(y, wrt, grad))
+        grads = [next(got) if need else None for need in ctx.needs_input_grad]
+        return None, grads[1], None, None, *grads[4:]
+
+
 class MambaMixer(nn.Module):
     """The token mixer of a Mamba block (no residual, no pre-norm): what a layer adds."""
+
+    lean = True  # backward makes mix's tensors again (LeanMix); False: autograd keeps them
 
     def __init__(self, d_model: int, d_state: int = 128, expand: int = 2, head_dim: int = 64,
                  n_groups: int = 1, conv_width: int = 4, chunk: int = 64, norm_eps: float = 1e-5,
@@ -176,15 +278,31 @@ class MambaMixer(nn.Module):
     def forward(self, x, pos, doc_starts, cache: dict | None = None):
         """x (b, T, d). `cache` (generation, one document): {} at first; holds the last
         conv_width - 1 inputs of the convolution and the state, updated here."""
-        b, T, _ = x.shape
+        u = self.in_proj(x)  # (b, T, z | x B C | dt)
+        if cache is None and self.lean and torch.is_grad_enabled() \
+                and not torch.compiler.is_compiling():  # Inductor's partitioner picks its own
+            y = LeanMix.apply(self, u, doc_starts, x.dtype, *self.mix_params())
+        else:
+            y = self.mix(u, doc_starts, x.dtype, cache)
+        return self.out_proj(y)
+
+    def mix_params(self) -> tuple:
+        """The parameters `mix` reads (LeanMix's inputs, so that their gradients flow)."""
+        return self.conv.weight, self.conv.bias, self.dt_bias, self.A_log, self.D, self.norm
+
+    def mix(self, u, doc_starts, dtype: torch.dtype, cache: dict | None = None):
+        """in_proj's output u (b, T, 2 inner + 2 G N + H) -> out_proj's input (b, T, inner):
+        the convolution, the scan, the skip, the gate (in `dtype`, the layer's input's) and
+        the gated RMSNorm."""
+        b, T, _ = u.shape
         G, R, P, N = self.groups, self.heads // self.groups, self.head_dim, self.d_state
-        z, xBC, dt = self.in_proj(x).split([self.inner, self.inner + 2 * G * N, self.heads], -1)
+        z, xBC, dt = u.split([self.inner, self.inner + 2 * G * N, self.heads], -1)
         if cache is None:
             # taps stop at document starts; positions from doc_starts, not `pos`: a
             # depth-routed block (archs/moe.py) passes its chosen tokens with their places in
             # the whole row, and the convolution runs over the chosen ones
             xBC = self.conv(xBC, None if doc_starts is None else
-                            positions(doc_starts, b, T, x.device))
+                            positions(doc_starts, b, T, u.device))
         else:  # the convolution sees the inputs before these too
             width = self.conv.weight.shape[0] - 1
             past = cache.get("conv", xBC.new_zeros(b, width, xBC.shape[-1]))
@@ -192,21 +310,20 @@ class MambaMixer(nn.Module):
             cache["conv"] = both[:, both.shape[1] - width:]
             xBC = self.conv(both, None)[:, width:]
         xs, Bm, Cm = F.silu(xBC).split([self.inner, G * N, G * N], -1)
-        dtype = x.dtype
         xs = xs.float().view(b, T, G, R, P)
         Bm, Cm = Bm.float().view(b, T, G, N), Cm.float().view(b, T, G, N)
         dt = F.softplus(dt.float() + self.dt_bias).view(b, T, G, R)
         A = -torch.exp(self.A_log.float()).view(G, R)
         seg = None if doc_starts is None else segment_ids(doc_starts, T)
         if cache is None:
-            y, _ = ssd_chunked(xs, dt, A, Bm, Cm, seg, self.chunk)
+            y = scan(xs, dt, A, Bm, Cm, seg, self.chunk)
         elif T == 1:  # a generated token: the recurrent step
             y, cache["ssm"] = ssd_recurrent(xs, dt, A, Bm, Cm, None, cache.get("ssm"))
         else:  # a prompt: chunked, from (and into) the cached state
             y, cache["ssm"] = ssd_chunked(xs, dt, A, Bm, Cm, None, self.chunk, cache.get("ssm"))
         y = y + xs * self.D.float().view(G, R, 1)
         y = y.reshape(b, T, self.inner).to(dtype) * F.silu(z)
-        return self.out_proj(F.rms_norm(y, (self.inner,), self.norm, self.eps))
+        return F.rms_norm(y, (self.inner,), self.norm, self.eps)
 
     @property
     def flops_seq_period(self) -> int:

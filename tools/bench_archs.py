@@ -10,6 +10,10 @@ CPU (what this 2-core machine can show):
   2b. Mamba against gpt-neox at equal width and depth (d 128, 2 layers, vocab 512, batch 1,
      fp32) at 2k -> 32k (--scan-seqs): tokens/s of a training step, rounds alternating, and the
      first length where Mamba's linear scan passes attention's quadratic cost (--only-scan);
+  2c. Mamba's lean scan (archs/mamba.py LeanMix: backward recomputes the scan's internals)
+     against the plain autograd path (MambaMixer.lean = False, the layer before issue 43) on
+     --lean-models (a preset, or "scan": 2b's d 128 shape) at --lean-seq tokens, batch 1, fp32,
+     document-masked rows: seconds per step, rounds alternating, and their ratio (--only-lean);
   3. against a nanoGPT-shaped GPT written below (learned positions, pre-LN, fused qkv, GELU MLP,
      tied head; the shape of nanoGPT's model.py, written here): 6 layers, d 384, 6 heads, FFN 1536,
      vocab 50257, batch 4 x 1024, a whole AdamW step, fp32 and bf16 autocast; each zoo family at
@@ -35,6 +39,8 @@ them); --device cpu --toy runs the same GPU cases at toy sizes on the CPU (the s
     .venv/bin/python tools/bench_archs.py [--repeat 3] [--rounds 3] [--cpu-only] [--only-nano]
                                           [--families gpt-neox,moe,resonance] [--dtypes fp32,bf16]
                                           [--only-scan] [--scan-seqs 2048,4096,8192,16384,32768]
+                                          [--only-lean] [--lean-models mamba-130m,scan]
+                                          [--lean-seq 1024]
                                           [--peak-tflops 989] [--gpu-only] [--json FILE]
                                           [--gpu-scan-seqs 4096,8192,16384,32768,65536]
                                           [--device cuda|cpu] [--toy] [--gpu-cases mfu_2k,docs_32k]
@@ -144,6 +150,32 @@ def scan_section(repeat: int, rounds: int, seqs: list[int]):
             crossed = seq
     print("  crossing: " + (f"mamba is faster from seq {crossed}" if crossed else
                             f"mamba is not faster up to seq {seqs[-1]}"))
+
+
+def lean_section(repeat: int, rounds: int, names: list[str], seq: int):
+    """The lean scan against the plain autograd path, the same weights and rows; each round
+    times both (best step each). ratio = plain's seconds / lean's (>= 1: lean no slower)."""
+    from archs.mamba import MambaMixer
+
+    cpu = torch.device("cpu")
+    print(f"\n== CPU ({torch.get_num_threads()} threads), Mamba's lean scan vs the plain autograd "
+          f"path, batch 1 x {seq}, fp32, documents of {seq // 4}: seconds per step (best of "
+          f"{repeat} steps x {rounds} alternating rounds)", flush=True)
+    for name in names:
+        torch.manual_seed(0)
+        model = archs.build("mamba", **{**SCAN_SHAPES["mamba"], "max_seq": seq}) \
+            if name == "scan" else archs.build(name, max_seq=max(seq, 2048))
+        best = {True: math.inf, False: math.inf}
+        try:
+            for _ in range(rounds):
+                for lean in (False, True):
+                    MambaMixer.lean = lean
+                    best[lean] = min(best[lean], step_time(model, 1, seq, cpu, seq // 4, repeat,
+                                                           False))
+        finally:
+            MambaMixer.lean = True
+        print(f"  {name:<12}{model.num_params():>13,} params: plain {best[False]:7.3f} s, lean "
+              f"{best[True]:7.3f} s, plain/lean {best[False] / best[True]:5.2f}x", flush=True)
 
 
 class NanoBlock(nn.Module):
@@ -350,7 +382,10 @@ def gpu_section(repeat: int, peak_tflops: float, doc_len: int, device: str = "cu
 def gpu_scan(dev, repeat: int, seqs, toy: bool, json_path) -> None:
     """Resonance and Mamba against gpt-neox at equal width and depth, eager, batch 1."""
     shape, extra = (TOY_SCAN_SHAPE, TOY_SCAN_EXTRA) if toy else (GPU_SCAN_SHAPE, GPU_SCAN_EXTRA)
-    print(f"  scan, eager, batch 1, {shape}: tokens/s", flush=True)
+    from archs.mamba import scan_name
+
+    print(f"  scan, eager, batch 1, {shape}: tokens/s (Mamba's scan: {scan_name(dev)})",
+          flush=True)
     for seq in seqs:
         rates = {}
         for family in ("gpt-neox", "resonance", "mamba"):
@@ -360,7 +395,8 @@ def gpu_scan(dev, repeat: int, seqs, toy: bool, json_path) -> None:
                                     **extra[family])
                 rates[family] = seq / step_time(model, 1, seq, dev, None, repeat, True)
                 record(json_path, case="scan", family=family, seq=seq,
-                       tokens_per_s=rates[family])
+                       tokens_per_s=rates[family], **({"scan": scan_name(dev)}
+                                                      if family == "mamba" else {}))
             except torch.OutOfMemoryError as e:
                 record(json_path, case="scan", family=family, seq=seq,
                        error=f"out of memory: {str(e).splitlines()[0][:200]}")
@@ -384,6 +420,12 @@ def main():
     ap.add_argument("--only-scan", action="store_true", help="only Mamba vs gpt-neox by length")
     ap.add_argument("--scan-seqs", default="2048,4096,8192,16384,32768",
                     help="row lengths of the Mamba vs gpt-neox comparison")
+    ap.add_argument("--only-lean", action="store_true",
+                    help="only Mamba's lean scan vs the plain autograd path")
+    ap.add_argument("--lean-models", default="mamba-130m,scan",
+                    help="Mamba presets (or 'scan', 2b's shape) of the lean vs plain comparison")
+    ap.add_argument("--lean-seq", type=int, default=1024,
+                    help="row length of the lean vs plain comparison")
     ap.add_argument("--families", default=",".join(FAMILIES_AT_NANO),
                     help="comma-separated zoo families of the nanoGPT comparison")
     ap.add_argument("--dtypes", default="fp32,bf16",
@@ -423,8 +465,13 @@ def main():
     if args.only_scan:
         scan_section(args.repeat, args.rounds, seqs)
         return
+    lean = args.lean_models.split(",")
+    if args.only_lean:
+        lean_section(args.repeat, args.rounds, lean, args.lean_seq)
+        return
     cpu_section(args.repeat)
     scan_section(args.repeat, args.rounds, seqs)
+    lean_section(args.repeat, args.rounds, lean, args.lean_seq)
     nano_section(args.repeat, args.rounds, families, dtypes)
     if torch.cuda.is_available() and not args.cpu_only:
         gpu_section(args.repeat, args.peak_tflops, args.doc_len, scan_seqs=gpu_seqs,

@@ -12,6 +12,11 @@ tools/gpu_report.py holds the targets and judges them. --smoke: toy sizes, for t
               gradients, a packed row against its documents alone (FlexAttention on CUDA),
               torch.compile against eager (each case in a child process: `compiled`; when
               one fails on CUDA, the cases that tell what it depends on)
+    ssd       Mamba's scan through flash-linear-attention's kernel (archs/mamba.py fla_scan, the
+              `gpu` extra) against the PyTorch reference ssd_chunked: outputs and gradients,
+              rows of documents, and mamba-tiny's loss and gradients either way; run at the end
+              of `zoo` too. Without CUDA or the package it records why and measures nothing
+              (the speed against gpt-neox, 4k to 64k, is bench_archs' GPU scan, `archs`)
     flex      FlexAttention (compiled, as in a compiled model) against causal SDPA per document
               (attention's CPU path, run on the same device) at a short and a long row: outputs,
               gradients, time; uncompiled FlexAttention's time (a run without --compile)
@@ -185,6 +190,61 @@ def zoo(args) -> None:
             for label, seq, width, train in DIAGNOSIS:
                 compiled_case(args, name, label, seq, width, train)
             diagnosed = True
+    ssd(args)
+
+
+def ssd(args) -> None:
+    import torch
+
+    import archs
+    from archs import mamba
+
+    dev = device(args)
+    which = mamba.scan_name(dev)
+    emit("ssd.kernel", which == "fla", "", f"the scan on {dev.type}: {which}")
+    if which != "fla":
+        return
+    g = torch.Generator(dev).manual_seed(0)
+    for T in (256, 2000) if args.smoke else (256, 4096):
+        b, G, R, P, N = 2, 1, 8, 64, 128  # mamba-370m's head width and state, 8 heads
+        inputs = [torch.randn(b, T, G, R, P, device=dev, generator=g),
+                  torch.rand(b, T, G, R, device=dev, generator=g) * 0.1,
+                  -torch.rand(G, R, device=dev, generator=g) * 4 - 1,
+                  torch.randn(b, T, G, N, device=dev, generator=g) / N ** 0.5,
+                  torch.randn(b, T, G, N, device=dev, generator=g) / N ** 0.5]
+        seg = torch.zeros(b, T, dtype=torch.long, device=dev)
+        seg[0, T // 3:] = 1
+        seg[0, T // 2:] = 2  # row 0: three documents, row 1: one
+        grad = torch.randn(b, T, G, R, P, device=dev, generator=g)
+        outs = []
+        for fn in (lambda *a: mamba.ssd_chunked(*a)[0], mamba.fla_scan):
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            y = fn(*leaves, seg)
+            y.backward(grad)
+            outs.append((y.detach(), [t.grad for t in leaves]))
+        (ref, ref_g), (got, got_g) = outs
+        what = f"2 rows of {T}, 4 documents, fp32, against ssd_chunked"
+        emit(f"ssd.{T}.out_rel_err", rel(got, ref), "", what)
+        emit(f"ssd.{T}.grad_rel_err", max(rel(a, r) for a, r in zip(got_g, ref_g)), "",
+             what + ": x, dt, A, B, C")
+    # a whole model, the kernel against the reference (the package hidden), documents included
+    x = torch.randint(0, 512, (2, 300), device=dev)
+    starts = torch.tensor([[0, 100, 170], [0, -1, -1]], device=dev)
+    runs = []
+    for hidden in (False, True):
+        torch.manual_seed(0)
+        model = archs.build("mamba-tiny").to(dev)
+        saved = mamba._FLA[:]
+        if hidden:
+            mamba._FLA[:] = [None]
+        try:
+            loss = model.loss(x[:, :-1], x[:, 1:], starts)["loss"]
+            loss.backward()
+        finally:
+            mamba._FLA[:] = saved
+        runs.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    emit("ssd.model.loss_rel_err", rel(runs[0][0], runs[1][0]), "", "mamba-tiny, fp32")
+    emit("ssd.model.grad_rel_err", rel(runs[0][1], runs[1][1]), "", "mamba-tiny, fp32")
 
 
 # The cases that tell what a failing compiled check depends on (docs/BENCHMARKS.md, 2026-11-26:
@@ -349,7 +409,7 @@ def flex(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("check", choices=("env", "corpus", "zoo", "compiled", "flex"))
+    ap.add_argument("check", choices=("env", "corpus", "zoo", "compiled", "flex", "ssd"))
     ap.add_argument("--figures", default=os.environ.get("GPU_SUITE_FIGURES"))
     ap.add_argument("--smoke", action="store_true", help="toy sizes (the CPU smoke run)")
     ap.add_argument("--device", default=None, help="cuda or cpu [cuda when there is one]")

@@ -20,7 +20,9 @@
 #   env       device, driver, versions; every module the project imports (tools/gpu_checks.py)
 #   corpus    a hermetic build (words, a byte-level tokenizer named gpt2.tiktoken), rows of 2048
 #   zoo       each tiny family on CUDA in bf16: logits vs fp32, finite gradients, a packed row
-#             vs its documents alone (FlexAttention), compiled vs eager
+#             vs its documents alone (FlexAttention), compiled vs eager; then Mamba's scan
+#             through flash-linear-attention's kernel vs the PyTorch reference (gpu_checks.py
+#             ssd: outputs, gradients, documents; when the `gpu` extra is installed)
 #   flex      FlexAttention vs per-document SDPA at 4k and 32k: outputs, gradients, time
 #   archs     tools/bench_archs.py --gpu-only: neox-350m at 2k (MFU), neox-1.2b on
 #             document-masked 32k rows (tokens/s), resonance and Mamba vs gpt-neox 4k..64k

@@ -224,6 +224,8 @@ def render(p: dict) -> str:
               + (f" (the run stops here: {p['stopped_by_max_epochs']} reaches --max-epochs; "
                  f"--max-steps is {c['max_steps']:,})" if p["stopped_by_max_epochs"] else ""),
               f"  compute     {p['flops']:.3g} FLOPs"]
+    lines += archs.mamba.scan_lines(archs.config(c["model"], **archs.parse_args(
+        c["model"], list(c["model_args"]))), p["device"])
     lines += render_memory(p)
     if len(p["sources"]) > 1:
         for src in p["sources"]:
