@@ -225,12 +225,14 @@ class DepthRouted(nn.Module):
             x_in = flat[idx]
             y, stats_in = self.block(x_in[None], pos.reshape(-1)[idx][None], starts, cache)
             gate = torch.sigmoid(score.reshape(-1)[idx])[:, None]
-            flat = flat.index_copy(0, idx, x_in + gate * (y[0] - x_in))
+            # a new tensor of x's shape, not a view of a flat one: FSDP2 hooks a block's output,
+            # and a view's hook would be lost to an in-place op after it
+            x = x.index_put((idx // T, idx % T), x_in + gate * (y[0] - x_in))
             stats.update(stats_in)
         stats.setdefault("balance", x.new_ones(()))
         stats.setdefault("z", x.new_zeros(()))
         stats.setdefault("dropped", x.new_zeros(()))
-        return flat.view(B, T, d), stats
+        return x, stats
 
 
 def top_share_per_document(score: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,

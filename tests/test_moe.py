@@ -242,6 +242,22 @@ def test_mixture_of_depths_is_causal_at_inference():
     assert torch.allclose(a[:, :25], b[:, :25], atol=1e-5)
 
 
+def test_a_depth_routed_block_returns_no_view():
+    """FSDP2 hooks each block's output for its backward all-gather; a view's hook is lost to an
+    in-place op after it, which torch warns of on every rank ("returned a view tensor", issue 44).
+    The block's output is a tensor of its own, in training and at inference alike."""
+    torch.manual_seed(0)
+    model = archs.build("hybrid-tiny", mod_capacity=0.5, n_pred_tokens=2)
+    block = next(b for b in model.blocks if type(b).__name__ == "DepthRouted")
+    x = torch.randn(2, 24, model.cfg.d_model, requires_grad=True)
+    pos = torch.arange(24).expand(2, 24)
+    starts = torch.tensor([[0, 9, -1], [0, -1, -1]])
+    for training in (True, False):
+        block.train(training)
+        out, _ = block(x * 1.0, pos, starts)
+        assert out._base is None and out.shape == x.shape
+
+
 def test_capacity_factor_must_be_positive():
     with pytest.raises(ValueError, match="capacity_factor must be > 0"):
         MoEConfig(capacity_factor=0.0)
