@@ -1,5 +1,5 @@
 """The memory one process of a training run needs, from the model's shapes alone (built on
-the meta device, never allocated): what `train --dry-run` prints (training/plan.py) and what
+the meta device, never allocated): what `train --dry-run` prints (longpack/dry_run.py) and what
 refuses a run that cannot fit (`check_memory`).
 
     archs.layout(name, **overrides) -> Layout: every parameter's shape, optimizer role and block

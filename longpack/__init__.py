@@ -1,5 +1,6 @@
-"""longpack from Python (api.py): build, stats, merge, import_tokens, train, export, with the
-commands' settings and errors: `import longpack; longpack.build(out="./mds", ...)`.
+"""longpack from Python (api.py): build, stats, merge, import_tokens, train, plan, export, with
+the commands' settings and errors: `import longpack; longpack.build(out="./mds", ...)`; and
+what drives the trainer from above, as the API does: `train --dry-run`'s plan (dry_run.py).
 
 Also the kernel both of longpack's stages share: the errors a user can fix (errors.py), settings
 declared once for flags and configs (settings.py), atomic writes and checksums (atomic.py), and
@@ -21,7 +22,7 @@ _API = {  # name -> the module that defines it
     "Store": "store", "is_url": "store", "staging_folder": "store",  # object stores
     "redact": "store", "refuse_unwritable": "store",
     "build": "api", "stats": "api", "merge": "api", "import_tokens": "api",  # the commands
-    "train": "api", "export": "api",
+    "train": "api", "plan": "api", "export": "api",
 }
 __all__ = sorted(_API)
 

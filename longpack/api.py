@@ -7,6 +7,7 @@ unless given another `log`).
 
     manifest = longpack.build(dataset="fineweb-edu-sample", seq=2048, out="./mds")  # offline
     report = longpack.stats("./mds", verify=True)         # `pack stats --json`'s dict
+    plan = longpack.plan(shards="./mds", model="neox-tiny", max_steps=20)   # train --dry-run
     history = longpack.train(shards="./mds", out="./run", model="neox-tiny", max_steps=20)
     longpack.export("./run", "./hf")                       # zoo export --to hf
 
@@ -110,6 +111,18 @@ def train(resume: str = "auto", log=print, **settings) -> list[dict]:
     cfg = _config(TrainConfig, settings, "train")
     return run_training(cfg, resume=_text("resume", resume),
                         log=_callable("log", log))
+
+
+def plan(world_size: int | None = None, gpu_memory: float = 80.0, log=print,
+         **settings) -> dict:
+    """`train --dry-run` (TrainConfig's settings; `world_size`, `gpu_memory` in GiB as its
+    flags): the plan as `--json` gives it; `log` gets its lines (default: printed)."""
+    from longpack.dry_run import plan as dry_run
+    from training.config import TrainConfig
+
+    cfg = _config(TrainConfig, settings, "train")
+    return dry_run(cfg, say=_callable("log", log), world_size=world_size,
+                   gpu_memory=int(gpu_memory * 2**30))
 
 
 def export(run, out, to: str = "hf", **settings) -> list[str]:

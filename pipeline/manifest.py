@@ -94,30 +94,29 @@ def _split_outputs(fmt: str, folder: Path, index: dict, seq: int) -> dict:
     return {"rows": rows, "shards": len(shards), "bytes": nbytes, "row_tokens": rows * seq}
 
 
-def keep_tokenizer(tokenizer: dict, out: Path) -> dict:
+def keep_tokenizer(tokenizer: dict, out: Path, claim) -> dict:
     """OUT's copy of the build's tokenizer file (tokenize/kept.py's COPY_NAMES by kind),
-    claimed in OUT's journal and written atomically, the same bytes whoever builds (a worker,
-    a task's merge, an engine); the identity with "file" naming it. An imported build without
-    a tokenizer keeps none."""
+    claimed in OUT's journal (`claim`: its Journal.claim) and written atomically, the same bytes
+    whoever builds (a worker, a task's merge, an engine); the identity with "file" naming it.
+    An imported build without a tokenizer keeps none."""
     from longpack.atomic import write_bytes
-    from pipeline.store.output_dir import claim
     from pipeline.tokenize.kept import COPY_NAMES, tokenizer_bytes
 
     name = COPY_NAMES.get(tokenizer.get("kind"))
     if name is None:
         return tokenizer
     data = tokenizer_bytes(tokenizer)
-    claim(out, out / name)
+    claim(out / name)
     write_bytes(out / name, data, fsync=True)
     return {**tokenizer, "file": name}
 
 
 def make_manifest(cfg, fingerprint: dict, tokenizer: dict, engine: dict, inputs: list[dict],
-                  counts: dict, indexes: dict, out: Path, timings: dict) -> dict:
+                  counts: dict, indexes: dict, out: Path, timings: dict, claim) -> dict:
     """`tokenizer`, `engine`: the Tokenizer's identity() and engine_identity(). Writes OUT's
     copy of the tokenizer (keep_tokenizer), which the manifest names: the one file this
     writes, as the manifest is to be written right after it."""
-    tokenizer = keep_tokenizer(tokenizer, out)
+    tokenizer = keep_tokenizer(tokenizer, out, claim)
     splits = {}
     for name, index in indexes.items():
         splits[name] = {**counts["splits"][name], **_split_outputs(cfg.format, out / name, index,

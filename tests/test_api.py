@@ -118,3 +118,14 @@ def test_every_unknown_keyword_is_named_at_once():
         longpack.train(shards="x", out="o", learning_rate=1e-3, batchsize=4)
 
 
+
+
+def test_plan_is_the_dry_run(tmp_path, shards):
+    lines = []
+    p = longpack.plan(shards=str(shards), model="neox-tiny", batch_size=2, world_size=8,
+                      log=lines.append)
+    assert p["world_size"] == 8 and p["tokens_per_step"] == 16 * p["seq"]
+    assert p["fits"] and p["probe_skipped"]
+    assert lines[0].startswith("train --dry-run: nothing is trained\n")
+    with pytest.raises(SettingsError, match=r"did you mean batch_size\?"):
+        longpack.plan(shards=str(shards), batchsize=2)

@@ -83,10 +83,10 @@ def test_a_tokenizer_changed_during_the_build_is_refused(tmp_path, monkeypatch, 
 
     real = manifest_mod.keep_tokenizer
 
-    def changed(tokenizer, out):
+    def changed(tokenizer, out, claim):
         with open(byte_tokenizer, "ab") as f:
             f.write(b"YWI= 256\n")
-        return real(tokenizer, out)
+        return real(tokenizer, out, claim)
 
     monkeypatch.setattr(manifest_mod, "keep_tokenizer", changed)
     from longpack.errors import TokenizerError

@@ -350,7 +350,7 @@ def test_the_dry_run_flags_are_refused_without_dry_run_or_under_torchrun(shards,
     assert r.exit_code == 2 and "--world-size: only with --dry-run" in r.output
     r = dry_run(shards, "--world-size", 3, "--fsdp", "--fsdp-replicas", 2)
     assert r.exit_code == 1 and "--fsdp-replicas 2 must divide the 3 processes" in r.output
-    from training.plan import plan
+    from longpack.dry_run import plan
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SettingsError, match="run the dry run without torchrun"):

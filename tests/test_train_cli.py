@@ -128,7 +128,7 @@ def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path, shards):
 
 
 def test_dry_run_says_the_plan_at_once_then_each_probe_step(tmp_path, shards):
-    from training.plan import PROBE_STEPS, plan
+    from longpack.dry_run import PROBE_STEPS, plan
 
     said = []
     plan(TrainConfig(shards=str(shards), batch_size=4, max_steps=10), say=said.append)
@@ -147,7 +147,7 @@ def test_the_dry_run_probes_the_step_training_takes(shards):
     """The probe runs the trainer's step (clipping, grad scaler, optimizers), not a forward and
     backward of its own: with the gradient clipped to almost nothing the probe's loss stands
     still; unclipped, three steps on the same batch bring it down."""
-    from training.plan import plan
+    from longpack.dry_run import plan
 
     def probe_losses(clip):
         cfg = TrainConfig(shards=str(shards), batch_size=4, max_steps=10, lr=3e-3, warmup=0,
@@ -164,7 +164,7 @@ def test_a_cpu_probe_is_cut_to_a_few_seconds_and_scaled(tmp_path):
     import torch
 
     import archs
-    from training.plan import CPU_PROBE_FLOPS, probe_shape
+    from longpack.dry_run import CPU_PROBE_FLOPS, probe_shape
 
     fpt = archs.build("neox-tiny", device="meta", vocab_size=50257).flops_per_token
     # the issue's run: seq 32768, batch 8 -- 23 TFLOPs a step; the CPU probe does ~3e10

@@ -2,7 +2,7 @@
 """Which of DDP, FSDP, FSDP + activation checkpointing or hybrid sharding each preset needs, at
 each sequence length and GPU count: the table in docs/TRAIN.md ("Memory plan").
 
-Every cell is `train --dry-run --world-size N`'s own memory plan (training/plan.py:plan_memory
+Every cell is `train --dry-run --world-size N`'s own memory plan (training/fits.py:plan_memory
 on a TrainConfig of the cell's flags, the model at its preset's vocabulary), tried in order of
 cost until one fits --gpu-memory:
 

@@ -3,10 +3,10 @@
     loop.py        the loop, top to bottom: processes, resume point, data, model, steps
     step.py        one optimizer step: what the loop runs and --dry-run times
     config.py      TrainConfig: `train`'s settings and the rules that tie them together
-    cli.py         `train`: flags generated from TrainConfig, --config, --dry-run
+    cli.py         `train`: flags generated from TrainConfig, --config, --dry-run (its plan:
+                   longpack/dry_run.py, above the trainer)
     optim.py       the optimizers by parameter role, and the learning rate by step
     evaluate.py    the val loss;  metrics.py  where the records go;  fits.py  the memory floor
-    plan.py        --dry-run's plan (the loop does not import it)
     data/          a build's rows (builds), their order and mixtures (mixture), the loader and
                    batches (loader), shard checks (verify) and the shard cache (shard_cache)
     checkpoints/   a step's checkpoint and its DCP files (checkpoint), the bucket (upload)

@@ -130,8 +130,8 @@ def dry_run_plan(cfg: TrainConfig, world_size: int | None, gpu_memory: float,
     import json
     import sys
 
+    from longpack.dry_run import plan
     from training.parallel import distributed
-    from training.plan import plan
 
     main = distributed.launched().main
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo

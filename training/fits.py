@@ -1,5 +1,5 @@
 """Whether a run fits its device's memory, checked before anything is allocated: the run's
-one-line refusal (training/loop.py) and the dry run's memory figures (training/plan.py). The
+one-line refusal (training/loop.py) and the dry run's memory figures (longpack/dry_run.py). The
 model is sized on the meta device and its memory laid out by archs/memory.py; nothing here
 builds, probes or times anything.
 """

@@ -358,7 +358,7 @@ def _write(cfg, files, out, seq, vocab, dtype, tok, eos, inputs, fingerprint, jo
         raise InputError(f"{cfg.src}: no row imported ({read:,} rows read; {reasons}: "
                          f"{skip_path} says which and why); check --seq, --dtype and the ids")
     if tok is not None:  # a copy of its file in OUT, as a build keeps one
-        tokenizer = keep_tokenizer(tokenizer, out)
+        tokenizer = keep_tokenizer(tokenizer, out, journal.claim)
     manifest = {
         "longpack_version": longpack_version(), "format_version": FORMAT_VERSION,
         "format": cfg.format, "seq": seq, "dtype": np.dtype(dtype).name,

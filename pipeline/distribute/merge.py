@@ -217,7 +217,7 @@ def _merge(build: TaskedBuild, journal: Journal) -> dict:
     _concatenate_skip_logs(build, journal)
     m = manifest_mod.make_manifest(cfg, build.fingerprint, first["tokenizer"], tasks_engine(dones),
                                    build.fingerprint["inputs"], counts, indexes, out,
-                                   tasks_timings(dones))
+                                   tasks_timings(dones), journal.claim)
     journal.claim(out / "manifest.json")
     write_json(out / "manifest.json", m, fsync=True)
     if build.upload_to:  # before the work folder goes: until then a re-run merges again

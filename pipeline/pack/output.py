@@ -118,7 +118,8 @@ class ShardOutput:
         tok = build.tok
         m = manifest_mod.make_manifest(self.cfg, build.fingerprint, tok.identity(),
                                        tok.engine_identity(), build.inputs,
-                                       build.state.counts, indexes, self.out, timings)
+                                       build.state.counts, indexes, self.out, timings,
+                                       self.journal.claim)
         self.journal.claim(self.out / "manifest.json")
         write_json(self.out / "manifest.json", m, fsync=True)
         remove_work_files(self.out)

@@ -52,15 +52,12 @@ class Journal:
     """OUT/.longpack-build/outputs.txt: OUT-relative paths, one a line, each recorded (and
     fsynced) before the file is created."""
 
-    _open: dict[str, "Journal"] = {}  # OUT (absolute) -> its journal while open (`claim`)
-
     def __init__(self, out: Path):
         self.out, self.path = out, out / WORK_DIR / JOURNAL
         self.listed = _read_journal(out)
         self.lock = threading.Lock()
         with writing(self.path):
             self.file = open(self.path, "a", encoding="utf-8")
-        Journal._open[os.path.abspath(out)] = self
 
     def claim(self, path: Path) -> None:
         rel = path.relative_to(self.out).as_posix()
@@ -73,26 +70,10 @@ class Journal:
             self.listed.add(rel)
 
     def close(self) -> None:
-        if Journal._open.get(os.path.abspath(self.out)) is self:
-            del Journal._open[os.path.abspath(self.out)]
         try:
             self.file.close()
         except OSError:
             pass  # what did not reach the disk was never claimed: nothing was created after it
-
-
-def claim(out: Path, path: Path) -> None:
-    """`path` recorded in OUT's journal before it is created: through the journal the build
-    holds open (its writer's), else one opened for it (the holder of OUT's lock calls this)."""
-    journal = Journal._open.get(os.path.abspath(out))
-    if journal is not None and not journal.file.closed:
-        journal.claim(path)
-        return
-    journal = Journal(out)
-    try:
-        journal.claim(path)
-    finally:
-        journal.close()
 
 
 def _read_journal(out: Path) -> set[str]:

@@ -1,32 +1,12 @@
-"""`train --dry-run`: what a run will cost, before any GPU money is spent.
+"""`train --dry-run` and `longpack.plan`: what a run will cost, before any GPU money is spent
+(docs/TRAIN.md, "At a glance" and "Memory plan"). Above the trainer: it builds the run's data,
+model and step from training/, and training/ never imports it.
 
-First, at once, the static plan: resolved config, parameters (total and active, at the build's
-vocabulary), tokens per step, steps, epochs over the shards, training FLOPs
-(model.flops_per_token) and the memory one process needs (archs/memory.py, the model sized
-on the meta device): weights, gradients and optimizer state (exact, sharded as --fsdp lays them
-out), DDP's or FSDP's buffers, activations at the run's batch x seq with and without activation
-checkpointing, their total and whether it fits --gpu-memory. A run, or a dry run, whose floor
-(`memory.memory_plan`'s: what it needs whatever the activation formula's error) passes this
-device's memory is refused in one line before any weight is allocated (training/fits.py's
-`check_memory`, which training/loop.py calls too before it builds the model). Then a probe,
-one line per probe step: a warm-up and PROBE_STEPS timed steps, each step.train_step on one
-micro-batch: the step the run takes (grad scaler, clipping, the optimizers, DDP under torchrun,
-torch.compile), its loss said beside its time.
-
-`--world-size N` plans for N processes from this one, launching nothing: the memory is each of
-the N's (sharded over them under --fsdp), the steps and epochs use the N's global batch, this
-device's memory refuses nothing (the plan says whether --gpu-memory holds it), and no probe runs
-(it would time one process, and the model is often one this machine cannot hold: moe-5b plans
-in seconds on a laptop). Under torchrun --world-size is refused: the launch's own processes are
-the world.
-
-On a GPU a probe step is one full micro-batch (batch_size x seq): the measurement is the run's.
-On a CPU that would take minutes (neox-tiny at seq 32768: 8 x 32767 tokens, ~23 TFLOPs a
-step), so a CPU probe step is cut to about
-CPU_PROBE_FLOPS (fewer rows, then a shorter prefix of a row) and its time is scaled up by the
-ratio of FLOPs (model.flops_per_token at each length, so attention's growth with the length is
-counted); the output says what was probed and that it was scaled. The forward and backward are
-scaled (and multiplied by --grad-accum), the update after them is not.
+First the static plan, at once: the resolved config, parameters, tokens, steps, epochs, FLOPs
+and the memory one process needs (training/fits.py over archs/memory.py; a run that cannot fit
+this device is refused in one line). Then a probe: a warm-up and PROBE_STEPS timed steps of the
+run's own step (step.train_step), on a CPU cut to about CPU_PROBE_FLOPS and scaled up by FLOPs.
+`--world-size N` plans for N processes from this one: memory and batch for N, no probe.
 """
 
 import contextlib
