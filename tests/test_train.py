@@ -272,7 +272,7 @@ def test_a_missing_logger_is_refused_saying_what_to_install(tmp_path, shards, mo
     for module in modules:
         monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(SettingsError, match=f"--report-to {kind} needs the {kind} package: pip "
-                                         f"install {kind}"):
+                                         f"install '{kind}>=[0-9.]+' \\(the extra \\[{kind}\\]\\)"):
         train(config(shards, tmp_path / "t", max_steps=2, report_to=("jsonl", kind)),
               log=lambda m: None)
     assert not (tmp_path / "t").exists()  # refused before the run made anything

@@ -368,7 +368,7 @@ def _find_row(path: Path, split: str, row: int, eos_id, open_reader):
 
 def decode_row(path: Path, split: str, row: int, eos_id=None) -> str:
     manifest, tokens, starts, hashes = find_row(path, split, row, eos_id)
-    tokenizer = _tokenizer(manifest, [])
+    tokenizer = _tokenizer(manifest, [], Path(path))
     # A row opens with the rest of a document exactly when the row before does not end in EOS.
     eos = eos_id if eos_id is not None else ((manifest or {}).get("tokenizer") or {}).get("eos_id")
     continued = (row > 0 and eos is not None
