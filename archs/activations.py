@@ -31,14 +31,15 @@ Per layer (derivation: each term is a tensor an op saves, named at its line belo
                 u alone of what lies between). Its backward makes that again, one layer at a
                 time ("remade"): taps(w) + 8n w + 8n H + [n' > n] 4n' (I + H + 2GN)
                 + [documents] n' Q + (4 + a) n' H Q + 4n' G Q + 2a n' G N + (4 + 2a) n' I
-                + 2a n' H N + (4 + a) batch c H P N + a n' I + 8n' H + (12 + 2a) n I
+                + (4 + a) batch c H P N + a n' I + 8n' H + (12 + 2a) n I
                 + 8n' H Q + 8 batch c H P N
                 (the convolution's masked taps and output, SiLU's; dt and softplus(dt); chunks
                 padded; the same-document mask; the decays L and C B^T * L; C B^T and its
-                operands; dt x, its operand copy and dt x * decay; B and C broadcast over
-                heads; the carried states and their stack; the carried state's output; the
-                decays to the chunk's end and from its start; the gated RMSNorm: y, silu(z),
-                its fp32 input, normalized input and output; the gradients of L and the states)
+                operands; dt x, its operand copy and dt x * decay (B and C are read per
+                group, never copied over its heads); the carried states and their stack; the
+                carried state's output; the decays to the chunk's end and from its start;
+                the gated RMSNorm: y, silu(z), its fp32 input, normalized input and output;
+                the gradients of L and the states)
     Resonance   2 LN + 3 lin(1) + 2a n d + taps(d) + 8nd + a nd + FFT + 2a n d_ff
                 (in's output u and gate; the short convolution's taps and output, the long
                 one's output; SiLU(gate); FFT = 8nd + 8 (n + batch) d + 16 seq d: the padded
@@ -177,7 +178,6 @@ def mamba_mixer(t: Tokens, d: int, inner: int, heads: int, groups: int, head_dim
     b += 4 * padded * H * Q + a * padded * H * Q  # L; C B^T * L (the matmul's operand)
     b += 4 * padded * G * Q + 2 * a * padded * G * N  # C B^T; its operands
     b += 4 * padded * inner + 2 * a * padded * inner  # dt x; as operand; dt x * decay
-    b += 2 * a * padded * H * N  # B and C broadcast over the heads
     b += (4 + a) * B * c * H * P * N  # carried states; stacked (operand)
     b += a * padded * inner + 8 * padded * H  # the carried state's output; decays
     b += 12 * n * inner + 2 * a * n * inner  # gated RMSNorm: fp32 in, normalized, out; y, silu(z)

@@ -84,7 +84,9 @@ def ssd_chunked(x, dt, A, B, C, seg=None, chunk: int = 64, state=None):
     """The selective scan, chunked. x (b, T, G, R, P); dt (b, T, G, R) > 0; A (G, R) < 0;
     B, C (b, T, G, N); seg (b, T) document ids or None; state (b, G, R, P, N) carried in (the
     tokens before, of the first token's document) or None. Returns y like x, and the state
-    after the last token. Work in fp32."""
+    after the last token. Work in fp32. The products with B and C are taken per group with
+    the heads' channels side by side (a (R P) x Q by Q x N matmul), not with B and C copied
+    over the heads; y is summed in the input's layout (b, chunk, Q, G, R, P)."""
     b, T, G, R, P = x.shape
     N = B.shape[-1]
     Q = min(chunk, T)
@@ -94,11 +96,11 @@ def ssd_chunked(x, dt, A, B, C, seg=None, chunk: int = 64, state=None):
         if seg is not None:
             seg = torch.cat([seg, seg[:, -1:].expand(b, pad)], 1)
     c = (T + pad) // Q
-    x = x.reshape(b, c, Q, G, R, P)
-    dt = dt.reshape(b, c, Q, G, R)
-    B, C = B.reshape(b, c, Q, G, N), C.reshape(b, c, Q, G, N)
-    S = torch.cumsum(dt * A, 2)  # (b, c, Q, G, R): log decay from the chunk's start to t
+    dtx = (x * dt[..., None]).reshape(b, c, Q, G, R, P)
+    S = torch.cumsum((dt * A).reshape(b, c, Q, G, R), 2)  # log decay from the chunk's start
     S_t = S.permute(0, 1, 3, 4, 2)  # (b, c, G, R, Q)
+    Bt = B.reshape(b, c, Q, G, N).transpose(2, 3)  # (b, c, G, Q, N)
+    Ct = C.reshape(b, c, Q, G, N).transpose(2, 3)
     causal = torch.ones(Q, Q, dtype=torch.bool, device=x.device).tril()
     if seg is None:
         same, last_same, carried = causal, None, None
@@ -110,17 +112,17 @@ def ssd_chunked(x, dt, A, B, C, seg=None, chunk: int = 64, state=None):
         carried = (seg == before)  # (b, c, Q): tokens the carried state reaches
     # within the chunk: (C B^T * L) (dt x)
     L = torch.exp(torch.where(same, S_t[..., :, None] - S_t[..., None, :], -math.inf))
-    CB = torch.einsum("bcqgn,bcsgn->bcgqs", C, B)[:, :, :, None]  # (b, c, G, 1, Q, Q)
-    dtx = (x * dt[..., None]).permute(0, 1, 3, 4, 2, 5)  # (b, c, G, R, Q, P)
-    y = (CB * L) @ dtx  # (b, c, G, R, Q, P)
-    # each chunk's own contribution to the state at its end
-    to_end = torch.exp(S_t[..., -1:] - S_t)  # (b, c, G, R, Q)
+    CB = (Ct @ Bt.transpose(-1, -2))[:, :, :, None]  # (b, c, G, 1, Q, Q)
+    y = (CB * L) @ dtx.permute(0, 1, 3, 4, 2, 5)  # (b, c, G, R, Q, P)
+    # each chunk's own contribution to the state at its end: (dt x decay)^T B, per group
+    to_end = torch.exp(S[:, :, -1:] - S)  # (b, c, Q, G, R)
     if last_same is not None:
-        to_end = to_end * last_same[:, :, None, None]
-    local = (dtx * to_end[..., None]).transpose(-1, -2) @ B.permute(0, 1, 3, 2, 4)[:, :, :, None]
-    # (b, c, G, R, P, N); across chunks: the recurrence, one step per chunk
+        to_end = to_end * last_same[..., None, None]
+    w = (dtx * to_end[..., None]).reshape(b, c, Q, G, R * P)
+    local = (w.permute(0, 1, 3, 4, 2) @ Bt).reshape(b, c, G, R, P, N)
+    # across chunks: the recurrence, one step per chunk
     h = x.new_zeros(b, G, R, P, N) if state is None else state
-    keep = torch.exp(S_t[..., -1])  # (b, c, G, R): how much of the carried state survives
+    keep = torch.exp(S[:, :, -1])  # (b, c, G, R): how much of the carried state survives
     if carried is not None:
         keep = keep * carried[:, :, -1, None, None]
     starts = []
@@ -128,15 +130,16 @@ def ssd_chunked(x, dt, A, B, C, seg=None, chunk: int = 64, state=None):
     # (quadratic in the chunks); unbind's stacks them once
     for own, kept in zip(local.unbind(1), keep.unbind(1)):
         starts.append(h)
-        h = own + kept[..., None, None] * h
+        h = torch.addcmul(own, kept[..., None, None], h)
     h_in = torch.stack(starts, 1)  # (b, c, G, R, P, N): the state each chunk starts from
-    # the carried state's part of each output: exp(S_t) C_t h_in
-    from_state = C.permute(0, 1, 3, 2, 4)[:, :, :, None] @ h_in.transpose(-1, -2)  # (.., Q, P)
-    reach = torch.exp(S_t)
+    # the carried state's part of each output: exp(S_t) C_t h_in, per group
+    from_state = (Ct @ h_in.reshape(b, c, G, R * P, N).transpose(-1, -2)).reshape(
+        b, c, G, Q, R, P).transpose(2, 3)  # (b, c, Q, G, R, P)
+    reach = torch.exp(S)  # (b, c, Q, G, R)
     if carried is not None:
-        reach = reach * carried[:, :, None, None]
-    y = y + from_state * reach[..., None]
-    y = y.permute(0, 1, 4, 2, 3, 5).reshape(b, c * Q, G, R, P)[:, :T]
+        reach = reach * carried[..., None, None]
+    y = torch.addcmul(y.permute(0, 1, 4, 2, 3, 5), from_state, reach[..., None])
+    y = y.reshape(b, c * Q, G, R, P)[:, :T]
     return y, h
 
 
