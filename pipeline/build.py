@@ -37,7 +37,7 @@ from typing import Protocol
 import numpy as np
 
 from longpack.atomic import writing
-from longpack.errors import InputError, TokenizerError
+from longpack.errors import InputError, LongpackError, TokenizerError
 from pipeline import manifest as manifest_mod
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, BuildConfig
@@ -101,12 +101,26 @@ class Build:
         self.cfg, self.progress = cfg, progress or Progress()
         self.dataset = get_dataset(cfg.dataset)
         self.field = cfg.text_field or self.dataset.text_field
-        self.tok = load_tokenizer(cfg.tokenizer, bos=cfg.bos, engine=cfg.tokenizer_engine)
+        # The tokenizer and the inputs are each tried, whatever became of the other: offline,
+        # both may fail, and the user hears of both at once rather than one run at a time.
+        try:
+            self.tok, tok_error = load_tokenizer(cfg.tokenizer, bos=cfg.bos,
+                                                 engine=cfg.tokenizer_engine), None
+        except LongpackError as e:
+            tok_error = e
+        try:
+            self.files, self.inputs = open_inputs(cfg, self.dataset, hub_client)
+        except LongpackError as e:
+            if tok_error is None:
+                raise
+            raise type(tok_error)(f"{tok_error}; and {e}") from None
+        if tok_error is not None:
+            self.files.close()
+            raise tok_error
         if self.tok.kind == "huggingface":
             # tokenizers parallelises each batch on rayon's global pool, sized from this variable
             # when first used; without it the pool takes every core whatever --workers says.
             os.environ.setdefault("RAYON_NUM_THREADS", str(cfg.workers))
-        self.files, self.inputs = open_inputs(cfg, self.dataset, hub_client)
         try:
             self.share = share_of(self.files, cfg.tasks, self.field, task)
         except BaseException:

@@ -259,3 +259,26 @@ def test_inputs_that_match_nothing_are_named(tmp_path, byte_tokenizer):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SettingsError, match="no jsonl files there"):
         run(tmp_path, tmp_path / "empty")
+
+
+def test_a_missing_tokenizer_and_missing_inputs_are_said_at_once(tmp_path, byte_tokenizer):
+    """Offline, a first run meets both: one line names each, not one run at a time (issue 44);
+    either alone is its own line, as before."""
+    from longpack.errors import TokenizerError
+
+    def cfg(tokenizer, inputs):
+        return BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=(inputs,),
+                           tokenizer=tokenizer, seq=16)
+
+    write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(4)])
+    with pytest.raises(TokenizerError) as both:
+        build(cfg(str(tmp_path / "missing.tiktoken"), str(tmp_path / "nowhere.jsonl")),
+              show_progress=False)
+    assert "tokenizer file not found" in str(both.value) and "nowhere.jsonl" in str(both.value)
+    with pytest.raises(TokenizerError, match="tokenizer file not found") as one:
+        build(cfg(str(tmp_path / "missing.tiktoken"), str(tmp_path / "d.jsonl")),
+              show_progress=False)
+    assert "d.jsonl" not in str(one.value)
+    with pytest.raises(SettingsError, match="nowhere.jsonl: no such file"):
+        build(cfg(byte_tokenizer, str(tmp_path / "nowhere.jsonl")), show_progress=False)
+    assert not (tmp_path / "out").exists()
