@@ -29,8 +29,8 @@ def saved_bytes(module, run) -> int:
 
 @pytest.mark.parametrize("docs", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_a_layer_keeps_at_most_63_kb_a_token_at_d1024_in_bf16_and_the_plan_says_so(docs):
-    """One Mamba layer (pre-norm and mixer), d 1024, one row of 512 tokens, bf16 autocast: the
-    plain path kept 158 KB a token (172 KB with documents: the convolution's masked taps)."""
+    """One Mamba layer (pre-norm and mixer), d 1024, one row of 512 tokens, bf16 autocast (the
+    plain path's figure: docs/BENCHMARKS.md)."""
     torch.manual_seed(0)
     cfg = MambaConfig(d_model=1024, n_layers=1)
     block, T = Block(cfg), 512
@@ -105,8 +105,7 @@ def test_the_lean_path_runs_only_where_a_graph_is_made():
 
 
 def test_mamba_13b_plans_at_most_twice_neox_12b_at_8_rows_of_2k_in_bf16():
-    """`train --dry-run`'s activations (memory_plan), one process, no checkpointing: the plain
-    path planned 7.1x."""
+    """`train --dry-run`'s activations (memory_plan), one process, no checkpointing."""
     def acts(name):
         plan = memory.memory_plan(archs.layout(name), archs.config(name), 8, 2048, "bf16")
         return plan["activations"]

@@ -127,7 +127,7 @@ def test_the_readme_walkthrough_runs_offline_as_written(tmp_path):
 
 @pytest.mark.slow
 def test_the_readme_python_example_runs_as_written(tmp_path):
-    """The "From Python" block, run as a script in an empty folder, offline (~30 s)."""
+    """The "From Python" block, run as a script in an empty folder, offline."""
     (block,) = [m.group(2) for m in BLOCK.finditer(section("From Python"))
                 if m.group(1) == "python"]
     assert "../shared" not in block
@@ -142,7 +142,7 @@ def test_the_readme_python_example_runs_as_written(tmp_path):
 
 @pytest.mark.slow
 def test_the_shipped_samples_are_what_tools_make_samples_makes(shared):
-    """Regenerated from ../shared (~3 s), every shipped file and its README come out the same."""
+    """Regenerated from ../shared, every shipped file and its README come out the same."""
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "make_samples.py"), "--check",
                         "--shared", str(shared)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
