@@ -16,9 +16,9 @@ def check_installed(kinds: tuple[str, ...]) -> None:
     (before a run makes anything: wandb.init's own refusal is a traceback after it)."""
     for kind in ("tensorboard", "wandb"):
         if kind in kinds:
-            module = _import(kind)
+            _import(kind)
     if "wandb" in kinds and os.environ.get("WANDB_MODE", "").lower() not in (
-            "offline", "disabled", "dryrun") and not _logged_in(module):
+            "offline", "disabled", "dryrun") and not _logged_in(_import("wandb")):
         raise SettingsError("--report-to wandb: not logged in to W&B; run `wandb login` or set "
                             "WANDB_API_KEY (or WANDB_MODE=offline to keep the records locally)")
 
