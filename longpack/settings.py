@@ -297,3 +297,35 @@ def refuse_unknown(names, known, where: str, prefix: str = "") -> None:
                  for name in unknown]
         raise SettingsError(f"{where}: unknown setting{'s' if len(unknown) > 1 else ''} "
                             f"{', '.join(named)}")
+
+
+def read_settings_file(path: str) -> dict:
+    """A TOML or YAML file of settings (by its suffix) as a dict; SettingsError naming the file
+    when it is not one."""
+    from longpack.errors import SettingsError, install_hint
+
+    text = open(path, "rb").read()
+    if path.endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError:
+            raise SettingsError(f"a YAML --config needs PyYAML: {install_hint('yaml')}") from None
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:  # a reader's error too: bytes that are not text
+            raise SettingsError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    else:
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            raise SettingsError("a TOML --config needs Python 3.11 or later; use YAML") from None
+        try:
+            data = tomllib.loads(text.decode())
+        except UnicodeDecodeError as e:
+            raise SettingsError(f"{path}: not valid TOML (not UTF-8 text: byte {e.start} is "
+                                f"{text[e.start]:#04x})") from None
+        except tomllib.TOMLDecodeError as e:
+            raise SettingsError(f"{path}: not valid TOML ({e})") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a table of settings")
+    return data

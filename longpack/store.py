@@ -1,6 +1,6 @@
 """Object storage: the one layer every URL goes through (build inputs: read/remote_inputs.py; build
 outputs: store/remote_build.py + store/uploader.py; `pack stats`: stats/remote.py; the trainer's
-shards: training/data/builds.py, and checkpoints: training/checkpoints/upload.py). Local paths
+shards: pipeline/builds/reader.py, and checkpoints: training/checkpoints/upload.py). Local paths
 never come here.
 
     store = Store("s3://bucket/prefix")        # fsspec: s3fs, gcsfs, adlfs, memory, ...

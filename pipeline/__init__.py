@@ -27,6 +27,7 @@ The sub-packages, by role:
     pack/        the packer and the shard writers       formats/    shard formats, read back
     store/       output folder, lock, staging, upload   stats/      `pack stats`
     distribute/  tasks, merge, Ray, Slurm, launch       adopt/      `pack import`
+    builds/      a finished build read back at random (the trainer's rows, checked, cached)
 A build split into tasks (`--tasks N`; docs/SCALE.md) runs the same arrows per task over its
 share of the inputs and writes its documents; the merge cuts the same rows with the same packer
 and makes OUT the single build's bytes (distribute/; distribute/work_folder: what the tasks
@@ -55,6 +56,9 @@ _API = {  # name -> the module that defines it
     "parse_mixture": "mixture", "natural_weights": "mixture",  # train on several builds
     "source_name": "mixture", "good_name": "mixture",  # a source's name: given or its folder's
     "REPEAT_WARNING_EPOCHS": "mixture",  # repeats worth less past it
+    "open_build": "builds.reader", "Build": "builds.reader",  # a finished build, read back
+    "read_manifest": "builds.reader", "dataset_fingerprint": "builds.reader",
+    "cache_bytes": "builds.reader",  # --cache-limit's sizes (20gb) in bytes
 }
 __all__ = sorted(_API)
 

@@ -11,9 +11,9 @@ import archs
 from archs.zoo.model_card import model_card
 from archs.zoo.runs import TrainedRun
 from conftest import vocab_of
+from pipeline.builds.reader import dataset_fingerprint
 from pipeline.read.catalog import DATASETS
 from pipeline.read.hub import HubFiles
-from training.data.builds import dataset_fingerprint
 
 
 def trained(tmp_path: Path, builds: list[str], steps: int = 2) -> TrainedRun:

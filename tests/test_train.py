@@ -12,10 +12,10 @@ from click.testing import CliRunner
 import archs
 from conftest import vocab_of, write_jsonl
 from longpack.errors import SettingsError, TrainingError
+from pipeline.builds.reader import open_build
 from training.checkpoints import checkpoint
 from training.cli import train as train_cli
 from training.config import TrainConfig
-from training.data.builds import open_build
 from training.data.mixture import Sources
 from training.loop import evaluate, train
 from training.optim import lr_at

@@ -1,5 +1,5 @@
 """The trainer never trains on damaged shards, says which one in one line, and reads remote builds
-(issue 12): training/data/verify.py, training/data/builds.py, training/data/loader.py."""
+(issue 12): pipeline/builds/verify.py, pipeline/builds/reader.py, training/data/loader.py."""
 
 import json
 import math
@@ -19,13 +19,13 @@ from conftest import make_texts, write_byte_tokenizer_json, write_jsonl
 from longpack.atomic import sha256_file
 from longpack.errors import DataError
 from pipeline.build import build
+from pipeline.builds.reader import open_build
+from pipeline.builds.verify import ShardChecks
 from pipeline.config import BuildConfig
 from pipeline.formats.mds import MdsColumns
 from training.cli import train as train_cli
-from training.data.builds import open_build
 from training.data.loader import StepBatches, batches
 from training.data.mixture import GlobalOrder
-from training.data.verify import ShardChecks
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -55,7 +55,7 @@ def test_lm_loss_is_the_next_token_loss_over_the_steps_real_targets(tmp_path, by
     first = history[0]
     torch.manual_seed(0)  # the run's seed: its initial weights
     model = archs.build("moe-tiny", vocab_size=50257, **archs.parse_args("moe-tiny", list(MOE)))
-    from training.data.builds import open_build
+    from pipeline.builds.reader import open_build
 
     build = open_build(str(shards), tmp_path / "cache", "1gb")
     batch = make_batch([build.train.get(i) for i in range(len(build.train))])

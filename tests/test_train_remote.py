@@ -282,7 +282,7 @@ def test_a_memmap_build_in_a_bucket_gives_the_rows_of_the_local_folder(tmp_path,
                                                                        s3):
     """Any format trains from a URL: a memmap build on S3 gives the rows of the same build read
     locally, and a run over it (its loader workers fetching) the same losses."""
-    from training.data.builds import open_build
+    from pipeline.builds.reader import open_build
 
     url = s3.upload_tree(memmap_shards, "memmap")
     remote = open_build(url, tmp_path / "cache", "1gb")

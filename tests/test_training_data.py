@@ -12,10 +12,10 @@ import archs
 from conftest import make_texts, write_jsonl
 from longpack.errors import DataError, LoaderError
 from pipeline.build import build
+from pipeline.builds.reader import Rows, open_build
 from pipeline.config import BuildConfig
 from pipeline.formats.shards import open_split
 from pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
-from training.data.builds import Rows, open_build
 from training.data.loader import StepBatches, batches, make_batch
 from training.data.mixture import GlobalOrder, batch_hash
 
@@ -206,7 +206,7 @@ def test_a_shard_missing_from_the_store_is_named_by_its_url(tmp_path, byte_token
 
 
 def test_the_cache_never_removes_a_shard_in_use_and_drops_the_least_recent(tmp_path):
-    from training.data.shard_cache import ShardCache
+    from pipeline.builds.cache import ShardCache
 
     folder = tmp_path / "c"
     folder.mkdir()
@@ -348,7 +348,7 @@ def test_a_batch_kept_after_the_stream_ends_stays_readable(tmp_path, byte_tokeni
 _TRAINER = """
 import sys, time, multiprocessing
 from pathlib import Path
-from training.data.builds import open_build
+from pipeline.builds.reader import open_build
 from training.data.loader import StepBatches, batches
 from training.data.mixture import GlobalOrder
 b = open_build(sys.argv[1], Path(sys.argv[2]), "1gb")

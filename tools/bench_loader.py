@@ -15,7 +15,7 @@ What it measures, in one run:
      seq] in their stored dtype, where padding starts, and the document starts (the trainer
      widens them to int64 on its device). Each run opens the build afresh, so it pays what a
      training run pays once: every shard checked (sha256 against index.json, ids against the
-     vocabulary: training/data/verify.py) before its rows are used;
+     vocabulary: pipeline/builds/verify.py) before its rows are used;
    - loader, 0 workers: the same built in this process (for reference, not judged).
 3. MDS (shards decompressed into each reader's own cache by one untimed warm-up epoch first):
    - streaming: a plain `streaming.StreamingDataset(shuffle=True)` in a torch DataLoader with the
@@ -182,7 +182,7 @@ def build_sources(work: Path, seq: int, fmt: str) -> dict[str, Path]:
 
 
 def measure_mix(args, work: Path) -> None:
-    from training.data.builds import open_build
+    from pipeline.builds.reader import open_build
     from training.data.mixture import MixedOrder, MixedRows
 
     single = build_shared_corpus(work, args.seq)
@@ -242,7 +242,7 @@ def upload(out: Path, url: str) -> None:
 
 
 def measure(args, work: Path) -> None:
-    from training.data.builds import open_build
+    from pipeline.builds.reader import open_build
     from training.data.mixture import GlobalOrder
 
     outs = build_shared_corpus(work, args.seq)

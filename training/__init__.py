@@ -7,8 +7,8 @@
                    longpack/dry_run.py, above the trainer)
     optim.py       the optimizers by parameter role, and the learning rate by step
     evaluate.py    the val loss;  metrics.py  where the records go;  fits.py  the memory floor
-    data/          a build's rows (builds), their order and mixtures (mixture), the loader and
-                   batches (loader), shard checks (verify) and the shard cache (shard_cache)
+    data/          the run's builds, their rows' order and mixtures (mixture), the loader and
+                   batches (loader); a build is read through pipeline/builds/
     checkpoints/   a step's checkpoint and its DCP files (checkpoint), the bucket (upload)
     parallel/      torchrun's processes (distributed) and FSDP2 (fsdp)
 """

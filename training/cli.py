@@ -3,9 +3,9 @@
 
 import click
 
-from longpack import SettingsError, click_options, install_hint
+from longpack import SettingsError, click_options
 from longpack.cli import Command
-from longpack.settings import check_values, refuse_unknown
+from longpack.settings import check_values, read_settings_file, refuse_unknown
 from training.config import TrainConfig
 
 
@@ -50,7 +50,7 @@ def _read_config_file(ctx, _param, path):
     if path is None:
         return None
     try:
-        settings = load_settings(path)
+        settings = flatten_settings(read_settings_file(path), path)
         refuse_unknown(settings, [f.name for f in dataclasses.fields(TrainConfig)], path)
         settings = check_values(TrainConfig, settings, path)
     except SettingsError as e:
@@ -108,7 +108,9 @@ def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **setti
         raise click.UsageError(f"--gpu-memory must be a positive, finite number of GiB (got "
                                f"{gpu_memory})")
     if list_models:
-        click.echo(preset_table(settings["shards"], settings["seq"]))
+        from archs.zoo.cli import presets_of_build
+
+        click.echo(presets_of_build(settings["shards"], settings["seq"]))
         return
     cfg = TrainConfig(**settings)
     if dry_run:
@@ -142,58 +144,6 @@ def dry_run_plan(cfg: TrainConfig, world_size: int | None, gpu_memory: float,
         click.echo(json.dumps(p, default=str))
 
 
-def preset_table(shards: tuple[str, ...] | None, seq: int | None) -> str:
-    """The zoo's presets sized at the build's vocabulary and FLOPs/token at its seq (or --seq)
-    when --shards is given; otherwise at each preset's own vocabulary, which the note says."""
-    from archs import LIST_SEQ, list_models
-    from archs.__main__ import table
-    from archs.zoo.cli import sized_presets
-    from training.data.builds import read_manifest
-
-    if not shards:
-        return (table(sized_presets(None)) + "\n(each preset at its own vocabulary; with --shards "
-                "OUT, at that build's)")
-    from pipeline import parse_mixture
-
-    shards = parse_mixture(shards, None, (), ())[0][0][1]  # a mixture's first: one tokenizer
-    manifest = read_manifest(shards)
-    vocab, seq = manifest["tokenizer"]["vocab_size"], seq or manifest["seq"]
-    models = (sized_presets(vocab) if seq - 1 == LIST_SEQ else
-              list_models(seq - 1, vocab_size=vocab, per_vocab=False))
-    return (table(models) + f"\n(at the vocabulary of {shards}: {vocab:,}; FLOPs/token at its "
-            f"{seq - 1} predictions per sample)")
-
-
-def load_settings(path: str) -> dict:
-    text = open(path, "rb").read()
-    if path.endswith((".yaml", ".yml")):
-        try:
-            import yaml
-        except ImportError:
-            raise click.UsageError(f"a YAML --config needs PyYAML: {install_hint('yaml')}"
-                                   ) from None
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:  # a reader's error too: bytes that are not text
-            raise click.UsageError(f"{path}: not valid YAML ({' '.join(str(e).split())})"
-                                   ) from None
-    else:
-        try:
-            import tomllib
-        except ImportError:  # Python 3.10
-            raise click.UsageError("a TOML --config needs Python 3.11 or later; use YAML") from None
-        try:
-            data = tomllib.loads(text.decode())
-        except UnicodeDecodeError as e:
-            raise click.UsageError(f"{path}: not valid TOML (not UTF-8 text: byte {e.start} is "
-                                   f"{text[e.start]:#04x})") from None
-        except tomllib.TOMLDecodeError as e:
-            raise click.UsageError(f"{path}: not valid TOML ({e})") from None
-    if not isinstance(data, dict):
-        raise click.UsageError(f"{path}: expected a table of settings")
-    return flatten_settings(data, path)
-
-
 SECTIONS = ("training", "optim", "optimizer", "data", "run", "checkpoint", "logging")
 
 
@@ -215,19 +165,19 @@ def flatten_settings(data: dict, path: str) -> dict:
         if key == "data" and isinstance(value, list):
             for k, v in data_list(value, path).items():
                 if k in out:
-                    raise click.UsageError(f"{path}: {k} is set twice (also as {where[k]})")
+                    raise SettingsError(f"{path}: {k} is set twice (also as {where[k]})")
                 out[k], where[k] = v, "[[data]]"
         elif key in ("model", "model_args") and isinstance(value, dict):
             # a table of the model's fields: [model] (with its name) or [model_args]
             table = dict(value)
             if key == "model" and "name" not in table:  # it would train the default model
-                raise click.UsageError(f"{path}: [model] has no name: give name = PRESET (`zoo "
+                raise SettingsError(f"{path}: [model] has no name: give name = PRESET (`zoo "
                                        "list`) or FAMILY, or put the fields alone in "
                                        "[model_args] to keep --model's model")
             if key == "model":
                 out["model"], where["model"] = table.pop("name"), "model.name"
             if "model_args" in out:
-                raise click.UsageError(f"{path}: the model's fields are set twice ([{key}] and "
+                raise SettingsError(f"{path}: the model's fields are set twice ([{key}] and "
                                        f"{where['model_args']}): keep one")
             out["model_args"] = [f"{k}={json.dumps(v)}" for k, v in table.items()]
             where["model_args"] = f"[{key}]"
@@ -236,17 +186,17 @@ def flatten_settings(data: dict, path: str) -> dict:
                 inner = inner.replace("-", "_")
                 if inner not in known:
                     near = suggest(inner, known)
-                    raise click.UsageError(
+                    raise SettingsError(
                         f"{path}: {key}.{inner} is not a setting of train "
                         + (f"(did you mean {key}.{near}?)" if near else
                            f"(the settings: {', '.join(sorted(known))})"))
                 if inner in out:
-                    raise click.UsageError(f"{path}: {key}.{inner} is set twice (also as "
+                    raise SettingsError(f"{path}: {key}.{inner} is set twice (also as "
                                            f"{where[inner]})")
                 out[inner], where[inner] = v, f"{key}.{inner}"
         else:
             if key in out:
-                raise click.UsageError(f"{path}: {key} is set twice (also as {where[key]})")
+                raise SettingsError(f"{path}: {key} is set twice (also as {where[key]})")
             out[key], where[key] = value, key
     return out
 
@@ -260,18 +210,18 @@ def data_list(entries: list, path: str) -> dict:
     shards, weights, epochs = [], [], []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "path" not in entry:
-            raise click.UsageError(f"{path}: data entry {i + 1} needs a path (and may have "
+            raise SettingsError(f"{path}: data entry {i + 1} needs a path (and may have "
                                    f"{', '.join(DATA_KEYS)})")
         unknown = set(entry) - set(DATA_KEYS)
         if unknown:
-            raise click.UsageError(f"{path}: data entry {i + 1}: unknown "
+            raise SettingsError(f"{path}: data entry {i + 1}: unknown "
                                    f"{', '.join(sorted(unknown))} (the keys: "
                                    f"{', '.join(DATA_KEYS)})")
         from pipeline import good_name, source_name
 
         name = str(entry.get("name") or source_name(str(entry["path"])))
         if not good_name(name):
-            raise click.UsageError(f"{path}: data entry {i + 1}: its name {name!r} has "
+            raise SettingsError(f"{path}: data entry {i + 1}: its name {name!r} has "
                                    "characters other than letters, digits, '_', '.', '-'; "
                                    "give it a name = ...")
         shards.append(f"{name}={entry['path']}")
@@ -280,7 +230,7 @@ def data_list(entries: list, path: str) -> dict:
         if "max_epochs" in entry:
             epochs.append(f"{name}={entry['max_epochs']}")
     if weights and len(weights) != len(shards):
-        raise click.UsageError(f"{path}: give every data entry a weight, or none (each then "
+        raise SettingsError(f"{path}: give every data entry a weight, or none (each then "
                                "in proportion to its train rows)")
     out = {"shards": shards}
     if weights:

@@ -1,11 +1,10 @@
 """The trainer's settings: one frozen dataclass whose fields are also `train`'s flags, each
 with its type, range and choices (longpack/settings.py); `rules` holds what ties them together."""
 
-import re
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from longpack import SettingsError, setting
+from longpack import DataError, SettingsError, setting
 from longpack.settings import check
 
 SCHEDULES = ("cosine", "wsd", "constant", "onecycle", "cosine-restarts")
@@ -13,9 +12,6 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "muon")
 REPORT_TO = ("console", "jsonl", "tensorboard", "wandb")
 MUON_DEFAULTS = {"muon_lr": None, "muon_momentum": 0.95, "muon_ns_steps": 5}
-# --cache-limit as mosaicml-streaming reads it (bytes_to_int in streaming/base/util.py): a
-# number with a unit kb..yb (powers of 1024), or whole bytes with or without "b"
-SIZE = re.compile(r"(?P<number>\d+(\.\d*)?|\.\d+)\s*(?P<unit>[kmgtpezy]b)|(?P<bytes>\d+)b?")
 
 
 @dataclass(frozen=True)
@@ -227,8 +223,13 @@ def rules(cfg: TrainConfig) -> None:
     for url in (cfg.out, cfg.upload):
         if url is not None and is_url(url):
             refuse_unwritable(url, "train")
-    size = SIZE.fullmatch(cfg.cache_limit.strip().lower())
-    if not size or not float(size["number"] or size["bytes"]):
+    from pipeline import cache_bytes
+
+    try:
+        limit = cache_bytes(cfg.cache_limit)
+    except DataError:
+        limit = 0
+    if limit <= 0:
         raise SettingsError(f"--cache-limit {cfg.cache_limit!r}: give a positive size such as "
                             "20gb, 500mb or a number of bytes")
     import archs  # here, not at the top: torch loads only once a run is being set up

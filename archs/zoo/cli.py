@@ -57,6 +57,26 @@ def sized_presets(vocab_size: int | None) -> list[dict]:
     return [{**table[n], **at_vocab(table[n], vocab_size)} for n in archs.PRESETS]
 
 
+def presets_of_build(shards: tuple[str, ...] | None, seq: int | None) -> str:
+    """`train --list-models`: the presets sized at the vocabulary of --shards' build and
+    FLOPs/token at its seq (or --seq); without --shards at each preset's own vocabulary, which
+    the note says."""
+    from archs import LIST_SEQ, list_models
+    from archs.__main__ import table
+    from pipeline import parse_mixture, read_manifest
+
+    if not shards:
+        return (table(sized_presets(None)) + "\n(each preset at its own vocabulary; with --shards "
+                "OUT, at that build's)")
+    shards = parse_mixture(shards, None, (), ())[0][0][1]  # a mixture's first: one tokenizer
+    manifest = read_manifest(shards)
+    vocab, seq = manifest["tokenizer"]["vocab_size"], seq or manifest["seq"]
+    models = (sized_presets(vocab) if seq - 1 == LIST_SEQ else
+              list_models(seq - 1, vocab_size=vocab, per_vocab=False))
+    return (table(models) + f"\n(at the vocabulary of {shards}: {vocab:,}; FLOPs/token at its "
+            f"{seq - 1} predictions per sample)")
+
+
 @zoo.command()
 @click_options(ExportConfig)
 def export(**settings):
@@ -81,7 +101,7 @@ def evaluate(**settings):
 
     from archs.zoo.runs import load_run
     from longpack import LongpackError
-    from training.data.builds import open_build, read_manifest
+    from pipeline import open_build, read_manifest
     from training.evaluate import bits_per_byte, split_loss
 
     cfg = EvalConfig(**settings)

@@ -195,7 +195,7 @@ def _sources(settings: dict) -> list[tuple[str, str]]:
 
 def _manifest(path: str) -> dict | None:
     from longpack import LongpackError
-    from training.data.builds import read_manifest
+    from pipeline import read_manifest
 
     try:
         return read_manifest(path)
@@ -221,8 +221,8 @@ def _hub_datasets(builds) -> list[str]:
 
 def _build(source: str, path: str, manifest: dict | None) -> list[str]:
     """A build, by its folder's name and its manifest's fingerprint (never its path)."""
+    from pipeline import dataset_fingerprint
     from pipeline.mixture import source_name
-    from training.data.builds import dataset_fingerprint
 
     folder = source_name(path)
     named = f"`{folder}`" + (f" (source {source})" if source != folder else "")

@@ -2,7 +2,7 @@
 npy.py; __init__.py is the registry) that owns the index schema, the shard files and
 their byte counts and sha256, encoding a shard and reading its rows back. docs/FORMAT.md is the
 spec of the bytes; everything above the formats (pack/writers.py, shards.py, stats, manifest,
-training/data/builds.py) speaks only this interface. The trainer reads rows at random through
+pipeline/builds/reader.py) speaks only this interface. The trainer reads rows at random through
 `unpacked`, `unpack` and `read_rows`: whatever a format is, it trains from a local folder or a
 URL with no change to the trainer.
 

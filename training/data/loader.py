@@ -231,7 +231,7 @@ CPU = torch.device("cpu")
 
 def collate(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
             out: np.ndarray | None = None) -> dict:
-    """rows: (tokens [seq], starts, hashes or None) as training/data/builds.py gives them; the tokens
+    """rows: (tokens [seq], starts, hashes or None) as pipeline/builds/reader.py gives them; the tokens
     are stacked into `out` when given (a loader worker's shared-memory slot)."""
     tokens = np.stack([t for t, _, _ in rows], out=out)
     T = tokens.shape[1] - 1

@@ -24,8 +24,15 @@ from pathlib import Path
 import numpy as np
 
 from longpack import DataError, TrainingError
-from pipeline import natural_weights, same_tokenizer, tokenizer_label
-from training.data.builds import Build, dataset_fingerprint, open_build, read_manifest
+from pipeline import (
+    Build,
+    dataset_fingerprint,
+    natural_weights,
+    open_build,
+    read_manifest,
+    same_tokenizer,
+    tokenizer_label,
+)
 
 
 def _epoch_seed(seed: int, epoch: int, fingerprint: str) -> int:
@@ -301,7 +308,7 @@ def same_until(a: list, b: list, step: int) -> bool:
 
 class MixedRows:
     """The train (or val) rows of several builds as one id space: source k's row r is
-    bases[k] + r. `check`, `unchecked` and `get` as a single build's rows (training/data/builds.py)."""
+    bases[k] + r. `check`, `unchecked` and `get` as a single build's rows (pipeline/builds/reader.py)."""
 
     def __init__(self, parts: list):
         self.parts = parts

@@ -1,14 +1,14 @@
-"""Where the trainer's rows come from: a build of `pack build` (OUT), local or at a URL
-(docs/TRAIN.md, "Rows and their order").
+"""A finished build (the OUT of `pack build` or `pack import`), local or at a URL, read back at
+random: the trainer's rows and the zoo's evaluation (docs/TRAIN.md, "Rows and their order").
 
     build = open_build("OUT" or "s3://bucket/OUT", cache=Path("run/shard-cache"), ...)
     tokens, starts, hashes = build.train.get(i)    # global row i
 
 One reader, `Rows`, for every shard format: a split's index.json names its format (pipeline's
 `open_format`), which reads rows at random from memory-mapped files; a shard stored compressed,
-or one at a URL, is unpacked or fetched into the cache (data/shard_cache.py) when a row of it is
+or one at a URL, is unpacked or fetched into the cache (builds/cache.py) when a row of it is
 first needed. Every shard is checked once per run before any of its rows is returned
-(data/verify.py); a cached copy that fails is made again once before the shard is blamed.
+(builds/verify.py); a cached copy that fails is made again once before the shard is blamed.
 Rows come as (tokens [seq], segment starts (first 0), document hashes (0 = padding)); with
 `seq` shorter than the build's rows, sample i is window i % k of row i // k.
 """
@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import threading
 from collections import OrderedDict
@@ -27,13 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from longpack import DataError, LongpackError, StorageError, Store, is_url, redact
-from pipeline import ShardError, manifest_lacks, open_format
-from training.config import SIZE
-from training.data.shard_cache import ShardCache
-from training.data.verify import GOOD, ShardChecks, check_ids, file_problem, size_problem
+from pipeline.builds.cache import ShardCache
+from pipeline.builds.verify import GOOD, ShardChecks, check_ids, file_problem, size_problem
+from pipeline.formats import open_format
+from pipeline.formats.base import ShardError
+from pipeline.manifest import manifest_lacks
 
 __all__ = ["Build", "Rows", "Windows", "open_build"]
 
+# --cache-limit as mosaicml-streaming reads it (bytes_to_int in streaming/base/util.py): a
+# number with a unit kb..yb (powers of 1024), or whole bytes with or without "b"
+SIZE = re.compile(r"(?P<number>\d+(\.\d*)?|\.\d+)\s*(?P<unit>[kmgtpezy]b)|(?P<bytes>\d+)b?")
 UNFINISHED = "--shards must be the --out of a finished pack build (its manifest.json comes last)"
 
 
@@ -73,7 +78,7 @@ def read_manifest(location: str) -> dict:
 
 
 def cache_bytes(limit: str) -> int:
-    """--cache-limit in bytes (training/config.py's SIZE: kb..yb are powers of 1024)."""
+    """--cache-limit in bytes (SIZE: kb..yb are powers of 1024)."""
     size = SIZE.fullmatch(str(limit).strip().lower())
     if not size:
         raise DataError(f"cache limit {limit!r}: give a size such as 20gb, 500mb or bytes")

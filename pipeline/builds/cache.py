@@ -1,11 +1,12 @@
-"""The trainer's shard cache: the local files of shards not read where they lie (fetched from a
-URL, or unpacked), at most `limit` bytes, one folder per split under the build's fingerprint.
+"""The shard cache of a build read back: the local files of shards not read where they lie
+(fetched from a URL, or unpacked), at most `limit` bytes, one folder per split under the
+build's fingerprint.
 
 Files go in under a temporary name and are renamed; sizes are read from the folder itself, so
 what another process or an earlier run left counts too. To make room the least recently used
 shards leave, never one in use by a process of the run (fetched, unpacked, checked, opened) nor
 the one going in. The table of last use, users and generation is anonymous shared memory made
-before the loader forks, like data/verify.py's verdicts; a process compares a shard's
+before the loader forks, like builds/verify.py's verdicts; a process compares a shard's
 generation before using its maps and drops maps of removed files, giving their disk back.
 """
 
