@@ -102,6 +102,17 @@ def one_thread_as_under_torchrun():
         torch.set_num_threads(before)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent where xdist is not loaded
+def pytest_xdist_auto_num_workers(config):
+    """pyproject's `-n auto`: the quick loop (`-m "not slow"`) on every core (at most 4), its
+    tests each in their own folders and servers; a run with the slow tests in one process, as
+    they start what the machine has one of: Ray clusters (`ray stop` stops every one here), the
+    one-node Slurm, torchrun pairs that take both cores."""
+    if (config.option.markexpr or "").strip() == "not slow":
+        return min(4, os.cpu_count() or 1)
+    return 0
+
+
 @pytest.fixture(scope="session")
 def slurm():
     """A real one-node Slurm on localhost for the session (about 8 s to install and start on a

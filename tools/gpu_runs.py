@@ -193,7 +193,8 @@ def tests(args) -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     # the plugins named here only: a machine's image may hold others that load its own stack
-    extra = ["-p", "no:cacheprovider", "-q"]
+    # pyproject's addopts name pytest-xdist's flags, a plugin not loaded here unless below
+    extra = ["-p", "no:cacheprovider", "-q", "-o", "addopts="]
     if importlib.util.find_spec("xdist") and not args.smoke:
         extra += ["-p", "xdist.plugin", "-n", str(min(8, os.cpu_count() or 1))]
     if importlib.util.find_spec("pytest_timeout"):

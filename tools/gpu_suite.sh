@@ -91,6 +91,8 @@ if [[ -n $prepare ]]; then
     mkdir -p "$prepare" || exit 2
     specs=$("$py" -c 'import importlib.metadata as m
 print(" ".join(f"{n}=={m.version(n)}" for n in ("zstandard", "numpy")))') || exit 2
+    # and the `gpu` extra (pyproject.toml): Mamba's scan kernels, pure Python over Triton
+    specs+=" fla-core>=0.6 einops"
     # shellcheck disable=SC2086
     exec "$py" -m pip download --no-deps --only-binary=:all: --python-version "$target_python" \
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \

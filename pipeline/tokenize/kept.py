@@ -17,8 +17,8 @@ from longpack.errors import TokenizerError
 from pipeline.tokenize.tokenizer import (
     TIKTOKEN_ENCODINGS,
     Tokenizer,
-    _canonical_ranks,
-    _load_tiktoken_name,
+    canonical_ranks,
+    load_tiktoken_name,
     load_tokenizer,
 )
 
@@ -68,7 +68,7 @@ def tokenizer_bytes(identity: dict) -> bytes:
     source, sha = identity.get("source"), identity.get("sha256")
     if identity.get("kind") == "tiktoken" and source in TIKTOKEN_ENCODINGS and not (
             Path(source).is_file()):
-        data = _canonical_ranks(_load_tiktoken_name(source).reference.impl._mergeable_ranks)
+        data = canonical_ranks(load_tiktoken_name(source).reference.impl._mergeable_ranks)
     else:
         try:
             data = Path(source).read_bytes()

@@ -236,7 +236,7 @@ def load_tokenizer(spec: str, bos: bool = False, engine: str = "reference",
         else:
             tok = _load_tiktoken_file(path, prefetch, encoding)
     elif spec in TIKTOKEN_ENCODINGS:
-        tok = _load_tiktoken_name(spec)
+        tok = load_tiktoken_name(spec)
     elif path.suffix in (".json", ".tiktoken") or os.sep in spec:
         raise TokenizerError(f"tokenizer file not found: {spec}")
     else:
@@ -253,7 +253,7 @@ def load_tokenizer(spec: str, bos: bool = False, engine: str = "reference",
     return tok
 
 
-def _canonical_ranks(ranks: dict[bytes, int]) -> bytes:
+def canonical_ranks(ranks: dict[bytes, int]) -> bytes:
     """The .tiktoken serialization ("base64 rank" lines in rank order) of the official files."""
     return b"".join(base64.b64encode(token) + b" " + str(rank).encode() + b"\n"
                     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]))
@@ -262,7 +262,7 @@ def _canonical_ranks(ranks: dict[bytes, int]) -> bytes:
 def _ranks_sha256(ranks: dict[bytes, int]) -> str:
     """sha256 of the canonical .tiktoken serialization, which equals the sha256 of the official
     ranks file."""
-    return hashlib.sha256(_canonical_ranks(ranks)).hexdigest()
+    return hashlib.sha256(canonical_ranks(ranks)).hexdigest()
 
 
 def _in_background(load: Callable[[], FastEngine] | bool) -> Callable[[], FastEngine] | None:
@@ -293,7 +293,7 @@ def _tiktoken_tokenizer(enc, name: str, source: str, sha256: str, path: Path | N
                      reference=reference, _load_fast=load_fast)
 
 
-def _load_tiktoken_name(name: str) -> Tokenizer:
+def load_tiktoken_name(name: str) -> Tokenizer:
     import tiktoken
 
     try:
