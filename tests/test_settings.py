@@ -74,6 +74,7 @@ def test_an_out_that_is_a_file_is_refused_before_anything_is_read(tmp_path):
     ({"cache_limit": "lots"}, "--cache-limit 'lots'"),
     ({"cache_limit": "0gb"}, "--cache-limit '0gb'"),
     ({"cache_limit": "1.5b"}, "--cache-limit '1.5b'"),  # streaming's reader refuses it too
+    ({"cache_limit": "9" * 400 + "kb"}, "--cache-limit '999"),  # past a float: no OverflowError
     ({"report_to": "console,email"},
      "--report-to 'email': choose from console, jsonl, tensorboard, wandb"),
     ({"precision": "fp8"}, "--precision 'fp8': choose one of fp32, bf16, fp16"),

@@ -17,6 +17,7 @@ import bisect
 import hashlib
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -84,7 +85,10 @@ def cache_bytes(limit: str) -> int:
         raise DataError(f"cache limit {limit!r}: give a size such as 20gb, 500mb or bytes")
     if size["bytes"]:
         return int(size["bytes"])
-    return int(float(size["number"]) * 1024 ** ("kmgtpezy".index(size["unit"][0]) + 1))
+    number = float(size["number"]) * 1024 ** ("kmgtpezy".index(size["unit"][0]) + 1)
+    if not math.isfinite(number):  # more digits than a float holds
+        raise DataError(f"cache limit {limit!r}: too large; give a size such as 20gb or 500mb")
+    return int(number)
 
 
 class Rows:
