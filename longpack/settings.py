@@ -302,9 +302,11 @@ def refuse_unknown(names, known, where: str, prefix: str = "") -> None:
 def read_settings_file(path: str) -> dict:
     """A TOML or YAML file of settings (by its suffix) as a dict; SettingsError naming the file
     when it is not one."""
+    from pathlib import Path
+
     from longpack.errors import SettingsError, install_hint
 
-    text = open(path, "rb").read()
+    text = Path(path).read_bytes()
     if path.endswith((".yaml", ".yml")):
         try:
             import yaml
