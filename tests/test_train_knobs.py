@@ -1,14 +1,13 @@
 """Issue 31, the trainer's knobs the seeds use: the next-token loss and each auxiliary term
 logged apart, `zoo eval` on the run's windows, console steps as metrics.jsonl numbers them, W&B's
-run settings and config, Muon's own settings, the loader's prefetch depth, the nearest name for
-an unknown setting, and the example configs in configs/."""
+run settings and config, Muon's own settings, the loader's prefetch depth and the nearest name for
+an unknown setting (the example configs in configs/: tests/test_configs.py)."""
 
 import dataclasses
 import json
 import sys
 import time
 import types
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +25,6 @@ from training.data.loader import make_batch
 from training.loop import train
 from training.parallel.distributed import launched
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 MOE = ("n_pred_tokens=2", "mod_capacity=0.5")  # MTP and a depth-routed block: every aux term
 
 
@@ -341,54 +339,3 @@ def test_the_nearest_name_in_a_config_file_and_for_model_args(tmp_path, shards):
     assert r.exit_code == 1 and "--model-arg: moe-tiny: unknown setting num_experts (did you " \
         "mean n_experts?)" in " ".join(r.output.split())
     assert not (tmp_path / "r").exists()
-
-
-# -- configs/ -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def build_32k(tmp_path_factory):
-    """A small build of 32k-token rows (the seeds' length), memmap: 7 train rows, 2 val."""
-    from conftest import make_texts, write_byte_ranks, write_jsonl
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
-
-    tmp = tmp_path_factory.mktemp("b32k")
-    write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(600)])
-    build(BuildConfig(out=str(tmp / "out"), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
-                      tokenizer=str(write_byte_ranks(tmp / "gpt2.tiktoken")), seq=32768,
-                      val_fraction=0.2, format="memmap"), show_progress=False)
-    return tmp / "out"
-
-
-def test_configs_ship_the_seeds_runs():
-    names = sorted(p.name for p in CONFIGS.glob("*.toml"))
-    assert names == ["hybrid-5b-dolma.toml", "neox-1.2b-32k-test.toml", "neox-1.2b-32k.toml",
-                     "resonance-large-32k.toml"]
-
-
-@pytest.mark.parametrize("path", [  # the hybrid's FLOPs are measured at 32k: slow on a CPU
-    pytest.param(p, marks=pytest.mark.slow) if p.name.startswith("hybrid") else p
-    for p in sorted(CONFIGS.glob("*.toml"))], ids=lambda p: p.name)
-def test_each_config_loads_and_its_plan_fits_8_gpus(path, build_32k, tmp_path):
-    r = CliRunner().invoke(train_cli, ["--config", str(path), "--shards", str(build_32k),
-                                       "--out", str(tmp_path / "r"), "--dry-run",
-                                       "--world-size", "8", "--json"])
-    assert r.exit_code == 0, r.output
-    plan = json.loads(r.stdout)
-    assert plan["fits"] is True and plan["world_size"] == 8
-    assert "not probed (--world-size 8" in r.stderr  # no 5B probe step on a CPU
-    assert not (tmp_path / "r").exists()
-
-
-@pytest.mark.slow
-def test_the_test_config_trains_and_zoo_eval_gives_its_val_loss(build_32k, tmp_path):
-    run = tmp_path / "r"
-    r = CliRunner().invoke(train_cli, ["--config", str(CONFIGS / "neox-1.2b-32k-test.toml"),
-                                       "--shards", str(build_32k), "--out", str(run),
-                                       "--max-steps", "2", "--eval-every", "2", "--workers", "0"])
-    assert r.exit_code == 0, r.output
-    final = records(run)[-1]
-    got = json.loads(CliRunner().invoke(zoo, ["eval", str(run), "--shards", str(build_32k),
-                                              "--batch-size", "2", "--limit", "4",
-                                              "--json"]).output)
-    assert got["seq"] == 2048 and got["loss"] == pytest.approx(final["val_loss"], abs=1e-5)
