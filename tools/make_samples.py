@@ -41,9 +41,9 @@ DOLMA_ZST_LINES = 150
 DOLMA_COPIED = ("000.json.gz", "cc_en_head-0091.jsonl.gz", "cc_en_head-0174.jsonl.gz")
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
-# Debian 12 documentation packages whose upstream licence is permissive, as their projects state
-# it (the authority for each is the package's /usr/share/doc/PACKAGE/copyright); only rows of
-# these are shipped.
+# Debian 12 documentation packages whose upstream licence is permissive: each as the `Files: *`
+# stanza of the package's /usr/share/doc/PACKAGE/copyright gives it (checked 2026-11-27 in the
+# packages themselves, `apt-get download PACKAGE`); only rows of these are shipped.
 LICENCES = {
     "cmake-doc": "BSD-3-Clause (CMake)",
     "libboost1.74-doc": "BSL-1.0 (Boost Software License)",
@@ -163,8 +163,9 @@ shared corpus (`../shared`), byte for byte, and writes this README; `--check` co
   documentation packages converted to text, one document per page) in FineWeb-Edu's schema;
   `language_score`, `score` and `int_score` come from heuristics, not from FineWeb-Edu's
   models. Each row's `file_path` names its Debian package, and only rows of packages whose
-  upstream licence is permissive were taken (the authority for each is the package's
-  `/usr/share/doc/PACKAGE/copyright` in Debian 12):
+  upstream licence is permissive were taken, each as the `Files: *` stanza of the package's
+  `/usr/share/doc/PACKAGE/copyright` in Debian 12 gives it (checked on 2026-11-27 in the packages
+  themselves, `apt-get download PACKAGE`; cmake-doc's folder links to cmake-data's):
 {licences}
 - `dolma-sample/`: real Dolma-format documents (Common Crawl web text) from the test data of the
   public repository allenai/dolma, which is licensed Apache-2.0 (the Dolma corpus itself is
