@@ -42,8 +42,8 @@ DOLMA_COPIED = ("000.json.gz", "cc_en_head-0091.jsonl.gz", "cc_en_head-0174.json
 GPT2_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 # Debian 12 documentation packages whose upstream licence is permissive: each as the `Files: *`
-# stanza of the package's /usr/share/doc/PACKAGE/copyright gives it (checked 2026-11-27 in the
-# packages themselves, `apt-get download PACKAGE`); only rows of these are shipped.
+# stanza of the package's /usr/share/doc/PACKAGE/copyright gives it (checked in the packages
+# themselves, `apt-get download PACKAGE`); only rows of these are shipped.
 LICENCES = {
     "cmake-doc": "BSD-3-Clause (CMake)",
     "libboost1.74-doc": "BSL-1.0 (Boost Software License)",
