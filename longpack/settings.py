@@ -27,6 +27,7 @@ import os
 import types
 import typing
 from collections.abc import Callable
+from pathlib import Path
 
 ROLES = {
     "output": "shapes the output's bytes: in the fingerprint, the manifest, every repeat",
@@ -302,8 +303,6 @@ def refuse_unknown(names, known, where: str, prefix: str = "") -> None:
 def read_settings_file(path: str) -> dict:
     """A TOML or YAML file of settings (by its suffix) as a dict; SettingsError naming the file
     when it is not one."""
-    from pathlib import Path
-
     from longpack.errors import SettingsError, install_hint
 
     text = Path(path).read_bytes()
