@@ -27,6 +27,7 @@ Mamba chunk is a Q x Q product per head).
 
 import math
 import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -124,6 +125,11 @@ def typed(name: str, value, annotation):
     if value is None and type(None) in kinds:
         return None
     if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > sys.float_info.max:  # float() would raise OverflowError
+            from decimal import Decimal
+
+            raise ValueError(f"{name}: {Decimal(value):.3e} is past the largest number a float "
+                             f"holds ({sys.float_info.max:.3g})")
         return float(value)
     wanted = [k for k in kinds if k is not type(None)]
     if any(isinstance(value, k) and (k is bool or not isinstance(value, bool)) for k in wanted):

@@ -21,6 +21,11 @@ _REMEDY = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk
            errno.EPERM: "make it writable"}
 
 
+def remedy(error: OSError) -> str:
+    """What a user does about an OSError of a write: "free some space", "make it writable"."""
+    return _REMEDY.get(error.errno, "fix it")
+
+
 def temp_name(path: Path) -> Path:
     # The pid keeps two writers apart; the leading dot keeps globs like shard.* off it.
     return path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -35,9 +40,8 @@ def writing(path: Path):
     try:
         yield
     except OSError as e:
-        remedy = _REMEDY.get(e.errno, "fix it")
-        raise OutputError(f"cannot write {path}: {e.strerror or e}; {remedy}, then re-run the "
-                          "same command: it resumes from its last checkpoint") from e
+        raise OutputError(f"cannot write {path}: {e.strerror or e}; {remedy(e)}, then re-run "
+                          "the same command: it resumes from its last checkpoint") from e
 
 
 def write_bytes(path: Path, data: bytes | memoryview, fsync: bool = False) -> None:
@@ -46,8 +50,11 @@ def write_bytes(path: Path, data: bytes | memoryview, fsync: bool = False) -> No
     path = Path(path)
     tmp = temp_name(path)
     with writing(path):
+        # a symlink planted at the temporary name is refused (ELOOP) and left as it is, never
+        # written through nor removed
+        f = open(tmp, "wb", opener=no_follow)
         try:
-            with open(tmp, "wb") as f:
+            with f:
                 f.write(data)
                 if fsync:
                     f.flush()
@@ -57,6 +64,11 @@ def write_bytes(path: Path, data: bytes | memoryview, fsync: bool = False) -> No
             with contextlib.suppress(OSError):  # a read-only disk refuses even this
                 tmp.unlink(missing_ok=True)
             raise
+
+
+def no_follow(path, flags: int) -> int:
+    """open()'s opener that refuses a symlink at the name rather than write where it points."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
 
 
 def write_json(path: Path, obj, fsync: bool = False) -> None:

@@ -35,6 +35,7 @@ PROBE_STEPS = 2  # timed, after one warm-up
 CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
 MIN_PROBE_TOKENS = 16
 GPU_MEMORY = 80 * memory.GIB  # --gpu-memory's default
+MAX_WORLD = 2**20  # --world-size: a bound no cluster reaches, so a typo is one line
 
 
 def plan(cfg: TrainConfig, say=print, world_size: int | None = None,
@@ -48,6 +49,9 @@ def plan(cfg: TrainConfig, say=print, world_size: int | None = None,
                                 "world)")
         if world_size < 1:
             raise SettingsError("--world-size must be at least 1")
+        if world_size > MAX_WORLD:
+            raise SettingsError(f"--world-size must be at most {MAX_WORLD:,} (got {world_size}): "
+                                "far past any cluster")
         procs = distributed.launched()  # one process: nothing is started
         with probe_cache(cfg, procs) as cache:
             return _plan(cfg, cache, say, procs, world_size, gpu_memory)
@@ -204,8 +208,13 @@ def render(p: dict) -> str:
               + (f" (the run stops here: {p['stopped_by_max_epochs']} reaches --max-epochs; "
                  f"--max-steps is {c['max_steps']:,})" if p["stopped_by_max_epochs"] else ""),
               f"  compute     {p['flops']:.3g} FLOPs"]
-    lines += archs.mamba.scan_lines(archs.config(c["model"], **archs.parse_args(
+    scan = archs.mamba.scan_lines(archs.config(c["model"], **archs.parse_args(
         c["model"], list(c["model_args"]))), p["device"])
+    lines += scan
+    if scan and c["compile"]:  # MambaMixer.forward skips LeanMix while torch.compile traces
+        lines.append("  compile     Mamba layers run their plain path under --compile (autograd "
+                     "keeps the mixer's tensors, not LeanMix's recompute): the memory plan "
+                     "below does not model it")
     lines += render_memory(p)
     if len(p["sources"]) > 1:
         for src in p["sources"]:

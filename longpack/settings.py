@@ -24,6 +24,7 @@ same metadata, and the messages name the flag a user typed (docs/STYLE.md).
 import dataclasses
 import math
 import os
+import sys
 import types
 import typing
 from collections.abc import Callable
@@ -128,6 +129,11 @@ def typed(name: str, value, annotation, comma: bool = False):
     if str in wanted and isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)  # a path or a size in a config file may read as a number
     if float in wanted and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > sys.float_info.max:  # float() would raise OverflowError
+            from decimal import Decimal  # formats the int in full precision, no float on the way
+
+            raise ValueError(f"{name} = {Decimal(value):.3e} is past the largest number a "
+                             f"float holds ({sys.float_info.max:.3g})")
         return float(value)
     if any(isinstance(value, k) and (k is bool or not isinstance(value, bool)) for k in wanted):
         return value

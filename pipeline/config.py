@@ -15,6 +15,12 @@ SPLITS = ("train", "val")  # OUT/train, OUT/val
 TOKENIZER_ENGINES = ("auto", "fast", "reference")  # pipeline/tokenize/engines.py
 LAST_ROW_POLICIES = ("pad", "drop")
 ON_ERROR = ("skip", "fail")
+# Upper bounds no real build reaches, so that a typo is one line rather than an OverflowError
+# (--tasks 10**30 sizes a list per task) or a number other readers cannot take.
+MAX_COUNT = 2**62  # tokens, documents: past any corpus; the manifest's readers take int64
+MAX_TASKS = 2**20  # the plan lists every task's share; far past any cluster's job array
+MAX_THREADS = 2**16  # far past any machine's cores (the default is this one's)
+MAX_SHARD_BYTES = 2**40  # 1 TiB of tokens in one file: far past any useful shard
 
 
 @dataclass(frozen=True)
@@ -47,15 +53,16 @@ class BuildConfig:
     format: str = setting("mds", "mds (mosaicml-streaming shards) or memmap (.npy arrays).",
                           choices=FORMATS, role="output")
     workers: int = setting(help="Tokenizer threads (the output does not depend on it).",
-                           factory=lambda: os.cpu_count() or 1, show_default="all cores",
-                           min=1, role="recorded")
+                           factory=lambda: min(os.cpu_count() or 1, MAX_THREADS),
+                           show_default="all cores", min=1, max=MAX_THREADS, role="recorded")
     val_fraction: float = setting(0.0005, "Fraction of documents (by stable hash) in the "
                                   "validation split.", min=0, max=1, max_open=True,
                                   role="output")
     seed: int = setting(0, "Seed of the train/validation split.", role="output")
     max_tokens: int | None = setting(None, "Stop after the document at which the token count "
-                                     "reaches N.", min=1, role="output")
-    limit_docs: int | None = setting(None, "Stop after N documents.", min=1, role="output")
+                                     "reaches N.", min=1, max=MAX_COUNT, role="output")
+    limit_docs: int | None = setting(None, "Stop after N documents.", min=1, max=MAX_COUNT,
+                                     role="output")
     compression: str | None = setting(None, "zstd, zstd:LEVEL (1-22) or none [mds: zstd; "
                                       "memmap: none].", role="output")
     on_error: str = setting("skip", "Bad input: count and log it (skip), or stop (fail).",
@@ -67,13 +74,13 @@ class BuildConfig:
     shard_bytes: int = setting(SHARD_BYTES, "Token bytes per shard (rows per shard = "
                                "shard_bytes // row bytes, at least 1). MDS: at most what keeps "
                                "a shard below 4 GiB even when every token is a document "
-                               "(~610 MB).", min=1, role="output")
+                               "(~610 MB).", min=1, max=MAX_SHARD_BYTES, role="output")
     overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,
                               show_default=False, role="once")
     tasks: int | None = setting(None, "Split the build into N tasks (machines, processes), "
                                 "merged into the same bytes as one build: docs/SCALE.md "
                                 "[LONGPACK_TASK_COUNT, SLURM_ARRAY_TASK_COUNT, or 1].",
-                                metavar="N", min=1, role="run")
+                                metavar="N", min=1, max=MAX_TASKS, role="run")
     task_index: int | None = setting(None, "The task this process runs, 0 to N-1 "
                                      "[LONGPACK_TASK_INDEX, SLURM_ARRAY_TASK_ID - "
                                      "SLURM_ARRAY_TASK_MIN, or every task in turn].", metavar="I",

@@ -188,6 +188,9 @@ def summary(m: dict, out: str) -> str:
     short = short_rows(m)
     if short:
         lines.append(f"  warning     {short}")
+    engine = m.get("tokenizer_engine") or {}
+    if engine.get("note"):  # why fastokens did not encode (auto), or tasks ran other engines
+        lines.append(f"  note        {engine.get('library')} encoded; {engine['note']}")
     rate = t.get("steady_tokens_per_second")
     rate_text = f", {rate / 1e6:.2f} M tokens/s steady" if rate else ""
     if t.get("tasks"):  # a build split into tasks: its rate over the wall time of them all

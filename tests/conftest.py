@@ -51,12 +51,13 @@ def no_streaming_shared_memory_left():
 
 @pytest.fixture(autouse=True)
 def signal_handlers_restored():
-    """SIGINT and SIGTERM as they were before the test: code run in this process that sets them
-    (a loader worker's body ignores both) would leave every later child process ignoring Ctrl+C
-    (an ignored signal is inherited), and the tests that press it would wait in vain."""
+    """SIGINT, SIGTERM and SIGHUP as they were before the test: code run in this process that
+    sets them (a loader worker's body ignores all three) would leave every later child process
+    ignoring Ctrl+C (an ignored signal is inherited), and the tests that press it would wait in
+    vain."""
     import signal
 
-    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     yield
     for s, handler in saved.items():
         if handler is not None and signal.getsignal(s) is not handler:
@@ -65,13 +66,13 @@ def signal_handlers_restored():
 
 def signals_as_from_a_shell():
     """preexec_fn of a child that must take Ctrl+C as a command started from a shell does:
-    SIGINT and SIGTERM at their defaults and unblocked, whatever this test process holds (an
+    SIGINT, SIGTERM and SIGHUP at their defaults and unblocked, whatever this test process holds (an
     ignored or blocked signal is inherited, and Python then installs no KeyboardInterrupt)."""
     import signal
 
-    for s in (signal.SIGINT, signal.SIGTERM):
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
 def run_train_jobs(tmp: Path, jobs: list) -> None:

@@ -369,3 +369,34 @@ def test_the_table_in_train_md_is_the_planners(monkeypatch, capsys):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository first
     runpy.run_path(str(root / "tools" / "plan_table.py"), run_name="__main__")
     assert capsys.readouterr().out.strip() in (root / "docs" / "TRAIN.md").read_text()
+
+
+def test_a_world_size_past_any_cluster_is_one_line():
+    from longpack.dry_run import plan
+
+    with pytest.raises(SettingsError, match=r"--world-size must be at most 1,048,576 \(got "
+                                            r"1073741824\)"):
+        plan(TrainConfig(shards="anywhere"), world_size=2**30)
+
+
+def test_the_dry_run_says_mamba_layers_run_their_plain_path_under_compile(shards):
+    """MambaMixer.forward skips LeanMix while torch.compile traces it: the plan's activations
+    are LeanMix's, so the dry run says they are not what a compiled run keeps."""
+    from longpack.dry_run import render
+
+    said = "  compile     Mamba layers run their plain path under --compile"
+    r = dry_run(shards, "--model", "hybrid-tiny", "--compile", "--world-size", 1, "--json")
+    assert r.exit_code == 0, r.output
+    assert r.stderr.count(said) == 1 and r.stderr.index(said) < r.stderr.index("  memory  ")
+    plan = json.loads(r.stdout)
+    assert said in render(plan)
+    for model, compiled in (("hybrid-tiny", False), ("neox-tiny", True)):  # no line
+        config = {**plan["config"], "model": model, "compile": compiled}
+        assert "  compile  " not in render({**plan, "config": config})
+
+
+def test_a_gpu_memory_past_any_device_is_one_line(shards):
+    r = dry_run(shards, "--gpu-memory", "1e308", "--world-size", 2)  # was an OverflowError
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert r.output.strip().splitlines()[-1] == ("Error: --gpu-memory must be a positive, finite "
+                                                 "number of GiB, at most 1,048,576 (got 1e+308)")

@@ -46,7 +46,7 @@ def test_to_flags_gives_back_the_same_settings_through_the_command_line(tmp_path
 
 @pytest.mark.parametrize("flags,message", [
     (["--seq", "1"], "--seq must be at least 2"),
-    (["--workers", "0"], "--workers must be at least 1"),
+    (["--workers", "0"], f"--workers must be in 1..{2**16}"),
     (["--compression", "zstd:99"], "--compression zstd:99: use zstd, zstd:LEVEL"),
 ])
 def test_a_python_caller_and_the_command_line_get_the_same_one_line_error(tmp_path, flags,
@@ -90,10 +90,17 @@ def test_an_out_that_is_a_file_is_refused_before_anything_is_read(tmp_path):
     ({"seed": 2**64}, r"--seed must be in \[0, 9223372036854775808\) \(got 18446744073709551616\): "
      "torch and numpy take seeds of 64 bits"),  # was a ValueError from torch
     ({"seed": -1}, r"--seed must be in \[0, 9223372036854775808\)"),
-    ({"batch_size": 0}, r"--batch-size must be at least 1 \(got 0\)"),
+    ({"batch_size": 0}, r"--batch-size must be in 1..1048576 \(got 0\)"),
     ({"batch_size": 2.0}, r"--batch-size = 2.0 is not a whole number"),
     ({"compile": 1}, r"--compile = 1 is not true or false"),
     ({"muon_ns_steps": 100, "optimizer": "muon"}, r"--muon-ns-steps must be in 1..99"),
+    # past a float: was an OverflowError from float()
+    ({"lr": 10**400}, r"--lr = 1.000e\+400 is past the largest number a float holds"),
+    # each within its bound, together past the rows the row order counts in int64
+    ({"max_steps": 2**40, "batch_size": 1024},
+     r"1,099,511,627,776 steps \(--max-steps, or --total-tokens over a step's tokens\) x "
+     r"--batch-size 1,024 x --grad-accum 1 is 1,125,899,906,842,624 rows a process, past the "
+     r"4,398,046,511,104 \(2\*\*42\)"),
 ])
 def test_train_settings_are_validated_in_the_dataclass(settings, message):
     with pytest.raises(SettingsError, match=message):
@@ -139,6 +146,9 @@ def test_a_config_file_with_an_unknown_or_renamed_setting_is_one_line(tmp_path):
     ("batch_size = [1, 2]", "batch_size = [1, 2] is not a whole number"),  # was a traceback
     ("seq = {a = 1}", "seq = {'a': 1} is not a whole number"),
     ("compile = 1", "compile = 1 is not true or false"),
+    ("lr = " + "9" * 400, "lr = 1.000e+400 is past the largest number a float holds (1.8e+308)"),
+    ("max_steps = 1" + "0" * 30, f"max_steps must be in 1..{2**48} (got 1{'0' * 30})"),
+    # was an OverflowError from numpy's int64
     ('shards = ["a", 2.5]\nmax_steps = 3', None),  # text: a path may look like a number
 ])
 def test_a_config_file_value_of_the_wrong_type_is_one_line_not_cast(tmp_path, text, says):
@@ -176,7 +186,7 @@ def test_the_models_copy_of_the_checker_agrees_with_the_settings_one():
             return ValueError
 
     for annotation in (int, float, bool, int | None, float | None):
-        for value in (1, 1.5, 2.0, True, None, "1", [1]):
+        for value in (1, 1.5, 2.0, True, None, "1", [1], 10**400):  # past a float: refused
             assert outcome(settings.typed, value, annotation) == outcome(
                 limits.typed, value, annotation), (annotation, value)
 
@@ -195,3 +205,45 @@ def test_every_boolean_setting_can_be_turned_off_on_the_command_line(tmp_path):
     assert ctx.params["fsdp"] is False
     ctx = train.make_context("train", ["--config", str(config)])
     assert ctx.params["fsdp"] is True
+
+
+BIG = str(10**30)  # past a C long
+STEPS, ROWS = 2**48, 2**20  # training/config.py's MAX_STEPS, MAX_ROWS
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--max-steps", BIG], f"--max-steps must be in 1..{STEPS}"),  # was an OverflowError
+    (["--total-tokens", BIG], f"--total-tokens must be in 1..{STEPS}"),
+    (["--warmup", BIG], f"--warmup must be in 0..{STEPS}"),
+    (["--schedule", "cosine-restarts", "--restart-every", BIG],
+     f"--restart-every must be in 1..{STEPS}"),
+    (["--save-every", BIG], f"--save-every must be in 1..{STEPS}"),
+    (["--keep-last", BIG], f"--keep-last must be in 1..{STEPS}"),
+    (["--eval-every", BIG], f"--eval-every must be in 1..{STEPS}"),
+    (["--log-every", BIG], f"--log-every must be in 1..{STEPS}"),
+    (["--batch-size", BIG], f"--batch-size must be in 1..{ROWS}"),
+    (["--grad-accum", BIG], f"--grad-accum must be in 1..{ROWS}"),
+    (["--eval-batches", BIG], f"--eval-batches must be in 1..{ROWS}"),
+    (["--workers", BIG], "--workers must be in 0..1024"),
+    (["--prefetch", BIG], "--prefetch must be in 1..1024"),  # was an OverflowError from mmap
+])
+def test_a_train_count_past_any_real_run_is_one_line_naming_its_flag(tmp_path, flags, says):
+    r = CliRunner().invoke(train, ["--shards", str(tmp_path), "--out", str(tmp_path / "run"),
+                                   "--dry-run", *flags])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output == f"Error: {says} (got {BIG})\n", r.output
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--tasks", BIG], f"--tasks must be in 1..{2**20}"),  # was an OverflowError
+    (["--max-tokens", BIG], f"--max-tokens must be in 1..{2**62}"),
+    (["--limit-docs", BIG], f"--limit-docs must be in 1..{2**62}"),
+    (["--format", "memmap", "--shard-bytes", BIG], f"--shard-bytes must be in 1..{2**40}"),
+    (["--workers", BIG], f"--workers must be in 1..{2**16}"),
+])
+def test_a_build_count_past_any_real_build_is_one_line_naming_its_flag(tmp_path, flags, says):
+    r = CliRunner().invoke(pack, ["build", "--out", str(tmp_path / "out"), "--dataset", "jsonl",
+                                  "--input", str(tmp_path / "none.jsonl"), *flags])
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert r.output == f"Error: {says} (got {BIG})\n", r.output
+    assert not (tmp_path / "out").exists()

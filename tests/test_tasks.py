@@ -285,7 +285,7 @@ def test_a_different_task_count_or_a_single_build_is_refused_into_a_tasked_build
 @pytest.mark.parametrize("kw,message", [
     ({"tasks": 2, "max_tokens": 100}, "--max-tokens and --limit-docs cut the document order"),
     ({"tasks": 2, "task_index": 2}, r"--task-index 2 is not a task of --tasks 2 \(0 to 1\)"),
-    ({"tasks": 0}, "--tasks must be at least 1"),
+    ({"tasks": 0}, r"--tasks must be in 1..1048576 \(got 0\)"),
 ])
 def test_bad_task_settings_are_one_line(tmp_path, jsonl_corpus, byte_tokenizer, kw, message):
     with pytest.raises(SettingsError, match=message):

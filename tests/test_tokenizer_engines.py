@@ -1,6 +1,7 @@
 """The fast engine (fastokens) gives the reference library's ids, and is refused where it does not."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -222,3 +223,41 @@ def test_a_100_mb_document_is_packed_whole_by_every_engine(tmp_path, real_text, 
         assert not any(m["counts"]["skipped"].values())
     if len(engines) == 2:
         assert tree(tmp_path / "out-fast") == tree(tmp_path / "out-reference")
+
+
+def test_ranks_the_fast_engine_cannot_load_are_built_by_the_reference_with_a_note(tmp_path):
+    """A ranks file with a token that is no merge of two lower-ranked ones ("xyz": neither
+    "xy" nor "yz" is a token): tiktoken takes it (BPE never makes it), fastokens refuses to
+    decompose it. `auto` builds with tiktoken and says so once; `fast` is one line."""
+    import base64
+
+    from click.testing import CliRunner
+
+    from conftest import make_texts, write_jsonl
+    from pipeline.cli import pack
+
+    tok = ranks_with_merges(tmp_path / "gpt2.tiktoken")
+    ranks = len(tok.read_bytes().splitlines())
+    with open(tok, "ab") as f:
+        f.write(base64.b64encode(b"xyz") + b" " + str(ranks).encode() + b"\n")
+    reference = load_tokenizer(str(tok))
+    assert reference.decode([ranks]) == "xyz"  # tiktoken took it
+    assert reference.encode_flat(["alpha xyz"])[0].tolist() == [*reference.encode_flat(
+        ["alpha"])[0], *reference.encode_flat([" "])[0], ord("x"), ord("y"), ord("z")]
+    with pytest.raises(TokenizerError, match=r"^--tokenizer-engine fast: fastokens cannot load "
+                                             + re.escape(str(tok)) + r" \(.*decompose"):
+        load_tokenizer(str(tok), engine="fast")
+    corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(40)])
+    r = CliRunner().invoke(pack, ["build", "--out", str(tmp_path / "auto"), "--dataset", "jsonl",
+                                  "--input", str(corpus), "--tokenizer", str(tok), "--seq", "64",
+                                  "--val-fraction", "0.2", "--shard-bytes", str(64 * 2 * 8)])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    notes = [line for line in r.output.splitlines() if line.startswith("  note ")]
+    assert len(notes) == 1 and notes[0].startswith(
+        f"  note        tiktoken encoded; fastokens not used: fastokens cannot load {tok} (")
+    assert "decompose" in notes[0], r.output
+    m = json.loads((tmp_path / "auto" / "manifest.json").read_text())
+    assert m["tokenizer_engine"]["library"] == "tiktoken"
+    built = build_with(tmp_path, corpus, tok, "reference", "reference")
+    assert m["fingerprint"] == built["fingerprint"]
+    assert tree(tmp_path / "auto") == tree(tmp_path / "reference")

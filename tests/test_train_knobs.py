@@ -302,7 +302,7 @@ def test_prefetch_is_how_many_batches_a_worker_builds_ahead(prefetch):
     time.sleep(0.2)  # and then a while in which a worker that did not wait would read on
     assert rows.reads.value == 1 + prefetch  # row 0, read once for the slots' layout
     stream.close()
-    with pytest.raises(SettingsError, match="--prefetch must be at least 1"):
+    with pytest.raises(SettingsError, match=r"--prefetch must be in 1\.\.1024 \(got 0\)"):
         TrainConfig(shards="x", prefetch=0)
 
 

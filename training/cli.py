@@ -104,9 +104,9 @@ def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **setti
              is not click.core.ParameterSource.DEFAULT]
     if given and not dry_run:
         raise click.UsageError(f"{', '.join(given)}: only with --dry-run (they shape its plan)")
-    if not 0 < gpu_memory < float("inf"):
-        raise click.UsageError(f"--gpu-memory must be a positive, finite number of GiB (got "
-                               f"{gpu_memory})")
+    if not 0 < gpu_memory <= 2**20:  # 1 PiB, past any device; its bytes (x 2**30) an int
+        raise click.UsageError(f"--gpu-memory must be a positive, finite number of GiB, at most "
+                               f"{2**20:,} (got {gpu_memory})")
     if list_models:
         from archs.zoo.cli import presets_of_build
 

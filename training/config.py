@@ -12,6 +12,18 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "muon")
 REPORT_TO = ("console", "jsonl", "tensorboard", "wandb")
 MUON_DEFAULTS = {"muon_lr": None, "muon_momentum": 0.95, "muon_ns_steps": 5}
+# Upper bounds no real run reaches, so that a typo (--max-steps 10**30) is one line here rather
+# than an OverflowError in numpy's int64 row arithmetic or a run of 4e17 days. Steps and tokens
+# share one: 2**48 tokens is ~8x the largest published pretraining runs, 2**48 steps ~9,000
+# years at a millisecond each; and since a step takes at least one token, the steps
+# --total-tokens becomes are within --max-steps's bound too.
+MAX_STEPS = 2**48
+MAX_ROWS = 2**20  # a micro-batch's rows, micro-steps or val batches: far past any device's
+MAX_PROCESSES = 1024  # loader processes, or batches each builds ahead (shared memory, semaphores)
+# The row order counts a run's rows in int64 (training/data/mixture.py): the rows one process
+# draws (steps x batch x micro-steps) times up to 2**20 processes (the dry run's --world-size
+# bound) stay below 2**62, with room for the steps drawn ahead in a block.
+MAX_RUN_ROWS = 2**42
 
 
 @dataclass(frozen=True)
@@ -52,16 +64,17 @@ class TrainConfig:
                                   "it is uploaded [~/.cache/longpack/staging].", metavar="DIR")
     batch_size: int = setting(
         8, "Samples per device per micro-step (the global batch is this x grad_accum x "
-        "processes).", min=1)
-    grad_accum: int = setting(1, "Micro-steps per optimizer step.", min=1)
+        "processes).", min=1, max=MAX_ROWS)
+    grad_accum: int = setting(1, "Micro-steps per optimizer step.", min=1, max=MAX_ROWS)
     max_steps: int = setting(100, "Optimizer steps to train (ignored when --total-tokens is "
-                             "given).", min=1)
+                             "given).", min=1, max=MAX_STEPS)
     total_tokens: int | None = setting(
-        None, "Train for this many tokens: steps = ceil(total_tokens / tokens per step).", min=1)
+        None, "Train for this many tokens: steps = ceil(total_tokens / tokens per step).", min=1,
+        max=MAX_STEPS)
     lr: float = setting(3e-4, "Peak learning rate.", min=0, min_open=True)
     min_lr: float = setting(3e-5, "Learning rate at the end of the decay (at most --lr).",
                             min=0)
-    warmup: int = setting(10, "Linear warmup steps.", min=0)
+    warmup: int = setting(10, "Linear warmup steps.", min=0, max=MAX_STEPS)
     schedule: str = setting(
         "cosine", "cosine: warmup, cosine to min_lr; wsd: warmup, stable, last 20% linear to "
         "min_lr; constant: warmup, then lr; onecycle: from lr/25 up to lr over the warmup (30% "
@@ -70,7 +83,7 @@ class TrainConfig:
         "(SGDR).", choices=SCHEDULES)
     restart_every: int | None = setting(
         None, "cosine-restarts: steps of each cosine cycle after the warmup.", metavar="STEPS",
-        min=1)
+        min=1, max=MAX_STEPS)
     optimizer: str = setting(
         "adamw", "adamw, or muon (torch.optim.Muon on 2-D hidden weights, AdamW on the rest).",
         choices=OPTIMIZERS)
@@ -90,6 +103,10 @@ class TrainConfig:
         "on GPUs.", choices=PRECISIONS)
     clip: float = setting(1.0, "Gradient-norm clipping (0 = off).", min=0,
                           why="0 turns clipping off; a negative norm would flip every gradient")
+    max_skipped_steps: int = setting(
+        3, "Stop the run after this many optimizer steps in a row whose loss or gradient norm "
+        "is NaN or infinite (each such update is skipped on the device and counted).", min=1,
+        max=MAX_STEPS, metavar="N")
     seed: int = setting(0, "Seed of the row order and of the model's initialization.", min=0,
                         max=2**63, max_open=True, why="torch and numpy take seeds of 64 bits")
     doc_mask: bool = setting(True, "Keep attention (or convolution) inside documents.")
@@ -106,29 +123,31 @@ class TrainConfig:
         "memory, one more forward of each block.", switch=True, show_default=False)
     workers: int = setting(
         2, "Background processes that read and assemble batches (0 = in the training "
-        "process).", min=0)
+        "process).", min=0, max=MAX_PROCESSES)
     prefetch: int = setting(
         4, "Batches each --workers process builds ahead (its slots of shared memory).",
-        metavar="N", min=1)
+        metavar="N", min=1, max=MAX_PROCESSES)
     cache: str | None = setting(
         None, "Local directory for MDS shards, decompressed (and downloaded when --shards is "
         "a URL); default: shard-cache/ inside --out.")
     cache_limit: str = setting(
         "100gb", "Most disk the shard cache may use (e.g. 20gb); the coldest shards are evicted "
         "beyond it.")
-    save_every: int = setting(50, "Steps between checkpoints (and one at the end).", min=1)
-    keep_last: int = setting(3, "Checkpoints kept.", min=1)
+    save_every: int = setting(50, "Steps between checkpoints (and one at the end).", min=1,
+                              max=MAX_STEPS)
+    keep_last: int = setting(3, "Checkpoints kept.", min=1, max=MAX_STEPS)
     eval_every: int = setting(
-        50, "Steps between evaluations on the build's val split (and one at the end).", min=1)
+        50, "Steps between evaluations on the build's val split (and one at the end).", min=1,
+        max=MAX_STEPS)
     eval_batches: int = setting(
         4, "Batches of --batch-size val rows per evaluation (the first rows of val, in "
-        "order).", min=1)
+        "order).", min=1, max=MAX_ROWS)
     report_to: tuple[str, ...] = setting(
         ("console", "jsonl"), "Where metrics go, comma-separated: console, jsonl (always "
         "written), tensorboard, wandb. (Not --log: torchrun reads that as an abbreviation of its "
         "own --log-dir.)", choices=REPORT_TO, comma=True)
     log_every: int = setting(10, "Steps between console lines (metrics.jsonl gets every step).",
-                             min=1)
+                             min=1, max=MAX_STEPS)
     wandb_project: str = setting("longpack", "--report-to wandb: the W&B project.")
     wandb_run_name: str | None = setting(
         None, "--report-to wandb: the W&B run's name [the --out folder's name].", metavar="NAME")
@@ -188,6 +207,13 @@ def rules(cfg: TrainConfig) -> None:
     """What ties settings together (each one's own range and choices are declared on its
     field): one SettingsError for the first that fails."""
     cfg.mixture()  # names, shares, stages and epochs: one line each
+    rows = cfg.max_steps * cfg.batch_size * cfg.grad_accum
+    if cfg.total_tokens is None and rows > MAX_RUN_ROWS:
+        raise SettingsError(f"{cfg.max_steps:,} steps (--max-steps, or --total-tokens over a "
+                            f"step's tokens) x --batch-size {cfg.batch_size:,} x --grad-accum "
+                            f"{cfg.grad_accum:,} is {rows:,} rows a process, past the "
+                            f"{MAX_RUN_ROWS:,} (2**42) a run counts, far past any real run: "
+                            "lower one of them")
     if (cfg.schedule == "cosine-restarts") != (cfg.restart_every is not None):
         raise SettingsError("--schedule cosine-restarts takes --restart-every STEPS (and only "
                             "it does)")

@@ -24,6 +24,7 @@ from longpack import DataError, TrainingError, is_url, redact, staging_folder
 from training.checkpoints import checkpoint
 from training.checkpoints.upload import RemoteRun
 from training.config import TrainConfig
+from training.console import Console
 from training.data.loader import StepBatches, batches, model_inputs
 from training.data.mixture import (
     MixedOrder,
@@ -48,7 +49,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
     the main process every step's record, those before a resume read back from
     metrics.jsonl; on the others, the records of the steps this call ran."""
     with distributed.processes(group=cfg.fsdp) as procs:
-        log = log if procs.main else (lambda _: None)
+        log = Console(log) if procs.main else (lambda _: None)  # a lost reader: lines dropped
         run, remote = run_folder(cfg)
         check_installed(cfg.report_to)
         # -- resume point (fetched from the bucket, if any) and its model: checked before the
@@ -56,6 +57,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         # failure here made under --out (a fetched checkpoint, the shard cache) goes again, so a
         # refused run leaves nothing behind ------------------------------------------------------
         with removed_on_failure(run):
+            checkpoint.check_names(run)  # names a save writes: refused now, not after steps
             resume = fetch_remote_checkpoint(run, remote, resume, procs)
             found = same_on_every_process(checkpoint.find(run, resume, log), run, remote, procs, log)
             if found:
@@ -112,12 +114,13 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 f"{cfg.max_steps} steps)" if step < last else
                 f"{name} reached --max-epochs at step {last}: the run is complete")
         eta = Eta(last)
+        skips = SkippedSteps(cfg.max_skipped_steps)
         if step < last:  # said before step 0, which may take a while (compiling, a GPU warming)
             log(f"training {cfg.model} ({model.num_params():,} parameters) for steps {step} to "
                 f"{last - 1} of {order.global_batch} x {data.seq - 1} tokens on {procs.world} "
                 f"{device.type} process{'es' if procs.world > 1 else ''}"
                 + (": the first step compiles the model" if cfg.compile else ""))
-        # -- steps: SIGINT/SIGTERM finish the step in hand, save, and return (the CLI exits 0);
+        # -- steps: SIGINT/SIGTERM/SIGHUP finish the step in hand, save, and return (the CLI exits 0);
         # a second one aborts (the last complete checkpoint stays) ------------------------------
         with stop_requested(log) as stop, uploads_finished(remote, log), \
                 contextlib.closing(metrics) if metrics else contextlib.nullcontext(), \
@@ -149,19 +152,23 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                     stopping = stopping or distributed.anyone(stop.requested, procs)
                 if not (reading or stopping):
                     continue
-                records = finished(pending, run, model, data, step_tokens, peak, procs.world)
+                records = finished(pending, model, data, step_tokens, peak, procs.world)
                 pending = []
                 if evaluating:
                     records[-1].update(evaluate(model, data, cfg, procs) or {})
                 for record in records:
                     record.update(eta.after(record["step"]))
+                    skips.count(record)
                     history.append(record)
                     if metrics:
                         metrics.write(record)
                     if "console" in cfg.report_to and (record["step"] % cfg.log_every == 0
                                                        or "val_loss" in record):
                         log(console_line(record, last))
+                    if record.get("skipped"):
+                        log(skips.after(record, run))
                 if saving or stopping:
+                    check_weights(model, step, run, procs)
                     if procs.main and remote:
                         remote.wait()  # the previous checkpoint's upload, if still running
                     saved = checkpoint.save(run, step, state, checkpoint.capture(
@@ -174,18 +181,16 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         return history
 
 
-def finished(pending: list, run: Path, model, data: Sources, step_tokens: int, peak,
+def finished(pending: list, model, data: Sources, step_tokens: int, peak,
              world: int) -> list[dict]:
     """The pending steps' records, their device numbers read in one copy (read_steps). Their
     time is the interval's wall clock shared out evenly (a GPU's steps run behind the CPU's
-    queueing of them). A loss that is not finite stops the run, naming its step."""
+    queueing of them). A step whose update was skipped has `skipped` true, and its numbers
+    that are not finite as None (JSON has no NaN), named in `nonfinite`."""
     numbers = read_steps([out for _, out, _ in pending])
     seconds = (time.perf_counter() - pending[0][2]) / len(pending)
     records = []
     for (record, _, _), n in zip(pending, numbers):
-        if n["loss"] is not None and not math.isfinite(n["loss"]):
-            raise TrainingError(f"loss is {n['loss']} at step {record['step']}; the last good "
-                                f"checkpoint is in {run} (resume from it with a lower --lr)")
         done = {"step": record.pop("step"), "loss": n["loss"], **loss_terms(n["terms"]),
                 "targets": n["targets"], "lr": record.pop("lr"), "grad_norm": n["grad_norm"],
                 "tokens": record.pop("tokens"), "batch": record.pop("batch"),
@@ -194,8 +199,59 @@ def finished(pending: list, run: Path, model, data: Sources, step_tokens: int, p
         if peak:
             flops = model.flops_per_token(data.seq - 1) * step_tokens
             done["mfu"] = flops / seconds / (peak * world)
+        if n["skipped"]:
+            bad = [k for k, v in done.items() if isinstance(v, float) and not math.isfinite(v)]
+            done.update({k: None for k in bad}, skipped=True, nonfinite=bad)
         records.append({**done, **record})  # then memory_gib, each source's counts
     return records
+
+
+class SkippedSteps:
+    """The steps whose update was skipped for a non-finite loss or gradient norm (train_step
+    skips them on the device; their records say so when next read): each is said, and
+    --max-skipped-steps of them in a row stop the run. Seen when the steps' numbers are read
+    (every --log-every steps), so a run may skip up to --log-every updates more before it
+    stops; the weights stay as they were before the first."""
+
+    def __init__(self, limit: int):
+        self.limit, self.in_a_row, self.total = limit, 0, 0
+
+    def count(self, record: dict) -> None:
+        self.in_a_row = self.in_a_row + 1 if record.get("skipped") else 0
+        self.total += bool(record.get("skipped"))
+        if record.get("skipped"):
+            record["skipped_in_a_row"] = self.in_a_row
+
+    def after(self, record: dict, run: Path) -> str:
+        """The console's line for a skipped step; at the limit, the run's end (raised)."""
+        what = " and ".join(k.replace("_", " ") for k in record["nonfinite"]) or "loss"
+        line = (f"step {record['step']}: the {what} is not finite: its update was skipped "
+                f"({self.in_a_row} in a row, {self.total} in this run; "
+                f"--max-skipped-steps {self.limit})")
+        if self.in_a_row >= self.limit:
+            raise TrainingError(
+                f"{self.in_a_row} steps in a row (to step {record['step']}) had a loss or "
+                f"gradient norm that is not finite and were skipped: the run stops; the last "
+                f"checkpoint is in {run} (resume from it with a lower --lr, or look at those "
+                "steps' batches in metrics.jsonl)")
+        return line
+
+
+def check_weights(model, step: int, run: Path, procs) -> None:
+    """No checkpoint of weights that are not finite (an update skipped for a non-finite
+    gradient keeps them finite; this stops anything else): the first such parameter is named,
+    and the run stops before it saves. One host read, at a save."""
+    from torch.distributed.tensor import DTensor
+
+    names, params = zip(*model.named_parameters())
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    good = torch.stack([torch.isfinite(p.detach()).all() for p in local])
+    bad = distributed.anyone(not bool(good.all()), procs)
+    if bad:
+        first = next((n for n, ok in zip(names, good.tolist()) if not ok), "on another process")
+        raise TrainingError(f"the weights ({first}) are not finite at step {step}: no "
+                            f"checkpoint is written; the last good checkpoint is in {run} "
+                            "(resume from it with a lower --lr)")
 
 
 def run_folder(cfg: TrainConfig) -> tuple[Path, RemoteRun | None]:
@@ -266,12 +322,16 @@ class StopRequest:
     requested = False
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def stop_requested(log=print):
-    """SIGINT and SIGTERM set `.requested` instead of stopping the process, while the block
-    runs, and say so at once; a second one raises KeyboardInterrupt there and then (a step of an
-    hour need not be waited for; the last complete checkpoint stays, as after a kill). Handlers
-    can be set in the main thread only; elsewhere nothing is caught."""
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal) set `.requested` instead of stopping the
+    process, while the block runs, and say so at once; a second one raises KeyboardInterrupt
+    there and then (a step of an hour need not be waited for; the last complete checkpoint
+    stays, as after a kill). Handlers can be set in the main thread only; elsewhere nothing is
+    caught."""
     stop, previous = StopRequest(), {}
     if threading.current_thread() is threading.main_thread():
         def handler(*_):
@@ -282,7 +342,7 @@ def stop_requested(log=print):
             stop.requested = True
             log("stopping after the step in hand, with a checkpoint (Ctrl+C again to stop "
                 "at once)")
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
     try:
         yield stop
     finally:
@@ -330,9 +390,10 @@ def evaluate(model, data: Sources, cfg: TrainConfig, procs) -> dict | None:
     val: the sum of the next-token loss (model.loss's `ce`, as the record's lm_loss; hence
     `val_lm_loss`, equal to `val_loss`) of every real target over their number (all processes
     together; padding counts for nothing), so it does not depend on how the samples are
-    batched. The batches are shared out over the processes. A mixture also reports each
-    source's (`val_loss/NAME`); `val_loss` is over all of them. None without val rows, or if
-    those samples are padding only."""
+    batched. The batches are shared out over the processes, each running as many forwards
+    (split_loss pads with masked batches: a sharded forward is collective). A mixture also
+    reports each source's (`val_loss/NAME`); `val_loss` is over all of them. None without val
+    rows, or if those samples are padding only."""
     out, loss_sum, targets = {}, 0.0, 0
     for name, val in data.vals:
         if val is None:
@@ -365,10 +426,13 @@ def resolved_config(cfg: TrainConfig, model, data: Sources, world: int, order,
                     step_tokens: int) -> dict:
     """What W&B records as the run's config: the settings as the run resolved them
     (--total-tokens as max_steps), and what they came to: the processes, the sample length,
-    the global batch, tokens per step, the model's full config and its parameters."""
+    the global batch, tokens per step, the model's full config and its parameters, and the
+    tokenizer the ids were made with (its sha256: what the checkpoints hold builds to)."""
+    tok = data.manifest["tokenizer"]
     return {**cfg.to_dict(), "world_size": world, "seq": data.seq,
             "global_batch": order.global_batch, "tokens_per_step": step_tokens,
-            "model_config": dataclasses.asdict(model.cfg), "params": model.num_params()}
+            "model_config": dataclasses.asdict(model.cfg), "params": model.num_params(),
+            "tokenizer": {k: tok.get(k) for k in ("name", "sha256", "vocab_size", "eos_id")}}
 
 
 def source_counts(data: Sources, order: MixedOrder, steps: int) -> dict:
@@ -411,7 +475,7 @@ def console_line(r: dict, total: int) -> str:
     extra += f" ETA {'-' if eta is None else duration(eta)}"  # "-": known after one more step
 
     def number(key):
-        return "-" if r.get(key) is None else f"{r[key]:.4f}"  # "-": padding only
+        return "-" if r.get(key) is None else f"{r[key]:.4f}"  # "-": padding only, or skipped
 
     losses = f"loss {number('loss')} lm {number('lm_loss')}"
     if any(k.startswith("aux/") for k in r):  # a model with auxiliary terms (MoE)
@@ -419,4 +483,5 @@ def console_line(r: dict, total: int) -> str:
     width = len(str(total))
     return (f"step {r['step']:>{width}} ({r['step'] + 1:>{width}}/{total}, "
             f"{100 * r['progress']:.1f}%) {losses} lr {r['lr']:.2e} "
-            f"grad {r['grad_norm']:.2f} {r['tokens_per_second']:,.0f} tok/s{extra}")
+            f"grad {'-' if r['grad_norm'] is None else format(r['grad_norm'], '.2f')} "
+            f"{r['tokens_per_second']:,.0f} tok/s{extra}")

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from longpack import SettingsError, install_hint, write_bytes
+from longpack.atomic import no_follow, writing
 
 # Dense bf16 peak FLOP/s by device name, for MFU (vendor datasheets).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -75,7 +76,8 @@ class MetricsLog:
         return [json.loads(line) for line in kept]
 
     def write(self, record: dict) -> None:
-        with open(self.path, "a") as f:
+        # a full disk is one line naming the file; a symlink at its name is never written through
+        with writing(self.path), open(self.path, "a", opener=no_follow) as f:
             f.write(json.dumps(record) + "\n")
         numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
         if self.tb is not None:

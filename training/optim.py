@@ -48,10 +48,17 @@ class Muon(torch.optim.Muon):
         momentum, runs torch's Muon update on them (Newton-Schulz needs the whole matrix), and
         keeps its own shard of the results, so the update equals unsharded Muon's (to float
         rounding: tests/test_train_fsdp.py). The whole of one matrix is held at a time; every
-        process computes every matrix's update (the simple way, not the cheapest)."""
-        if not any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
-            return super().step(closure)
+        process computes every matrix's update (the simple way, not the cheapest).
+
+        `self.found_inf` (a 0-d tensor, as fused AdamW takes it; set by the trainer's step):
+        where it is non-zero the update is skipped on the device, parameters and momentum
+        kept as they were, with no read of the flag to the host."""
         from torch.optim._muon import _single_tensor_muon
+
+        found_inf = getattr(self, "found_inf", None)
+        sharded = any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"])
+        if not sharded and found_inf is None:
+            return super().step(closure)
 
         loss = None
         if closure is not None:
@@ -70,7 +77,18 @@ class Muon(torch.optim.Muon):
                 buf = state["momentum_buffer"]
                 whole = [t.full_tensor() if isinstance(t, DTensor) else t
                          for t in (p.detach(), p.grad, buf)]
+                if found_inf is not None:  # updated in copies, kept only where the step is good
+                    before = whole[0], whole[2]
+                    whole = [whole[0].clone(), whole[1], whole[2].clone()]
                 _single_tensor_muon(*matrices(*whole), **settings, has_complex=False)
+                if found_inf is not None:
+                    keep = found_inf.to(p.device) != 0
+                    whole[0] = torch.where(keep, before[0], whole[0])
+                    whole[2] = torch.where(keep, before[1], whole[2])
+                    if not isinstance(p, DTensor):
+                        p.copy_(whole[0])
+                        buf.copy_(whole[2])
+                        continue
                 for target, value in ((p, whole[0]), (buf, whole[2])):
                     if isinstance(target, DTensor):  # this process's shard of the result
                         target.to_local().copy_(distribute_tensor(
@@ -101,8 +119,9 @@ def make_optimizers(model: nn.Module, cfg) -> list[torch.optim.Optimizer]:
     groups = param_groups(model)
     decayed = [p for role in DECAYED for p in groups.get(role, [])]
     plain = [p for role, ps in groups.items() if role not in DECAYED for p in ps]
-    fused = next(model.parameters()).is_cuda
-    adamw = dict(lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
+    # fused on every device: its kernel takes `found_inf`, so that a step with a non-finite
+    # loss or gradient is skipped on the device, with no host read (training/step.py)
+    adamw = dict(lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
     if cfg.optimizer == "adamw":
         return [torch.optim.AdamW([{"params": decayed, "weight_decay": cfg.weight_decay},
                                    {"params": plain, "weight_decay": 0.0}], **adamw)]

@@ -49,7 +49,8 @@ class StepResult:
     synchronisation and the CPU can queue the next one: the loop reads many steps' values in
     one copy (`read_steps`)."""
     names: tuple[str, ...]  # model.loss's scalars, "loss" first
-    values: torch.Tensor  # float64: each name's sum x real targets, then real targets, grad norm
+    values: torch.Tensor  # float64: each name's sum x real targets, real targets, grad norm,
+    # 1.0 if the update was skipped (a non-finite loss or gradient norm: `nonfinite`)
     lr: float
     forward_backward_seconds: float  # by `clock`
     update_seconds: float
@@ -62,15 +63,17 @@ def read_steps(results: list[StepResult]) -> list[dict]:
     """Each step's numbers on the host, all in one copy: {"loss": the mean over the global
     batch's real targets (None: the step had none, windows of padding only), "targets": their
     number, "grad_norm": before clipping, "terms": each other scalar of model.loss's dict (ce,
-    aux, MoE's terms) as the same weighted mean}."""
+    aux, MoE's terms) as the same weighted mean, "skipped": the update was skipped (its loss or
+    gradient norm not finite)}."""
     rows = torch.stack([r.values for r in results]).tolist() if results else []
     steps = []
     for result, row in zip(results, rows):
-        *sums, targets, grad_norm = row
+        *sums, targets, grad_norm, skipped = row
         targets = round(targets)
         means = {k: v / targets if targets else None for k, v in zip(result.names, sums)}
         loss = means.pop("loss")
-        steps.append({"loss": loss, "targets": targets, "grad_norm": grad_norm, "terms": means})
+        steps.append({"loss": loss, "targets": targets, "grad_norm": grad_norm, "terms": means,
+                      "skipped": bool(skipped)})
     return steps
 
 
@@ -120,15 +123,34 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
     for opt in state.optimizers:
         state.scaler.unscale_(opt)
     norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.clip or float("inf"))
+    grad_norm = distributed.whole(norm).detach().double().reshape(1).to(sums.device)
+    skipped = nonfinite(sums[0], grad_norm[0], cfg)
     lr = lr_at(step, cfg)
     set_lr(state.optimizers, lr, cfg)
     for opt in state.optimizers:
-        state.scaler.step(opt)  # fp16: skipped when the gradients overflowed
+        # fused AdamW and training/optim.py's Muon skip the update where found_inf is 1, on the
+        # device; fp16's scaler puts its own there (1 when the gradients overflowed: a NaN or
+        # infinite loss gives such gradients too)
+        opt.found_inf = skipped.float()
+        try:
+            state.scaler.step(opt)
+        finally:
+            vars(opt).pop("found_inf", None)
         opt.zero_grad(set_to_none=True)
     state.scaler.update()
-    grad_norm = distributed.whole(norm).detach().double().reshape(1)
-    values = torch.cat([sums, targets.reshape(1), grad_norm.to(sums.device)])
+    values = torch.cat([sums, targets.reshape(1), grad_norm, skipped.double().reshape(1)])
     return StepResult(names, values, lr, t1 - t0, clock() - t1)
+
+
+def nonfinite(loss_sum: torch.Tensor, grad_norm: torch.Tensor, cfg) -> torch.Tensor:
+    """1.0 (on the device, never read here) when the step's update must be skipped: its loss,
+    or its gradient norm, is NaN or infinite. Every process computes the same (both numbers are
+    the whole global batch's). Under fp16 an overflowed gradient is the scaler's routine (it
+    skips that update and lowers its scale), so only the loss counts there."""
+    bad = ~torch.isfinite(loss_sum)
+    if cfg.precision != "fp16":
+        bad = bad | ~torch.isfinite(grad_norm)
+    return bad.double()
 
 
 def autocast(cfg, device: torch.device):

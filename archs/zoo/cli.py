@@ -4,6 +4,7 @@
     zoo export RUN [--step N] --to hf --out DIR [--license ID --max-shard-size 5GB --no-tokenizer]
                                              every family -> a transformers / hub folder
     zoo export RUN --to safetensors --out DIR            any family -> what archs.load(DIR) reads
+    zoo export RUN ... --shards BUILD        the run's build was moved: where it is now
     zoo eval RUN --shards BUILD [--split val] [--seq N] [--json]
                                              loss, perplexity, bits per byte
     zoo generate RUN --prompt TEXT [--max-new-tokens N] [--temperature T --top-k K --top-p P]
@@ -139,15 +140,20 @@ def evaluate(**settings):
 
 def check_eval_build(trained, manifest: dict, shards: str, split: str) -> None:
     """Refuse, in one line, a build whose ids mean other things than the run's (another
-    tokenizer), or that has no rows in `split`."""
-    from longpack import LongpackError
+    tokenizer, or a copy of another one in its folder), or that has no rows in `split`."""
+    from longpack import LongpackError, is_url
     from pipeline import same_tokenizer, tokenizer_label
+    from pipeline.builds.identity import other_tokenizer
 
     theirs = manifest.get("tokenizer")
     if trained.trained_on is not None and not same_tokenizer(trained.trained_on, theirs):
         raise LongpackError(f"{shards} was tokenized with {tokenizer_label(theirs)}, the run "
                             f"trained on {tokenizer_label(trained.trained_on)}: evaluate on a "
                             "build of the run's tokenizer")
+    other = other_tokenizer(trained.trained_on, theirs, None if is_url(shards) else Path(shards),
+                            shards)
+    if other:
+        raise LongpackError(f"{other}: evaluate on a build of the run's tokenizer")
     vocab = (theirs or {}).get("vocab_size") or 0
     if vocab > trained.model.cfg.vocab_size:
         raise LongpackError(f"{shards} has a vocabulary of {vocab:,} ids, the model "
@@ -174,12 +180,17 @@ def generate(**settings):
 
     cfg = GenerateConfig(**settings)
     run, prompt, max_new_tokens = Path(cfg.run), cfg.prompt, cfg.max_new_tokens
-    trained = load_run(run, cfg.step)
+    trained = load_run(run, cfg.step, shards=cfg.shards)
     tokenizer = trained.tokenizer
+    if trained.other_tokenizer:
+        raise LongpackError(f"{run}: {trained.other_tokenizer}: the prompt's ids would not be "
+                            "the ones the model learned; pass --shards with the run's build "
+                            "where it is now")
     if tokenizer is None:
         raise LongpackError(f"{run}: no tokenizer to encode the prompt with: "
                             f"{trained.tokenizer_problem}. Put the build's tokenizer back (its "
-                            "--out, or the file it names)")
+                            "--out, or the file it names), or pass --shards with the build's "
+                            "new place")
     try:
         ids = tokenizer.reference.encode_flat([prompt])[0].tolist()
     except UnicodeEncodeError as e:

@@ -5,8 +5,12 @@
 
 The tokenizer is the build's own copy (BUILD/tokenizer.tiktoken or tokenizer.json, which its
 manifest names beside the file's sha256), else the file the manifest says the build read (a
-build of before the copy); either only with the sha256 the build recorded. When neither
-loads, `tokenizer_problem` says why in words an error can quote.
+build of before the copy); either only with the sha256 the build recorded. The build is where
+the run read it, or where `shards` says it is now (moved); either is held to the tokenizer the
+checkpoint recorded, whatever the folder now holds: a build of another tokenizer, or one whose
+copy was replaced, gives no tokenizer, and `other_tokenizer` says why, naming both sha256s
+(checkpoints of before the record: nothing to hold it to). When no tokenizer loads,
+`tokenizer_problem` says why in words an error can quote.
 
 `zoo export --to hf` (every family: archs/zoo/hf_export.py) and `--to safetensors`
 (`archs.save`, which `archs.load` reads) write it out.
@@ -20,6 +24,7 @@ import torch
 
 import archs
 from longpack import TrainingError
+from pipeline.builds.identity import other_tokenizer
 from training.checkpoints import checkpoint
 
 
@@ -35,11 +40,14 @@ class TrainedRun:
     train_config: dict | None = None  # the run's settings (TrainConfig's fields), as saved
     fingerprint: str | None = None  # of the build (or mixture) it trained on
     tokenizer_problem: str | None = None  # why `tokenizer` is None, in a few words
+    other_tokenizer: str | None = None  # the build is not of the recorded tokenizer: why
 
 
-def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> TrainedRun:
+def load_run(run: Path, step: int | None = None, say=checkpoint.warn,
+             shards: str | None = None) -> TrainedRun:
     """RUN's newest sound checkpoint (`say` is told of each one skipped), or step-N's. The
-    tokenizer is the one the build's manifest names, when it loads here."""
+    tokenizer is the one the build's manifest names, when it loads here and is the one the
+    checkpoint recorded; `shards`: the build's place now (zoo --shards), for the run's."""
     if step is None:
         found = checkpoint.load_latest(run, say)
         if found is None:
@@ -65,18 +73,37 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn) -> Trained
         raise TrainingError(f"{path}: its model ({name}) cannot be built here "
                             f"({str(e).strip().splitlines()[0]})") from None
     model.eval()
-    shards = state["config"].get("shards")
+    moved = shards is not None
+    shards = shards if moved else state["config"].get("shards")
     folder, manifest = _build(shards)
     # checkpoints record the build's tokenizer; older ones only where the build still is
-    trained_on = state.get("tokenizer") or (manifest or {}).get("tokenizer")
+    recorded = state.get("tokenizer")
+    trained_on = recorded or (manifest or {}).get("tokenizer")
+    other = other_tokenizer(recorded, (manifest or {}).get("tokenizer"), folder,
+                            _location(shards) or str(shards))
     if manifest is None:
-        tokenizer, problem = None, (f"the build it trained on ({shards}) is not here (no "
-                                    "manifest.json to read)")
+        tokenizer, problem = None, (f"--shards {shards} holds no build (no manifest.json to read)"
+                                    if moved else f"the build it trained on ({shards}) is not "
+                                    "here (no manifest.json to read)")
+    elif other:
+        tokenizer, problem = None, other
     else:
         tokenizer, problem = _tokenizer(manifest, folder)
     return TrainedRun(model, tokenizer, trained_on, state.get("seq"), path,
                       state.get("step"), state.get("config"), state.get("fingerprint"),
-                      problem)
+                      problem, other)
+
+
+def _location(shards: str | list | None) -> str | None:
+    """Where the run's build is (a mixture's first source's: they share the tokenizer), or
+    None when `shards` names none."""
+    from longpack import LongpackError
+    from pipeline import parse_mixture
+
+    try:
+        return parse_mixture([shards] if isinstance(shards, str) else shards, None, (), ())[0][0][1]
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, LongpackError):
+        return None
 
 
 def _build(shards: str | list | None) -> tuple[Path | None, dict | None]:
@@ -84,12 +111,12 @@ def _build(shards: str | list | None) -> tuple[Path | None, dict | None]:
     tokenizer), or (None, None) when it is not here."""
     from longpack import LongpackError
     from longpack.store import Store, is_url
-    from pipeline import parse_mixture
     from pipeline.tokenize.kept import fetch_kept
 
+    location = _location(shards)
+    if location is None:
+        return None, None
     try:
-        first = parse_mixture([shards] if isinstance(shards, str) else shards, None, (), ())
-        location = first[0][0][1]
         if is_url(location):  # a build in a bucket: its manifest, and its tokenizer's copy cached
             store = Store(location)
             manifest = json.loads(store.read_bytes("manifest.json"))
@@ -121,13 +148,19 @@ def export_run(cfg) -> tuple:
 
     out = Path(cfg.out)
     refuse_taken(out)  # before the checkpoint is read
-    trained = load_run(Path(cfg.run), cfg.step)
+    trained = load_run(Path(cfg.run), cfg.step, shards=cfg.shards)
     if cfg.to == "hf":
-        if trained.tokenizer is None and not cfg.no_tokenizer:
+        if trained.other_tokenizer and cfg.tokenizer:
+            raise TrainingError(f"{cfg.run}: {trained.other_tokenizer}: exported with the model, "
+                                "it would give it ids it never learned; pass --shards with the "
+                                "run's build where it is now, or --no-tokenizer to export the "
+                                "model alone")
+        if trained.tokenizer is None and cfg.tokenizer:
             raise TrainingError(f"{cfg.run}: no tokenizer to export with the model: "
                                 f"{trained.tokenizer_problem}. Put the build's tokenizer back "
-                                "(its --out, or the file it names), or pass --no-tokenizer to "
-                                "export the model alone")
+                                "(its --out, or the file it names), pass --shards with the "
+                                "build's new place, or pass --no-tokenizer to export the model "
+                                "alone")
         return trained.model, export_hf(trained, out, cfg.license or DEFAULT_LICENSE,
                                         cfg.max_shard_size or "5GB", cfg.dtype)
     with staged(out) as folder:

@@ -69,12 +69,19 @@ class ExportConfig:
     dtype: str = setting("fp32", "--to hf: the weights' type: bf16 or fp16 store them in half the "
                          "bytes, rounded (transformers loads them as config.json's torch_dtype "
                          "says).", choices=DTYPES)
-    no_tokenizer: bool = setting(False, "--to hf: write the folder without the build's tokenizer "
-                                 "when it cannot be loaded here (otherwise that is an error).")
+    # named for what it turns on: every bool flag also has its --no- form (longpack/settings.py)
+    tokenizer: bool = setting(True, "--to hf: the build's tokenizer goes with the model (held "
+                              "to the one the run trained with); --no-tokenizer writes the "
+                              "folder without it, for a tokenizer that cannot be loaded here "
+                              "(otherwise that is an error).", show_default=False)
+    shards: str | None = setting(None, "The run's build where it is now (its --out or URL), "
+                                 "when it was moved: its tokenizer goes with the model, held to "
+                                 "the one the run trained with [where the run read it].",
+                                 metavar="BUILD")
 
     def __post_init__(self):
         check(self)
-        if self.no_tokenizer and self.to != "hf":
+        if not self.tokenizer and self.to != "hf":
             raise SettingsError("--no-tokenizer is --to hf's: --to safetensors writes no "
                                 "tokenizer")
         if self.max_shard_size is not None:
@@ -116,6 +123,10 @@ class GenerateConfig:
     seed: int = setting(0, min=0, max=2**63, max_open=True,
                         why="torch.Generator takes 64 bits")
     step: int | None = setting(None, "The checkpoint of this step [the newest].")
+    shards: str | None = setting(None, "The run's build where it is now (its --out or URL), "
+                                 "when it was moved: the prompt is encoded with its tokenizer, "
+                                 "held to the one the run trained with [where the run read it].",
+                                 metavar="BUILD")
 
     def __post_init__(self):
         check(self)

@@ -3,15 +3,15 @@
     with RemoteView("s3://bucket/build", verify=True) as remote:
         report = stats_report._collect(remote.local, ..., open_reader=remote.reader)
 
-The manifest and each split's index.json are fetched into a temporary folder laid out as the
-build is (so everything that reads a local build's layout reads it unchanged), and the store is
-listed once for the objects' sizes: a shard missing from the store or of another size than its
-index says is a problem, as a local one is. Each shard is fetched into that folder when the
-scan reads it (a few at a time, as the scan's threads read local shards ahead) and removed as
-soon as it is read: nothing of the shards is kept. With --verify each fetched file's sha256 is
-checked against its index entry (a local build's are checked before the scan; here the one
-fetch serves both). A prefix holding an unfinished build (store/remote_build.py's marker, no
-manifest) is one line, as a local unfinished build is.
+The manifest, the build's copy of its tokenizer and each split's index.json are fetched into a
+temporary folder laid out as the build is (so everything that reads a local build's layout reads
+it unchanged), and the store is listed once for the objects' sizes: a shard missing from the
+store or of another size than its index says is a problem, as a local one is. Each shard is
+fetched into that folder when the scan reads it (a few at a time, as the scan's threads read
+local shards ahead) and removed as soon as it is read: nothing of the shards is kept. With
+--verify each fetched file's sha256 is checked against its index entry (a local build's are
+checked before the scan; here the one fetch serves both). A prefix holding an unfinished build
+(store/remote_build.py's marker, no manifest) is one line, as a local unfinished build is.
 """
 
 import json
@@ -25,6 +25,7 @@ from pipeline.config import SPLITS, WORK_DIR
 from pipeline.formats.shards import ShardError, SplitReader
 from pipeline.store.output_dir import FINGERPRINT
 from pipeline.store.uploader import digests
+from pipeline.tokenize.kept import COPY_NAMES
 
 
 class RemoteView:
@@ -42,7 +43,9 @@ class RemoteView:
                                 "the same pack build command to finish it")
         self.local = Path(tempfile.mkdtemp(prefix="longpack-stats."))
         try:
-            for rel in ["manifest.json", "skipped.jsonl"] + [f"{s}/index.json" for s in SPLITS]:
+            # and the build's copy of its tokenizer, checked and read as a local build's
+            for rel in ["manifest.json", "skipped.jsonl", *COPY_NAMES.values()] + [
+                    f"{s}/index.json" for s in SPLITS]:
                 if rel in self.sizes:
                     (self.local / rel).parent.mkdir(parents=True, exist_ok=True)
                     self.store.get_file(rel, self.local / rel)

@@ -15,6 +15,7 @@ import numpy as np
 from longpack.atomic import write_bytes
 from longpack.errors import LongpackError
 from longpack.store import is_url
+from pipeline.builds.identity import copy_fix, copy_problem
 from pipeline.formats.shards import ShardError, SplitReader
 from pipeline.manifest import tokenizer_label
 from pipeline.stats.files import file_checks, open_output
@@ -189,8 +190,7 @@ def _collect(path: Path, verify: bool, throughput, budget, eos_id, open_reader) 
                                "boundaries not computed")
     # Loading the tokenizer (only to show the top tokens as text) overlaps the scan.
     loader = ThreadPoolExecutor(1, thread_name_prefix="load-tokenizer")
-    tokenizer = loader.submit(_tokenizer, manifest, not_checked,
-                              path if open_reader is SplitReader else None)
+    tokenizer = loader.submit(_tokenizer, manifest, not_checked, _root(path, manifest))
     loader.shutdown(wait=False)
     splits, scans = {}, {}
     order = sorted(split_dirs, key=lambda s: s != "val")  # val first: train checks against it
@@ -218,6 +218,9 @@ def _collect(path: Path, verify: bool, throughput, budget, eos_id, open_reader) 
         if at_root and isinstance(log, str) and not (path / log).is_file():
             problems.append(Problem(log, "missing (manifest.json names it: the records the build "
                                          "skipped)", fix=FIX_REBUILD))
+        copy = tokenizer_copy_problem(manifest, _root(path, manifest))
+        if copy:
+            problems.append(copy)
     if not verify:
         not_checked.append("checksums and row-level checks (token ids, document starts, "
                            "continued documents' hashes): pass --verify")
@@ -229,6 +232,21 @@ def _collect(path: Path, verify: bool, throughput, budget, eos_id, open_reader) 
                        "problems": [vars(p) for p in problems], "not_checked": not_checked},
             "recommendations": recommendations(train.get("real_tokens", 0), throughput,
                                                budget, vocab)}
+
+
+def _root(path: Path, manifest: dict | None) -> Path | None:
+    """The build's folder (OUT) of `path`, OUT or one of its splits; None without a manifest."""
+    if manifest is None:
+        return None
+    return path if (path / "manifest.json").is_file() else path.parent
+
+
+def tokenizer_copy_problem(manifest: dict, root: Path) -> Problem | None:
+    """The build's copy of its tokenizer, missing or not of the manifest's sha256, as a
+    problem (a remote build's copy is fetched into `root` with its manifest: remote.py)."""
+    tok = manifest["tokenizer"]
+    what = copy_problem(tok, root)
+    return Problem(str(tok.get("file")), what, fix=copy_fix(tok)) if what else None
 
 
 def _n(x, digits=2) -> str:
@@ -334,19 +352,28 @@ def recommend_line(rec: dict, tokens: str = "train tokens") -> str:
             f"({rec['tokens_per_param']} tokens/param); presets near it, {vocab}: {presets}")
 
 
-def find_row(path, split: str, row: int, eos_id):
-    """(tokens, starts, hashes) of row `row` of a split, reading only the shard that holds it
-    (at a URL: fetching only that one)."""
+def find_row(path, split: str, row: int, eos_id, check_tokenizer: bool = False):
+    """(manifest, tokens, starts, hashes) of row `row` of a split, reading only the shard that
+    holds it (at a URL: fetching only that one). `check_tokenizer`: first refuse, in one line, a
+    build whose copy of its tokenizer is missing or not of its manifest's sha256."""
     if is_url(str(path)):
         from pipeline.stats.remote import RemoteView
 
         with RemoteView(str(path), verify=False) as remote:
-            return _find_row(remote.local, split, row, eos_id, remote.reader)
-    return _find_row(Path(path), split, row, eos_id, SplitReader)
+            return _find_row(remote.local, split, row, eos_id, remote.reader,
+                             remote.url if check_tokenizer else None)
+    return _find_row(Path(path), split, row, eos_id, SplitReader,
+                     str(path) if check_tokenizer else None)
 
 
-def _find_row(path: Path, split: str, row: int, eos_id, open_reader):
+def _find_row(path: Path, split: str, row: int, eos_id, open_reader, check_as: str | None):
+    """`check_as`: the build as the user named it, to check its tokenizer's copy (None: not)."""
     manifest, split_dirs, _ = open_output(Path(path))
+    if check_as is not None and manifest:
+        copy = tokenizer_copy_problem(manifest, _root(Path(path), manifest))
+        if copy:
+            raise LongpackError(f"--decode {check_as}: {copy.file}: {copy.what}, so the row's "
+                                f"ids cannot be read as text with it; {copy.fix}")
     if split not in split_dirs:
         raise LongpackError(f"{path}: no split {split!r} (has: {', '.join(split_dirs)})")
     reader = open_reader(split_dirs[split], eos_id)
@@ -367,8 +394,9 @@ def _find_row(path: Path, split: str, row: int, eos_id, open_reader):
 
 
 def decode_row(path: Path, split: str, row: int, eos_id=None) -> str:
-    manifest, tokens, starts, hashes = find_row(path, split, row, eos_id)
-    tokenizer = _tokenizer(manifest, [], Path(path))
+    manifest, tokens, starts, hashes = find_row(path, split, row, eos_id, check_tokenizer=True)
+    tokenizer = _tokenizer(manifest, [], None if is_url(str(path)) else _root(Path(path),
+                                                                              manifest))
     # A row opens with the rest of a document exactly when the row before does not end in EOS.
     eos = eos_id if eos_id is not None else ((manifest or {}).get("tokenizer") or {}).get("eos_id")
     continued = (row > 0 and eos is not None

@@ -15,9 +15,10 @@ One pass over each split, shard by shard (memory: the few shards in flight, not 
       -> report                          per split + total, checks, recommendations (text or JSON)
 
 Cheap checks always run (index present and readable, every shard file present with the size its
-index gives (files.py), counts agree with the manifest); --verify adds checksums and the
-row-level checks. The val split is scanned first so that the train scan can check that no
-document is in both (by hash).
+index gives (files.py), counts agree with the manifest, the build's copy of its tokenizer has
+the manifest's sha256 (builds/identity.py)); --verify adds checksums and the row-level checks.
+The val split is scanned first so that the train scan can check that no document is in both (by
+hash).
 docs/STATS.md documents the JSON keys.
 """
 

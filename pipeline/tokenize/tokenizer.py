@@ -284,9 +284,15 @@ def _tiktoken_tokenizer(enc, name: str, source: str, sha256: str, path: Path | N
     reference = ReferenceEngine(enc, "tiktoken")
 
     def load_fast() -> FastEngine:
-        return loading() if loading else FastEngine.load(
-            "tiktoken", path, None if path else enc._mergeable_ranks, enc._pat_str,
-            enc._special_tokens)
+        try:
+            return loading() if loading else FastEngine.load(
+                "tiktoken", path, None if path else enc._mergeable_ranks, enc._pat_str,
+                enc._special_tokens)
+        except ImportError:
+            raise
+        except Exception as e:  # ranks fastokens refuses (a token that is no merge of two
+            # lower-ranked ones), which tiktoken takes: under auto the reference encodes
+            raise TokenizerError(f"fastokens cannot load {source} ({e})") from None
 
     return Tokenizer(name=name, kind="tiktoken", source=source, sha256=sha256,
                      vocab_size=enc.n_vocab, eos_id=enc.eot_token, bos_id=None,

@@ -185,11 +185,12 @@ def _work(dataset: StepBatches, items: range, memory, layout: SlotLayout, ready,
         threading.Thread(target=_check_ahead, args=(dataset, items, position, 2 * prefetch),
                          daemon=True).start()
     try:
-        # Ctrl+C and a scheduler's SIGTERM reach the whole process group: the trainer finishes
-        # its step and saves, which needs the workers alive; they exit when the trainer says
-        # stop, or when it is gone (a worker of a killed trainer is adopted by another process).
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # Ctrl+C, a scheduler's SIGTERM and a closed terminal's SIGHUP reach the whole process
+        # group: the trainer finishes its step and saves, which needs the workers alive; they
+        # exit when the trainer says stop, or when it is gone (a worker of a killed trainer is
+        # adopted by another process).
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         for j, k in enumerate(items):
             while not free.acquire(timeout=1.0):  # a slot the trainer has handed back
                 if os.getppid() != trainer:

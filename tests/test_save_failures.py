@@ -1,0 +1,275 @@
+"""A save that cannot finish stops in one line naming the cause and the checkpoint a re-run
+resumes from, leaves no temporary folder, and never writes, renames or removes anything outside
+the run folder: a full disk (a small tmpfs: the first checkpoint does not fit, or the second),
+and symlinks at every name a save writes, refused before step 0 when there at the start."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_train_cli import one_line_error
+
+from training.checkpoints import checkpoint
+from training.cli import train as train_cli
+
+
+def run_cli(shards, run, *more):
+    args = ["--shards", shards, "--out", run, "--model", "neox-tiny", "--batch-size", 2,
+            "--warmup", 0, "--workers", 0, "--save-every", 1, "--max-steps", 2,
+            "--cache", Path(shards).parent / "cache", *more]  # the shard cache off the disk
+    return CliRunner().invoke(train_cli, [str(a) for a in args])
+
+
+def listing(folder: Path) -> dict:
+    """Every path under `folder` (links not followed) with its kind, size and mtime."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(root, name))
+            out[os.path.relpath(os.path.join(root, name), folder)] = (
+                st.st_mode, st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.fixture
+def outside(tmp_path) -> Path:
+    """A folder beside the run that nothing may touch: a file and a folder holding one."""
+    where = tmp_path / "outside"
+    (where / "folder").mkdir(parents=True)
+    (where / "folder" / "kept.txt").write_text("not the run's\n")
+    (where / "file.txt").write_text("not the run's either\n")
+    return where
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a fresh tmpfs of that size (a small disk that fills up); unmounted after.
+    Skips where mounting is not permitted (not root, no CAP_SYS_ADMIN, no mount)."""
+    mounted = []
+
+    def mount(size: str) -> Path:
+        where = tmp_path / f"disk{len(mounted)}"
+        where.mkdir()
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command: the full-disk tests mount a small tmpfs")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"mounting a tmpfs is not permitted here ({r.stderr.strip()}): the "
+                        "full-disk tests need root (or CAP_SYS_ADMIN)")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in reversed(mounted):
+        if subprocess.run(["umount", str(where)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(where)])
+
+
+def resize(disk: Path, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
+
+
+def no_temporary_folder(run: Path) -> None:
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+
+
+# -- a full disk ---------------------------------------------------------------------------
+
+
+def test_a_first_checkpoint_that_does_not_fit_stops_in_one_line_to_start_again(tmp_path, shards,
+                                                                               tmpfs):
+    # 256 KiB: metrics.jsonl fits, a checkpoint of neox-tiny (~1.8 MB) does not
+    run = tmpfs("256k") / "run"
+    r = run_cli(shards, run, "--max-steps", 1)
+    line = one_line_error(r, "the checkpoint of step 1 was not saved", "No space left on device",
+                          "free some space", "from the start")
+    assert "Traceback" not in r.output and str(run) in line
+    no_temporary_folder(run)
+    assert list(run.glob("step-*")) == []
+
+
+def test_a_second_checkpoint_that_does_not_fit_stops_in_one_line_and_the_first_resumes(
+        tmp_path, shards, tmpfs, monkeypatch):
+    disk = tmpfs("64m")
+    run = disk / "run"
+    save, saves = checkpoint.save, []
+
+    def second_save_on_a_full_disk(*args, **kwargs):
+        saves.append(args[1])
+        if len(saves) == 2:  # the disk holds what it holds now and 64 KiB more
+            used = shutil.disk_usage(disk).used
+            resize(disk, f"{used // 1024 + 64}k")
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save", second_save_on_a_full_disk)
+    r = run_cli(shards, run)
+    first = run / "step-00000001"
+    line = one_line_error(r, "the checkpoint of step 2 was not saved", "No space left on device",
+                          f"it resumes from {first}")
+    assert saves == [1, 2] and "Traceback" not in r.output and "step 1 (" in r.output
+    no_temporary_folder(run)
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-00000001"], line
+    assert checkpoint.is_checkpoint(first) and checkpoint.damage(first) is None
+    monkeypatch.setattr(checkpoint, "save", save)
+    resize(disk, "64m")  # space freed: the same command resumes from the first checkpoint
+    r = run_cli(shards, run)
+    assert r.exit_code == 0, r.output
+    assert f"resumed from {first} at step 1" in r.output
+    assert checkpoint.is_checkpoint(run / "step-00000002")
+
+
+def test_a_metrics_line_on_a_full_disk_stops_in_one_line(tmp_path, shards, tmpfs, monkeypatch):
+    disk = tmpfs("64m")
+    run = disk / "run"
+    save = checkpoint.save
+
+    def fill_the_disk_after_the_first_save(*args, **kwargs):
+        saved = save(*args, **kwargs)
+        with open(disk / "filler", "wb", buffering=0) as f:  # every block left
+            with pytest.raises(OSError):
+                while True:
+                    f.write(bytes(1 << 16))
+        # metrics.jsonl to the end of its page: its next line needs a block of its own
+        metrics = run / "metrics.jsonl"
+        metrics.write_bytes(metrics.read_bytes().ljust(4096))
+        return saved
+
+    monkeypatch.setattr(checkpoint, "save", fill_the_disk_after_the_first_save)
+    r = run_cli(shards, run)
+    one_line_error(r, f"cannot write {run / 'metrics.jsonl'}", "No space left on device")
+    assert "Traceback" not in r.output and checkpoint.is_checkpoint(run / "step-00000001")
+
+
+LAUNCH_TIMEOUT = 240  # a launch takes ~20 s here; a hang is a failure, not a stuck CI job
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_every_process_in_one_line_without_a_hang(tmp_path, shards, tmpfs):
+    # 2 processes (tests/train_jobs.py, one launch): without --fsdp rank 0 writes alone while
+    # rank 1 waits for it; with it each writes its part
+    disk = tmpfs("256k")
+    jobs = [{"argv": ["--shards", str(shards), "--out", str(disk / name), "--model", "neox-tiny",
+                      "--batch-size", "2", "--warmup", "0", "--workers", "0", "--max-steps", "1",
+                      "--cache", str(tmp_path / "cache"), *more],
+             "stdout": str(tmp_path / name)} for name, more in [("ddp", []), ("fsdp", ["--fsdp"])]]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).with_name("train_jobs.py")), str(tmp_path / "jobs.json")]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         cwd=Path(__file__).parents[1], start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:  # the whole group goes: torchrun's workers too
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"a failed save under 2 processes still running after {LAUNCH_TIMEOUT} s "
+                    "(a hang):\n" + out[-3000:])
+    assert p.returncode == 0, out[-5000:]  # a job's traceback would end the launch
+    for name in ("ddp", "fsdp"):
+        errors = [[line for line in Path(f"{tmp_path / name}.rank{rank}").read_text().splitlines()
+                   if line.startswith("Error: ")] for rank in (0, 1)]
+        assert [len(e) for e in errors] == [1, 1], (name, errors)
+        assert "the checkpoint of step 1 was not saved: No space left on device" in errors[0][0]
+        assert "from the start" in errors[0][0]
+        assert "the checkpoint of step 1 was not saved" in errors[1][0]
+        if name == "fsdp":  # its part did not fit either
+            assert "No space left on device" in errors[1][0]
+        no_temporary_folder(disk / name)
+
+
+# -- names the run writes ------------------------------------------------------------------
+
+NAMES = ["step-00000002", ".step-00000002.tmp", ".step-00000001.tmp/COMPLETE", "latest",
+         ".latest.tmp4242", "metrics.jsonl", ".metrics.jsonl.tmp4242"]
+
+
+@pytest.mark.parametrize("target", ["gone", "folder", "file.txt"])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_symlink_at_a_name_the_run_writes_is_refused_before_step_0(tmp_path, shards, outside,
+                                                                    name, target):
+    run = tmp_path / "runs" / "run"
+    link = run / name
+    link.parent.mkdir(parents=True)  # a save cut short left .step-00000001.tmp
+    link.symlink_to(outside / target)
+    before, run_before = listing(outside), listing(run)
+    r = run_cli(shards, run)
+    one_line_error(r, f"{link} is a symlink (to {outside / target})", "remove it")
+    assert "training" not in r.output and "Traceback" not in r.output  # no step was trained
+    assert listing(outside) == before and not (outside / "gone").exists()
+    assert listing(run) == run_before and os.readlink(link) == str(outside / target)
+
+
+@pytest.mark.parametrize("name, target", [("step-00000002", "gone"),
+                                          (".step-00000002.tmp", "folder")])
+def test_a_symlink_planted_while_the_run_trains_stops_its_save_in_one_line(
+        tmp_path, shards, outside, monkeypatch, name, target):
+    run = tmp_path / "runs" / "run"
+    save = checkpoint.save
+
+    def planted_before_the_second_save(*args, **kwargs):
+        if args[1] == 2:
+            (run / name).symlink_to(outside / target)
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save", planted_before_the_second_save)
+    before = listing(outside)
+    r = run_cli(shards, run)
+    one_line_error(r, "the checkpoint of step 2 was not saved", f"{run / name} is a symlink",
+                   f"it resumes from {run / 'step-00000001'}")
+    assert "Traceback" not in r.output
+    assert listing(outside) == before and not (outside / "gone").exists()
+    assert (run / name).is_symlink()  # left as it is, and no temporary folder besides it
+    assert [p.name for p in run.iterdir() if p.name.startswith(".") and not p.is_symlink()] == []
+    assert sorted(p.name for p in run.glob("step-*")) == ["step-00000001"] + (
+        [name] if name.startswith("step-") else [])
+
+
+def test_a_leftover_temporary_folder_without_links_is_no_obstacle(tmp_path):
+    run = tmp_path / "run"
+    (run / ".step-00000004.tmp").mkdir(parents=True)
+    (run / ".step-00000004.tmp" / "__0_0.distcp").write_bytes(b"cut short")
+    (run / "step-hf").symlink_to(tmp_path)  # not a name the run writes (zoo export's)
+    checkpoint.check_names(run)
+
+
+# -- the run folder itself -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["dangling link", "file", "under a file"])
+def test_a_run_folder_that_cannot_be_made_is_refused_before_step_0(tmp_path, shards, outside,
+                                                                  how):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if how == "dangling link":
+        run = runs / "run"
+        run.symlink_to(outside / "gone")
+        part = f"{run} is a symlink to {outside / 'gone'}, which does not exist"
+    elif how == "file":
+        run = runs / "run"
+        run.write_text("a file\n")
+        part = f"{run} is a file, not a folder"
+    else:
+        (runs / "notes").write_text("a file\n")
+        run = runs / "notes" / "run"
+        part = f"{runs / 'notes'} is a file, not a folder"
+    before = listing(outside)
+    r = run_cli(shards, run)
+    one_line_error(r, part, "pass another --out")
+    assert "training" not in r.output and listing(outside) == before
+    assert not (outside / "gone").exists()
+
+
+def test_a_read_only_run_folder_is_refused_before_step_0(tmp_path, shards, tmpfs):
+    disk = tmpfs("1m")
+    (disk / "run").mkdir()
+    subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+    r = run_cli(shards, disk / "run")
+    one_line_error(r, f"{disk / 'run'} cannot be written", "make it writable")
+    assert "training" not in r.output
