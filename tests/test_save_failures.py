@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from test_train_cli import one_line_error
 
-from training.checkpoints import checkpoint
+from training.checkpoints import checkpoint, saving
 from training.cli import train as train_cli
 
 
@@ -99,7 +99,7 @@ def test_a_second_checkpoint_that_does_not_fit_stops_in_one_line_and_the_first_r
         tmp_path, shards, tmpfs, monkeypatch):
     disk = tmpfs("64m")
     run = disk / "run"
-    save, saves = checkpoint.save, []
+    save, saves = saving.save, []
 
     def second_save_on_a_full_disk(*args, **kwargs):
         saves.append(args[1])
@@ -108,7 +108,7 @@ def test_a_second_checkpoint_that_does_not_fit_stops_in_one_line_and_the_first_r
             resize(disk, f"{used // 1024 + 64}k")
         return save(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "save", second_save_on_a_full_disk)
+    monkeypatch.setattr(saving, "save", second_save_on_a_full_disk)
     r = run_cli(shards, run)
     first = run / "step-00000001"
     line = one_line_error(r, "the checkpoint of step 2 was not saved", "No space left on device",
@@ -117,7 +117,7 @@ def test_a_second_checkpoint_that_does_not_fit_stops_in_one_line_and_the_first_r
     no_temporary_folder(run)
     assert sorted(p.name for p in run.glob("step-*")) == ["step-00000001"], line
     assert checkpoint.is_checkpoint(first) and checkpoint.damage(first) is None
-    monkeypatch.setattr(checkpoint, "save", save)
+    monkeypatch.setattr(saving, "save", save)
     resize(disk, "64m")  # space freed: the same command resumes from the first checkpoint
     r = run_cli(shards, run)
     assert r.exit_code == 0, r.output
@@ -128,7 +128,7 @@ def test_a_second_checkpoint_that_does_not_fit_stops_in_one_line_and_the_first_r
 def test_a_metrics_line_on_a_full_disk_stops_in_one_line(tmp_path, shards, tmpfs, monkeypatch):
     disk = tmpfs("64m")
     run = disk / "run"
-    save = checkpoint.save
+    save = saving.save
 
     def fill_the_disk_after_the_first_save(*args, **kwargs):
         saved = save(*args, **kwargs)
@@ -141,7 +141,7 @@ def test_a_metrics_line_on_a_full_disk_stops_in_one_line(tmp_path, shards, tmpfs
         metrics.write_bytes(metrics.read_bytes().ljust(4096))
         return saved
 
-    monkeypatch.setattr(checkpoint, "save", fill_the_disk_after_the_first_save)
+    monkeypatch.setattr(saving, "save", fill_the_disk_after_the_first_save)
     r = run_cli(shards, run)
     one_line_error(r, f"cannot write {run / 'metrics.jsonl'}", "No space left on device")
     assert "Traceback" not in r.output and checkpoint.is_checkpoint(run / "step-00000001")
@@ -211,14 +211,14 @@ def test_a_symlink_at_a_name_the_run_writes_is_refused_before_step_0(tmp_path, s
 def test_a_symlink_planted_while_the_run_trains_stops_its_save_in_one_line(
         tmp_path, shards, outside, monkeypatch, name, target):
     run = tmp_path / "runs" / "run"
-    save = checkpoint.save
+    save = saving.save
 
     def planted_before_the_second_save(*args, **kwargs):
         if args[1] == 2:
             (run / name).symlink_to(outside / target)
         return save(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "save", planted_before_the_second_save)
+    monkeypatch.setattr(saving, "save", planted_before_the_second_save)
     before = listing(outside)
     r = run_cli(shards, run)
     one_line_error(r, "the checkpoint of step 2 was not saved", f"{run / name} is a symlink",
@@ -236,7 +236,7 @@ def test_a_leftover_temporary_folder_without_links_is_no_obstacle(tmp_path):
     (run / ".step-00000004.tmp").mkdir(parents=True)
     (run / ".step-00000004.tmp" / "__0_0.distcp").write_bytes(b"cut short")
     (run / "step-hf").symlink_to(tmp_path)  # not a name the run writes (zoo export's)
-    checkpoint.check_names(run)
+    saving.check_names(run)
 
 
 # -- the run folder itself -------------------------------------------------------------------

@@ -21,7 +21,7 @@ import torch
 
 import archs
 from longpack import DataError, TrainingError, is_url, redact, staging_folder
-from training.checkpoints import checkpoint
+from training.checkpoints import checkpoint, saving
 from training.checkpoints.upload import RemoteRun
 from training.config import TrainConfig
 from training.console import Console
@@ -57,7 +57,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
         # failure here made under --out (a fetched checkpoint, the shard cache) goes again, so a
         # refused run leaves nothing behind ------------------------------------------------------
         with removed_on_failure(run):
-            checkpoint.check_names(run)  # names a save writes: refused now, not after steps
+            saving.check_names(run)  # names a save writes: refused now, not after steps
             resume = fetch_remote_checkpoint(run, remote, resume, procs)
             found = same_on_every_process(checkpoint.find(run, resume, log), run, remote, procs, log)
             if found:
@@ -146,8 +146,8 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 # checkpoint: then every pending step's are read in one copy, and the processes
                 # agree on a signal (one process alone reads its own flag at every step).
                 stopping = stop_at is not None and step >= stop_at
-                saving = step % cfg.save_every == 0 or step == last
-                reading = (step - 1) % cfg.log_every == 0 or evaluating or saving or stopping
+                due = step % cfg.save_every == 0 or step == last  # a checkpoint
+                reading = (step - 1) % cfg.log_every == 0 or evaluating or due or stopping
                 if procs.world == 1 or reading:
                     stopping = stopping or distributed.anyone(stop.requested, procs)
                 if not (reading or stopping):
@@ -167,11 +167,11 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                         log(console_line(record, last))
                     if record.get("skipped"):
                         log(skips.after(record, run))
-                if saving or stopping:
+                if due or stopping:
                     check_weights(model, step, run, procs)
                     if procs.main and remote:
                         remote.wait()  # the previous checkpoint's upload, if still running
-                    saved = checkpoint.save(run, step, state, checkpoint.capture(
+                    saved = saving.save(run, step, state, checkpoint.capture(
                         state, step, data, order, cfg, run_id), cfg.keep_last, procs)
                     if procs.main and remote:
                         remote.submit(saved, run, cfg.keep_last)  # in the background
