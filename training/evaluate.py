@@ -22,22 +22,34 @@ def split_loss(model, rows, n: int, batch_size: int, device: torch.device = CPU,
                doc_mask: bool = True, cfg=None, rank: int = 0, world: int = 1
                ) -> tuple[float, int]:
     """(sum of the loss of every real target of rows[0:n], their number) on this process's
-    share of the batches. `cfg`: the run's settings, for autocast (None: fp32)."""
+    share of the batches: every `world`-th batch from `rank`. `cfg`: the run's settings, for
+    autocast (None: fp32).
+
+    Every process runs ceil(batches / world) forwards, whatever n: a sharded model's forward
+    gathers its weights from all the processes, so one that ran short would leave the others
+    waiting for it forever. A process short of a batch runs rows[0:batch_size] with every
+    target masked (-100), which adds nothing to either number. n = 0: no forward anywhere."""
     starts = range(0, n, batch_size)
+    mine = starts[rank::world]
+    forwards = -(-len(starts) // world)
     was_training = model.training
     model.eval()
     loss_sum, targets = 0.0, 0
     try:
         with torch.no_grad():
-            for i in starts[rank::world]:
+            for k in range(forwards):
+                i = mine[k] if k < len(mine) else 0
                 batch = make_batch([rows.get(r) for r in range(i, min(i + batch_size, n))],
                                    device)
+                if k >= len(mine):
+                    batch["targets"].fill_(-100)
                 with autocast(cfg, device) if cfg is not None else contextlib.nullcontext():
                     out = model.loss(batch["input_ids"], batch["targets"],
                                      batch["doc_starts"] if doc_mask else None)
                 count = int((batch["targets"] != -100).sum())
-                loss_sum += out["ce"].item() * count  # ce is the mean over these targets
-                targets += count
+                if count:  # ce is the mean over these targets; a batch of padding adds nothing
+                    loss_sum += out["ce"].item() * count
+                    targets += count
     finally:  # a failed evaluation (a damaged val shard) leaves the model as it found it
         model.train(was_training)
     return loss_sum, targets
