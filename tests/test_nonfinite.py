@@ -83,6 +83,12 @@ def build_dir(tmp_path, byte_tokenizer):
     return padded_build(tmp_path, byte_tokenizer)
 
 
+def run_config(build_dir, tmp_path, **kw) -> TrainConfig:
+    base = dict(shards=str(build_dir), model="neox-tiny", out=str(tmp_path / "r"), batch_size=2,
+                warmup=0, save_every=100, eval_every=100, log_every=100, workers=0)
+    return TrainConfig(**{**base, **kw})
+
+
 def run_with_nan_at(monkeypatch, steps: set):
     """train() whose model's forwards at `steps` (training forwards counted from 0; the
     evaluation's forwards run after) give NaN."""
@@ -103,10 +109,7 @@ def test_a_skipped_step_is_counted_and_said_and_the_run_carries_on(tmp_path, bui
 
     run_with_nan_at(monkeypatch, {2})
     said = []
-    cfg = TrainConfig(shards=str(build_dir), model="neox-tiny", out=str(tmp_path / "r"),
-                      batch_size=2, max_steps=5, warmup=0, lr=3e-3, save_every=100,
-                      eval_every=100, log_every=100, workers=0)
-    history = train(cfg, log=said.append)
+    history = train(run_config(build_dir, tmp_path, max_steps=5, lr=3e-3), log=said.append)
     assert [h.get("skipped", False) for h in history] == [False, False, True, False, False]
     skipped = history[2]
     assert skipped["loss"] is None and "loss" in skipped["nonfinite"]
@@ -126,9 +129,7 @@ def test_max_skipped_steps_in_a_row_stop_the_run_in_one_line(tmp_path, build_dir
     from training.loop import train
 
     run_with_nan_at(monkeypatch, {1, 2, 3, 4, 5})
-    cfg = TrainConfig(shards=str(build_dir), model="neox-tiny", out=str(tmp_path / "r"),
-                      batch_size=2, max_steps=8, warmup=0, save_every=100, eval_every=100,
-                      log_every=1, max_skipped_steps=2, workers=0)
+    cfg = run_config(build_dir, tmp_path, max_steps=8, log_every=1, max_skipped_steps=2)
     with pytest.raises(TrainingError, match=r"^2 steps in a row \(to step 2\) had a loss or "
                        r"gradient norm that is not finite"):
         train(cfg, log=lambda _: None)
@@ -151,9 +152,7 @@ def test_weights_that_are_not_finite_are_never_saved(tmp_path, build_dir, monkey
         return model
 
     monkeypatch.setattr(archs, "build", build)
-    cfg = TrainConfig(shards=str(build_dir), model="neox-tiny", out=str(tmp_path / "r"),
-                      batch_size=2, max_steps=2, warmup=0, save_every=1, eval_every=100,
-                      log_every=100, max_skipped_steps=5, workers=0)
+    cfg = run_config(build_dir, tmp_path, max_steps=2, save_every=1, max_skipped_steps=5)
     with pytest.raises(TrainingError, match=r"the weights \(.*ln.*\) are not finite at step 1: "
                                             r"no checkpoint is written"):
         train(cfg, log=lambda _: None)
