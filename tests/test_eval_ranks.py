@@ -74,7 +74,7 @@ def test_every_rank_runs_as_many_forwards_and_the_sums_are_one_process(model, n,
 
 # -- 2 processes under --fsdp: one launch of tests/train_jobs.py for every case -------------------
 
-LAUNCH_TIMEOUT = 240  # the launch takes ~15 s here; a hang is a failure, not a stuck CI job
+LAUNCH_TIMEOUT = 240  # far past a launch's time: a hang is a failure, not a stuck CI job
 COMMON = dict(model="neox-tiny", max_steps=2, warmup=1, lr=3e-3, log_every=1, workers=0)
 
 

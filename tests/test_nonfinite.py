@@ -157,3 +157,49 @@ def test_weights_that_are_not_finite_are_never_saved(tmp_path, build_dir, monkey
                                             r"no checkpoint is written"):
         train(cfg, log=lambda _: None)
     assert not list((tmp_path / "r").glob("step-*"))
+
+
+def test_under_fp16_both_optimizers_skip_together_and_the_scale_is_lowered():
+    """Before: fp16's scaler replaced the trainer's flag with its own, per optimizer (Muon could
+    update while AdamW skipped), and read it to the host for Muon at every step."""
+    from training.loop import SkippedSteps
+
+    torch.manual_seed(0)
+    model = archs.build("neox-tiny", vocab_size=300)
+    calls = []
+    poisoned_embedding(model, {0}, calls)
+    cfg = TrainConfig(shards="x", model="neox-tiny", optimizer="muon", precision="fp16",
+                      lr=0.01, warmup=0)
+    state = prepare(model, cfg, launched())
+    scale = state.scaler.get_scale()
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    out = train_step(state, [batch_of()], 0, cfg, launched()).read()
+    assert out["skipped"]
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), weights[n]), n
+    assert state.scaler.get_scale() < scale
+    skips = SkippedSteps(2, "fp16")  # an overflow alone (finite loss) is no step to the limit
+    for nonfinite in (["grad_norm"], ["grad_norm"], ["grad_norm"], ["loss", "grad_norm"]):
+        record = {"step": 0, "skipped": True, "nonfinite": nonfinite}
+        skips.count(record)
+        assert "--max-skipped-steps" not in skips.after(record, "run") or nonfinite[0] == "loss"
+    assert skips.in_a_row == 1 and skips.total == 4
+
+
+def test_a_signal_ignored_at_start_stays_ignored_nohup():
+    """`nohup train ...` ignores SIGHUP: a closed terminal must not stop that run."""
+    import os
+    import signal
+
+    from training.loop import stop_requested
+
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # put back by conftest's fixture
+    with stop_requested(lambda _: None) as stop:
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert not stop.requested
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    with stop_requested(lambda _: None) as stop:
+        os.kill(os.getpid(), signal.SIGHUP)
+        os.kill(os.getpid(), signal.SIGHUP)  # a second hangup: no stop at once, no checkpoint lost
+        assert stop.requested

@@ -85,7 +85,7 @@ def no_temporary_folder(run: Path) -> None:
 
 def test_a_first_checkpoint_that_does_not_fit_stops_in_one_line_to_start_again(tmp_path, shards,
                                                                                tmpfs):
-    # 256 KiB: metrics.jsonl fits, a checkpoint of neox-tiny (~1.8 MB) does not
+    # 256 KiB: metrics.jsonl fits, a checkpoint of neox-tiny (megabytes) does not
     run = tmpfs("256k") / "run"
     r = run_cli(shards, run, "--max-steps", 1)
     line = one_line_error(r, "the checkpoint of step 1 was not saved", "No space left on device",
@@ -147,7 +147,7 @@ def test_a_metrics_line_on_a_full_disk_stops_in_one_line(tmp_path, shards, tmpfs
     assert "Traceback" not in r.output and checkpoint.is_checkpoint(run / "step-00000001")
 
 
-LAUNCH_TIMEOUT = 240  # a launch takes ~20 s here; a hang is a failure, not a stuck CI job
+LAUNCH_TIMEOUT = 240  # far past a launch's time: a hang is a failure, not a stuck CI job
 
 
 @pytest.mark.slow

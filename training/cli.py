@@ -95,6 +95,7 @@ def _renamed_log(ctx, _param, value):
 @click.version_option(package_name="longpack")
 def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
+    from training.console import Console
     from training.loop import train as run_training
     from training.parallel import distributed
 
@@ -116,11 +117,12 @@ def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **setti
     if dry_run:
         dry_run_plan(cfg, world_size, gpu_memory, as_json)
         return
-    history = run_training(cfg, resume=resume, log=click.echo)
+    say = Console(click.echo)  # a reader gone (`| head -1`) drops lines, never the run
+    history = run_training(cfg, resume=resume, log=say)
     if history and distributed.launched().main:
         losses = [h["loss"] for h in history if h["loss"] is not None]  # None: padding only
         loss = f", loss {losses[-1]:.4f}" if losses else ""
-        click.echo(f"done: step {history[-1]['step'] + 1}{loss}; checkpoints in {cfg.out}")
+        say(f"done: step {history[-1]['step'] + 1}{loss}; checkpoints in {cfg.out}")
 
 
 def dry_run_plan(cfg: TrainConfig, world_size: int | None, gpu_memory: float,

@@ -14,9 +14,9 @@ REPORT_TO = ("console", "jsonl", "tensorboard", "wandb")
 MUON_DEFAULTS = {"muon_lr": None, "muon_momentum": 0.95, "muon_ns_steps": 5}
 # Upper bounds no real run reaches, so that a typo (--max-steps 10**30) is one line here rather
 # than an OverflowError in numpy's int64 row arithmetic or a run of 4e17 days. Steps and tokens
-# share one: 2**48 tokens is ~8x the largest published pretraining runs, 2**48 steps ~9,000
-# years at a millisecond each; and since a step takes at least one token, the steps
-# --total-tokens becomes are within --max-steps's bound too.
+# share one, 2**48 (2.8e14, past any training run's tokens, and steps of a millisecond each
+# for thousands of years); since a step takes at least one token, the steps --total-tokens
+# becomes are within --max-steps's bound too.
 MAX_STEPS = 2**48
 MAX_ROWS = 2**20  # a micro-batch's rows, micro-steps or val batches: far past any device's
 MAX_PROCESSES = 1024  # loader processes, or batches each builds ahead (shared memory, semaphores)

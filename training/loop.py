@@ -114,7 +114,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 f"{cfg.max_steps} steps)" if step < last else
                 f"{name} reached --max-epochs at step {last}: the run is complete")
         eta = Eta(last)
-        skips = SkippedSteps(cfg.max_skipped_steps)
+        skips = SkippedSteps(cfg.max_skipped_steps, cfg.precision)
         if step < last:  # said before step 0, which may take a while (compiling, a GPU warming)
             log(f"training {cfg.model} ({model.num_params():,} parameters) for steps {step} to "
                 f"{last - 1} of {order.global_batch} x {data.seq - 1} tokens on {procs.world} "
@@ -165,8 +165,9 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                     if "console" in cfg.report_to and (record["step"] % cfg.log_every == 0
                                                        or "val_loss" in record):
                         log(console_line(record, last))
-                    if record.get("skipped"):
-                        log(skips.after(record, run))
+                    if record.get("skipped"):  # on every process: each stops at the limit
+                        line = skips.after(record, run)
+                        log(line)
                 if due or stopping:
                     check_weights(model, step, run, procs)
                     if procs.main and remote:
@@ -213,26 +214,35 @@ class SkippedSteps:
     (every --log-every steps), so a run may skip up to --log-every updates more before it
     stops; the weights stay as they were before the first."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, precision: str):
         self.limit, self.in_a_row, self.total = limit, 0, 0
+        # fp16's overflowed gradients (a finite loss) are its scaler's routine while it finds
+        # its scale: skipped, said, but no step towards the limit
+        self.overflows = precision == "fp16"
 
     def count(self, record: dict) -> None:
-        self.in_a_row = self.in_a_row + 1 if record.get("skipped") else 0
-        self.total += bool(record.get("skipped"))
-        if record.get("skipped"):
+        skipped = record.get("skipped", False)
+        counted = skipped and not (self.overflows and "loss" not in record["nonfinite"])
+        self.in_a_row = self.in_a_row + 1 if counted else 0
+        self.total += skipped
+        if skipped:
             record["skipped_in_a_row"] = self.in_a_row
 
     def after(self, record: dict, run: Path) -> str:
         """The console's line for a skipped step; at the limit, the run's end (raised)."""
-        what = " and ".join(k.replace("_", " ") for k in record["nonfinite"]) or "loss"
-        line = (f"step {record['step']}: the {what} is not finite: its update was skipped "
-                f"({self.in_a_row} in a row, {self.total} in this run; "
-                f"--max-skipped-steps {self.limit})")
+        names = [k.replace("_", " ") for k in record["nonfinite"]] or ["loss"]
+        what = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+        verb = "are" if len(names) > 1 else "is"
+        counts = (f"{self.in_a_row} in a row, {self.total} in this run; --max-skipped-steps "
+                  f"{self.limit}" if self.in_a_row else
+                  f"fp16's overflow, its scale lowered; {self.total} in this run")
+        line = (f"step {record['step']}: the {what} {verb} not finite: its update was skipped "
+                f"({counts})")
         if self.in_a_row >= self.limit:
             raise TrainingError(
                 f"{self.in_a_row} steps in a row (to step {record['step']}) had a loss or "
-                f"gradient norm that is not finite and were skipped: the run stops; the last "
-                f"checkpoint is in {run} (resume from it with a lower --lr, or look at those "
+                f"gradient norm that is not finite and were skipped: the run stops; "
+                f"{saving.resume_point(run)} (resume with a lower --lr, or look at those "
                 "steps' batches in metrics.jsonl)")
         return line
 
@@ -250,8 +260,8 @@ def check_weights(model, step: int, run: Path, procs) -> None:
     if bad:
         first = next((n for n, ok in zip(names, good.tolist()) if not ok), "on another process")
         raise TrainingError(f"the weights ({first}) are not finite at step {step}: no "
-                            f"checkpoint is written; the last good checkpoint is in {run} "
-                            "(resume from it with a lower --lr)")
+                            f"checkpoint is written; {saving.resume_point(run)} (resume with "
+                            "a lower --lr)")
 
 
 def run_folder(cfg: TrainConfig) -> tuple[Path, RemoteRun | None]:
@@ -328,21 +338,24 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 @contextlib.contextmanager
 def stop_requested(log=print):
     """SIGINT, SIGTERM and SIGHUP (a closed terminal) set `.requested` instead of stopping the
-    process, while the block runs, and say so at once; a second one raises KeyboardInterrupt
-    there and then (a step of an hour need not be waited for; the last complete checkpoint
-    stays, as after a kill). Handlers can be set in the main thread only; elsewhere nothing is
-    caught."""
+    process, while the block runs, and say so at once; a second SIGINT or SIGTERM raises
+    KeyboardInterrupt there and then (a step of an hour need not be waited for; the last
+    complete checkpoint stays, as after a kill). A signal the process was started ignoring
+    stays ignored: `nohup train ...` asked that a closed terminal not stop it. Handlers can be
+    set in the main thread only; elsewhere nothing is caught."""
     stop, previous = StopRequest(), {}
     if threading.current_thread() is threading.main_thread():
-        def handler(*_):
-            if stop.requested:
+        def handler(sig, _frame):
+            if stop.requested and sig != signal.SIGHUP:
                 log("stopped at once: re-run the same command to resume from the last "
                     "complete checkpoint")
                 raise KeyboardInterrupt
+            if not stop.requested:
+                log("stopping after the step in hand, with a checkpoint (Ctrl+C again to "
+                    "stop at once)")
             stop.requested = True
-            log("stopping after the step in hand, with a checkpoint (Ctrl+C again to stop "
-                "at once)")
-        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+        previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS
+                    if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield stop
     finally:

@@ -124,33 +124,30 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
         state.scaler.unscale_(opt)
     norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.clip or float("inf"))
     grad_norm = distributed.whole(norm).detach().double().reshape(1).to(sums.device)
-    skipped = nonfinite(sums[0], grad_norm[0], cfg)
+    skipped = nonfinite(sums[0], grad_norm[0])
     lr = lr_at(step, cfg)
     set_lr(state.optimizers, lr, cfg)
     for opt in state.optimizers:
         # fused AdamW and training/optim.py's Muon skip the update where found_inf is 1, on the
-        # device; fp16's scaler puts its own there (1 when the gradients overflowed: a NaN or
-        # infinite loss gives such gradients too)
+        # device. Not through scaler.step: it would put its own flag there (or read it to the
+        # host, for Muon); the gradients are unscaled already, and an overflowed one is in the
+        # norm, so `skipped` is the scaler's flag too, for every optimizer at once.
         opt.found_inf = skipped.float()
         try:
-            state.scaler.step(opt)
+            opt.step()
         finally:
             vars(opt).pop("found_inf", None)
         opt.zero_grad(set_to_none=True)
-    state.scaler.update()
+    state.scaler.update()  # fp16: the scale lowered after an overflow (unscale_ recorded it)
     values = torch.cat([sums, targets.reshape(1), grad_norm, skipped.double().reshape(1)])
     return StepResult(names, values, lr, t1 - t0, clock() - t1)
 
 
-def nonfinite(loss_sum: torch.Tensor, grad_norm: torch.Tensor, cfg) -> torch.Tensor:
+def nonfinite(loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
     """1.0 (on the device, never read here) when the step's update must be skipped: its loss,
     or its gradient norm, is NaN or infinite. Every process computes the same (both numbers are
-    the whole global batch's). Under fp16 an overflowed gradient is the scaler's routine (it
-    skips that update and lowers its scale), so only the loss counts there."""
-    bad = ~torch.isfinite(loss_sum)
-    if cfg.precision != "fp16":
-        bad = bad | ~torch.isfinite(grad_norm)
-    return bad.double()
+    the whole global batch's)."""
+    return (~torch.isfinite(loss_sum) | ~torch.isfinite(grad_norm)).double()
 
 
 def autocast(cfg, device: torch.device):
