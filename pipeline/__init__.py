@@ -8,7 +8,8 @@
       |  tokenize/encode (worker threads)      hash + split (tokenize/split), tokens + EOS
       v                                        (tokenize/tokenizer: fastokens or the reference)
     pack/output      the build's Output: each split's documents to
-      |  pack/packer                           rows of exactly --seq tokens + segments (pure)
+      |  pack/packer, pack/best_fit            rows of exactly --seq tokens + segments (pure;
+      |                                        --packing concat, or best-fit: whole documents)
       |  pack/writers (a writer thread)        write-ahead partial files -> whole shards
       v
     formats/         one class per shard format (formats/base: what each owns), one registry

@@ -129,6 +129,10 @@ class Build:
         tokenizer_id = {k: v for k, v in self.tok.identity().items() if k != "source"}
         self.fingerprint = {"settings": cfg.output_settings(), "tokenizer": tokenizer_id,
                             "inputs": self.inputs, "format_version": manifest_mod.FORMAT_VERSION}
+        if cfg.packing == "best-fit":  # its window and rule: another longpack's are another build
+            from pipeline.pack.best_fit import describe
+
+            self.fingerprint["packing"] = describe(cfg.seq)
         self.splitter = Splitter(cfg.val_fraction, cfg.seed)
         # set by run: the output, its state, this run's clock and counters
         self.output: Output | None = None

@@ -11,7 +11,6 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from longpack.settings import settings_of
 from pipeline.formats import get_format
 
 FORMAT_VERSION = 1
@@ -132,7 +131,9 @@ def make_manifest(cfg, fingerprint: dict, tokenizer: dict, engine: dict, inputs:
         "tokenizer_engine": engine,  # never in the fingerprint: ids do not depend on it
         "pad_id": tokenizer["eos_id"],
         "document_order": "input files sorted by path, then records in file order",
-        "settings": settings_of(cfg, "output", "recorded"),
+        # best-fit's window and rule (a concat build's manifest has no such key, as before it)
+        **({"packing": fingerprint["packing"]} if "packing" in fingerprint else {}),
+        "settings": cfg.settings_of("output", "recorded"),
         "inputs": inputs,
         "counts": {k: v for k, v in counts.items() if k != "splits"},
         "splits": splits,
@@ -170,8 +171,9 @@ def short_rows(m: dict) -> str | None:
 
 def summary(m: dict, out: str) -> str:
     c, t = m["counts"], m["timings"]
+    packing = f", {m['packing']['packing']}" if m.get("packing") else ""  # concat: as before
     lines = [f"pack build: {out}  ({m['format']}, seq {m['seq']}, {m['dtype']}, "
-             f"tokenizer {m['tokenizer']['name']})",
+             f"tokenizer {m['tokenizer']['name']}{packing})",
              f"  inputs      {len(m['inputs'])} files, {sum(i['size'] for i in m['inputs']):,} bytes",
              f"  read        {c['records_read']:,} records -> {c['documents']:,} documents, "
              f"{c['tokens']:,} tokens"]

@@ -66,15 +66,16 @@ def ray_cluster():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
 def test_a_ray_build_on_an_existing_cluster_is_byte_identical(tmp_path, byte_tokenizer,
-                                                              ray_cluster, capsys):
+                                                              ray_cluster, capsys, packing):
     from pipeline.distribute.engine_ray import build_with_ray
 
     inputs = corpus(tmp_path, docs=1000, repeat=4)
-    build(settings(tmp_path, inputs, byte_tokenizer, "single", rows_per_shard=64),
-          show_progress=False)
+    build(settings(tmp_path, inputs, byte_tokenizer, "single", rows_per_shard=64,
+                   packing=packing), show_progress=False)
     m = build_with_ray(settings(tmp_path, inputs, byte_tokenizer, "ray", rows_per_shard=64,
-                                tasks=3), ray_cluster, True)
+                                tasks=3, packing=packing), ray_cluster, True)
     assert m["timings"]["tasks"] == 3
     assert build_tree(tmp_path / "ray") == build_tree(tmp_path / "single")
     # one bar, fed by the three tasks' reports: it counts documents of more than one task

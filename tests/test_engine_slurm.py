@@ -193,9 +193,11 @@ def test_sbatch_refusal_is_its_own_words_and_submits_nothing(slurm, tmp_path, by
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tasks, fmt", [(2, "mds"), (3, "memmap")])
-def test_slurm_build_is_byte_identical(slurm, tmp_path, byte_tokenizer, capsys, tasks, fmt):
-    kw = settings(tmp_path, byte_tokenizer, format=fmt)
+@pytest.mark.parametrize("tasks, fmt, packing", [(2, "mds", "concat"), (3, "memmap", "concat"),
+                                                 (3, "mds", "best-fit")])
+def test_slurm_build_is_byte_identical(slurm, tmp_path, byte_tokenizer, capsys, tasks, fmt,
+                                       packing):
+    kw = settings(tmp_path, byte_tokenizer, format=fmt, packing=packing)
     out = tmp_path / "slurm" / "out"
     cfg = BuildConfig(out=str(out), tasks=tasks, **kw)
     assert build_with_slurm(cfg, (), wait=True, dry_run=False, poll_s=POLL_S) == 0

@@ -62,12 +62,14 @@ def run_remote(cfg: BuildConfig) -> tuple[dict, bool]:
     return outcome.manifest, outcome.already_complete
 
 
-@pytest.mark.parametrize("fmt", ["mds", "memmap"])
+@pytest.mark.parametrize("fmt, packing", [("mds", "concat"), ("memmap", "concat"),
+                                          ("mds", "best-fit")])
 @pytest.mark.slow
 def test_a_build_into_s3_holds_the_bytes_of_a_local_build(tmp_path, s3, corpus, byte_tokenizer,
-                                                          fmt):
-    build(settings(tmp_path / "local", corpus, byte_tokenizer, format=fmt), show_progress=False)
-    cfg = settings(s3.url("ds"), corpus, byte_tokenizer, format=fmt,
+                                                          fmt, packing):
+    build(settings(tmp_path / "local", corpus, byte_tokenizer, format=fmt, packing=packing),
+          show_progress=False)
+    cfg = settings(s3.url("ds"), corpus, byte_tokenizer, format=fmt, packing=packing,
                    staging=str(tmp_path / "staging"))
     manifest, complete = run_remote(cfg)
     assert not complete and manifest["splits"]["train"]["shards"] > 5

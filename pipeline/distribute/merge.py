@@ -33,7 +33,6 @@ from longpack.atomic import temp_name, write_bytes, write_json, writing
 from longpack.errors import SettingsError
 from pipeline import manifest as manifest_mod
 from pipeline.config import SPLITS, WORK_DIR
-from pipeline.distribute.layout import SplitLayout, cut_shard
 from pipeline.distribute.task_stream import SplitStreams, TaskFile
 from pipeline.distribute.work_folder import (
     BLOCK_BYTES,
@@ -127,11 +126,10 @@ def _place(build: TaskedBuild, index: int, folder: Path, owned: dict[str, range]
     try:
         for split in SPLITS:
             streams = _streams(build, split, index + 1)
-            layout = SplitLayout(streams.counts, build.cfg.seq, build.rows_per_shard(),
-                                 build.cfg.last_row)
+            layout = build.layout(split, index + 1)
             fmt, entries = build.format(split), {}
             for k in owned[split]:
-                files, entry = fmt.encode_shard(k, *cut_shard(layout, streams, k, build.eos_id))
+                files, entry = fmt.encode_shard(k, *layout.cut(streams, k, build.eos_id))
                 with writing(folder / split):
                     (folder / split).mkdir(exist_ok=True)
                 for name, data in files.items():
@@ -189,7 +187,7 @@ def _merge(build: TaskedBuild, journal: Journal) -> dict:
     indexes = {}
     for split in SPLITS:
         streams = _streams(build, split, build.tasks)
-        layout = SplitLayout(streams.counts, cfg.seq, build.rows_per_shard(), cfg.last_row)
+        layout = build.layout(split, build.tasks, final=True)
         fmt, entries = build.format(split), {}
         with writing(out / split):
             (out / split).mkdir(exist_ok=True)
@@ -204,7 +202,7 @@ def _merge(build: TaskedBuild, journal: Journal) -> dict:
         for k in range(layout.shards):
             if k in entries:
                 continue
-            files, entries[k] = fmt.encode_shard(k, *cut_shard(layout, streams, k, build.eos_id))
+            files, entries[k] = fmt.encode_shard(k, *layout.cut(streams, k, build.eos_id))
             for name, data in files.items():
                 journal.claim(out / split / name)
                 write_bytes(out / split / name, data, fsync=True)

@@ -271,6 +271,7 @@ class TaskedBuild:
         self.entry_keys = get_format(self.cfg.format).entry_keys
         self._done: dict[int, dict] = {}
         self._seen_done: set[int] = set()
+        self._layouts: dict = {}  # split -> its BestFitLayout, as far as it is read
 
     def is_done(self, i: int) -> bool:
         """Once done, a task stays done: only a task not seen done is looked at again."""
@@ -306,9 +307,33 @@ class TaskedBuild:
         return record
 
     def owned(self, i: int, split: str) -> range:
-        """The full shards of `split` task i places (its done.json and those before it)."""
+        """The full shards of `split` task i places (its done.json and those before it; under
+        best-fit, their documents' lengths too: layout.py)."""
+        if self.cfg.packing == "best-fit":
+            return self.layout(split, i + 1).owned(i)
         tokens = [d["counts"]["splits"][split]["tokens"] for d in self.dones(i + 1)]
         return owned_shards(sum(tokens[:i]), tokens[i], self.cfg.seq, self.rows_per_shard())
+
+    def layout(self, split: str, upto: int, final: bool = False):
+        """Where `split`'s rows and shards fall (layout.py), from tasks 0..upto-1 (`final`: all
+        of them, the split's last rows included). A best-fit layout is read once, task by
+        task, and kept: placing several tasks, or checking every placement, reads each task's
+        document lengths once."""
+        from pipeline.distribute.layout import BestFitLayout, SplitLayout
+        from pipeline.distribute.task_stream import read_stream
+
+        if self.cfg.packing != "best-fit":
+            counts = [d["counts"]["splits"][split]["tokens"] for d in self.dones(upto)]
+            return SplitLayout(counts, self.cfg.seq, self.rows_per_shard(), self.cfg.last_row)
+        layout = self._layouts.setdefault(split, BestFitLayout(self.cfg.seq,
+                                                               self.rows_per_shard()))
+        for j in range(layout.tasks_read, upto):
+            _, docs = read_stream(task_folder(self.out, j), split, self.dtype, self.done(j), j,
+                                  self.tasks)
+            layout.extend(docs[:, 0].astype(np.int64))
+        if final:
+            layout.close()
+        return layout
 
     # -- the pieces a shard is cut from ------------------------------------------------------
     def _any_done(self) -> dict:

@@ -1,6 +1,7 @@
-"""A build's output at OUT: each split's documents packed into rows (packer.py) and written as
-shards (writers.py), OUT/skipped.jsonl, and OUT/manifest.json last. One of the Outputs a Build
-runs into (build.py; a task's is distribute/task_build.py's TaskOutput).
+"""A build's output at OUT: each split's documents packed into rows (packer.py; best_fit.py
+under --packing best-fit) and written as shards (writers.py), OUT/skipped.jsonl, and
+OUT/manifest.json last. One of the Outputs a Build runs into (build.py; a task's is
+distribute/task_build.py's TaskOutput).
 
     OUT/.longpack-build/   lock, fingerprint.json, checkpoint.npz, partial shards
     OUT/train/, OUT/val/   shards + index.json, written by the format's class
@@ -22,6 +23,7 @@ from longpack.atomic import write_json
 from pipeline import manifest as manifest_mod
 from pipeline.build_state import BuildState
 from pipeline.config import SPLITS, WORK_DIR, BuildConfig
+from pipeline.pack.best_fit import BestFitPacker
 from pipeline.pack.packer import RowPacker
 from pipeline.pack.writers import ShardSink, shard_writer
 from pipeline.store.lock import OutputLock
@@ -46,7 +48,8 @@ class ShardOutput:
         self.journal: Journal | None = None
         self.already_complete = False
         self.writer = None  # the shard writer thread, while open
-        self.packers: dict[str, RowPacker] = {}
+        self.packers: dict[str, RowPacker | BestFitPacker] = {}
+        self.pad_id: int | None = None  # the tokenizer's EOS: best-fit pads every row with it
         self.sinks: dict[str, ShardSink] = {}
 
     @contextlib.contextmanager
@@ -63,13 +66,14 @@ class ShardOutput:
                 yield json.loads((self.out / "manifest.json").read_text())
                 return
             self.journal = Journal(self.out)
+            self.pad_id = build.tok.eos_id
             yield found or BuildState()
 
     def open(self, state: BuildState, dtype: np.dtype) -> None:
         """Packers and shard sinks, each where the checkpoint left it."""
         cfg = self.cfg
         self.writer = shard_writer()
-        self.packers = {s: RowPacker(cfg.seq, dtype, *state.carries.get(s, (None, None)))
+        self.packers = {s: make_packer(cfg, dtype, self.pad_id, state.carries.get(s))
                         for s in SPLITS}
         self.sinks = {s: ShardSink(cfg.format, self.out / s, self.work, s, cfg.seq, dtype,
                                    cfg.shard_rows(dtype.itemsize), cfg.shard_compression(),
@@ -87,7 +91,7 @@ class ShardOutput:
         """The state, with where each split's output stands (once the shards in flight are
         written), saved; then the partial files it made obsolete go."""
         state.sinks = {s: self.sinks[s].state() for s in SPLITS}
-        state.carries = {s: (p.carry, p.carry_segments) for s, p in self.packers.items()}
+        state.carries = {s: p.state() for s, p in self.packers.items()}
         state.save(self.work / CHECKPOINT)
         for sink in self.sinks.values():
             sink.delete_obsolete()
@@ -132,3 +136,11 @@ class ShardOutput:
     def close(self) -> None:
         if self.journal is not None:
             self.journal.close()
+
+
+def make_packer(cfg: BuildConfig, dtype: np.dtype, pad_id: int,
+                state: dict | None = None) -> RowPacker | BestFitPacker:
+    """The packer --packing names, where a checkpoint's `state` (its state()) left it."""
+    if cfg.packing == "best-fit":
+        return BestFitPacker(cfg.seq, dtype, pad_id, **(state or {}))
+    return RowPacker(cfg.seq, dtype, **(state or {}))

@@ -30,6 +30,10 @@ class RowPacker:
         self.carry_segments = (np.zeros((0, 2), np.uint64) if carry_segments is None
                                else carry_segments.astype(np.uint64).reshape(-1, 2))
 
+    def state(self) -> dict[str, np.ndarray]:
+        """What a checkpoint saves (BuildState.carries); RowPacker(seq, dtype, **state) goes on."""
+        return {"carry": self.carry, "carry_segments": self.carry_segments}
+
     def add(self, tokens: np.ndarray, doc_lengths: np.ndarray, doc_hashes: np.ndarray
             ) -> tuple[np.ndarray, np.ndarray]:
         """Append whole documents (`tokens` is their concatenation). Returns the rows completed,

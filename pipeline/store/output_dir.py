@@ -17,6 +17,7 @@ deletes or replaces a file it did not write. Only re-running a finished build, w
 nothing, tolerates foreign files.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -27,7 +28,7 @@ from pathlib import Path
 from longpack.atomic import TEMP_NAME, write_json, writing
 from longpack.errors import SettingsError
 from pipeline.build_state import BuildState
-from pipeline.config import SPLITS, WORK_DIR
+from pipeline.config import SPLITS, WORK_DIR, BuildConfig
 from pipeline.formats import open_format
 from pipeline.formats.base import ShardError
 from pipeline.store.lock import LOCK_NAME
@@ -209,6 +210,8 @@ def refuse_tasked_build(out: Path, overwrite: bool) -> None:
 
 
 def differences(old: dict, new: dict) -> str:
+    # a build setting left out of a fingerprint has its default (--packing concat: config.py)
+    unset = {f.name: f.default for f in dataclasses.fields(BuildConfig)}
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
@@ -218,8 +221,13 @@ def differences(old: dict, new: dict) -> str:
             out.append(f"it is the output of pack {'build' if a is None else 'import'}, this "
                        f"command's of pack {'build' if b is None else 'import'}")
         elif key == "settings" and isinstance(a, dict) and isinstance(b, dict):
-            out += [f"--{k.replace('_', '-')} {a.get(k)} -> {b.get(k)}"
+            out += [f"--{k.replace('_', '-')} {a.get(k, unset.get(k))} -> "
+                    f"{b.get(k, unset.get(k))}"
                     for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        elif key == "packing" and (a is None or b is None):
+            continue  # best-fit against concat: --packing, above
+        elif key == "packing":  # the same --packing, another longpack's window or rule
+            out.append("best-fit's window or rule: another longpack packed it")
         else:  # a setting of one kind of build only (pack build against pack import): named
             out.append(f"{key} changed")
     return "; ".join(out)
