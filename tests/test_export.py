@@ -315,7 +315,10 @@ def test_an_export_without_its_tokenizer_is_an_error_unless_asked_for(tmp_path, 
     assert (tmp_path / "hf" / "config.json").is_file()
     result = runner.invoke(zoo, ["export", str(neox_run), "--to", "safetensors", "--out",
                                  str(tmp_path / "st"), "--no-tokenizer"])
-    assert result.exit_code == 1 and "--no-tokenizer is --to hf's" in result.output
+    assert result.exit_code == 1 and "--no-tokenizer and --shards are --to hf's" in result.output
+    result = runner.invoke(zoo, ["export", str(neox_run), "--to", "safetensors", "--out",
+                                 str(tmp_path / "st"), "--shards", str(tmp_path)])
+    assert result.exit_code == 1 and "--no-tokenizer and --shards are --to hf's" in result.output
     result = runner.invoke(zoo, ["generate", str(neox_run), "--prompt", "hi"])
     lines = result.output.strip().splitlines()
     assert result.exit_code == 1 and len(lines) == 1, result.output

@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from test_train_cli import one_line_error
 
+from longpack.errors import TrainingError
 from training.checkpoints import checkpoint, saving
 from training.cli import train as train_cli
 
@@ -229,6 +230,23 @@ def test_a_symlink_planted_while_the_run_trains_stops_its_save_in_one_line(
     assert [p.name for p in run.iterdir() if p.name.startswith(".") and not p.is_symlink()] == []
     assert sorted(p.name for p in run.glob("step-*")) == ["step-00000001"] + (
         [name] if name.startswith("step-") else [])
+
+
+@pytest.mark.parametrize("name, kind", [("latest", "folder"), ("metrics.jsonl", "folder"),
+                                        (".step-00000002.tmp", "file")])
+def test_something_else_at_a_name_the_run_writes_is_refused_before_step_0(tmp_path, name, kind):
+    """Before: a folder at `latest` or a file at a save's temporary name failed that save,
+    after the steps since the last one were trained."""
+    run = tmp_path / "run"
+    run.mkdir()
+    if kind == "folder":
+        (run / name).mkdir()
+    else:
+        (run / name).write_text("a user's")
+    wanted = "file" if kind == "folder" else "folder"
+    with pytest.raises(TrainingError, match=rf"{run / name} is not a {wanted}, where"):
+        saving.check_names(run)
+    assert (run / name).exists()
 
 
 def test_a_leftover_temporary_folder_without_links_is_no_obstacle(tmp_path):

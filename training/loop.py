@@ -156,25 +156,27 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 pending = []
                 if evaluating:
                     records[-1].update(evaluate(model, data, cfg, procs) or {})
-                for record in records:
-                    record.update(eta.after(record["step"]))
-                    skips.count(record)
-                    history.append(record)
-                    if metrics:
-                        metrics.write(record)
-                    if "console" in cfg.report_to and (record["step"] % cfg.log_every == 0
-                                                       or "val_loss" in record):
-                        log(console_line(record, last))
-                    if record.get("skipped"):  # on every process: each stops at the limit
-                        line = skips.after(record, run)
-                        log(line)
+                with distributed.failing_together(procs):  # metrics.jsonl: rank 0's alone
+                    for record in records:
+                        record.update(eta.after(record["step"]))
+                        skips.count(record)
+                        history.append(record)
+                        if metrics:
+                            metrics.write(record)
+                        if "console" in cfg.report_to and (record["step"] % cfg.log_every == 0
+                                                           or "val_loss" in record):
+                            log(console_line(record, last))
+                        if record.get("skipped"):  # on every process: each stops at the limit
+                            line = skips.after(record, run)
+                            log(line)
                 if due or stopping:
                     check_weights(model, step, run, procs)
-                    if procs.main and remote:
-                        remote.wait()  # the previous checkpoint's upload, if still running
+                    with distributed.failing_together(procs):
+                        if procs.main and remote:
+                            remote.wait()  # the previous checkpoint's upload, if still running
                     saved = saving.save(run, step, state, checkpoint.capture(
                         state, step, data, order, cfg, run_id), cfg.keep_last, procs)
-                    if procs.main and remote:
+                    if procs.main and remote:  # its failure is seen at the next wait
                         remote.submit(saved, run, cfg.keep_last)  # in the background
                 if stopping:
                     log(f"stopped at step {step}: re-run the same command to resume")

@@ -81,9 +81,9 @@ class ExportConfig:
 
     def __post_init__(self):
         check(self)
-        if not self.tokenizer and self.to != "hf":
-            raise SettingsError("--no-tokenizer is --to hf's: --to safetensors writes no "
-                                "tokenizer")
+        if (not self.tokenizer or self.shards is not None) and self.to != "hf":
+            raise SettingsError("--no-tokenizer and --shards are --to hf's: --to safetensors "
+                                "writes no tokenizer")
         if self.max_shard_size is not None:
             object.__setattr__(self, "max_shard_size", parse_size(self.max_shard_size))
         if self.to == "safetensors" and (self.license or self.max_shard_size

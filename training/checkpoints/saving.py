@@ -202,6 +202,7 @@ def _probe(folder: Path) -> OSError | None:
 # The names a run writes in its folder (save, MetricsLog; `latest` and metrics.jsonl through
 # atomic.write_bytes's temporary names), none of which may be a symlink (check_names)
 TEMP_FOLDER = re.compile(r"\.step-\d{8}\.tmp")  # save's `tmp`
+FILES = ("latest", "metrics.jsonl")  # the names of WRITTEN that are files, not folders
 WRITTEN = {STEP_NAME: "where this run saves a checkpoint",
            TEMP_FOLDER: "where this run writes a checkpoint before renaming it",
            re.compile(r"latest"): "where this run names its newest checkpoint",
@@ -240,7 +241,13 @@ def check_names(run: Path) -> None:
         if entry.is_symlink():
             _refuse_link(Path(entry.path), f"where this run writes {name} before renaming it"
                          if temp else role)
-        elif TEMP_FOLDER.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+        elif name in FILES and not temp and not entry.is_file(follow_symlinks=False):
+            raise TrainingError(f"{entry.path} is not a file, {role}; move it out of the run "
+                                "folder, then re-run the same command (no step was trained)")
+        elif TEMP_FOLDER.fullmatch(entry.name) and not entry.is_dir(follow_symlinks=False):
+            raise TrainingError(f"{entry.path} is not a folder, {role}; move it out of the run "
+                                "folder, then re-run the same command (no step was trained)")
+        elif TEMP_FOLDER.fullmatch(entry.name):
             for inner in os.scandir(entry.path):  # what a save cut short left there
                 if inner.is_symlink():
                     _refuse_link(Path(inner.path), "in the folder a save cut short left")

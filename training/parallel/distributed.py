@@ -89,6 +89,25 @@ def anyone(flag: bool, procs: Processes) -> bool:
     return bool(t)
 
 
+@contextlib.contextmanager
+def failing_together(procs: Processes):
+    """A block that every process enters but only some work in (rank 0's metrics.jsonl and
+    uploads): an error there stops every process, each at the block's end, instead of one
+    stopping while the others wait for it in the next collective until a timeout. The failed
+    process raises its own error; the others a line saying another one failed. One
+    all-reduce per block (none for one process)."""
+    from longpack import TrainingError
+
+    try:
+        yield
+    except Exception:
+        anyone(True, procs)
+        raise
+    if anyone(False, procs):
+        raise TrainingError("another process of this run failed (its error is in that "
+                            "process's output), so this one stops too")
+
+
 def barrier(procs: Processes) -> None:
     if procs.world > 1:
         dist.barrier()
