@@ -27,7 +27,7 @@ from training.data.loader import make_batch
 from training.data.mixture import make_order, open_sources
 from training.fits import check_memory, plan_memory
 from training.loop import resolve_steps
-from training.metrics import duration
+from training.metrics import check_installed, duration
 from training.parallel import distributed
 from training.step import prepare, train_step
 
@@ -86,6 +86,7 @@ def probe_cache(cfg: TrainConfig, procs: distributed.Processes):
 def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes,
           world_size: int | None, gpu_memory: int) -> dict:
     world = procs.world if world_size is None else world_size
+    check_installed(cfg.report_to)  # what the real run refuses, the plan refuses first
     data = open_sources(cfg, cache)
     cfg = resolve_steps(cfg, data.seq, world, say)
     vocab = data.manifest["tokenizer"]["vocab_size"]

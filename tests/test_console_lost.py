@@ -88,11 +88,13 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint_as_ctrl_c_does(tmp_pa
             assert lines[-1], "".join(lines)
         os.killpg(proc.pid, signal.SIGHUP)
         out = "".join(lines) + proc.stdout.read()
-        assert proc.wait(timeout=300) == 0, out
+        assert proc.wait(timeout=300) == 128 + signal.SIGHUP, out  # as killed by it: 129
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert "stopping after the step in hand, with a checkpoint" in out, out
+    assert re.search(r"stopping after the step in hand \(about \S+ more\), with a checkpoint",
+                     out), out
+    assert out.strip().splitlines()[-1].startswith("stopped at step")
     assert "Traceback" not in out, out
     stopped = int(out.split("stopped at step ")[1].split(":")[0])
     assert 1 < stopped < 100000

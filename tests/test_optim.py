@@ -189,3 +189,14 @@ def test_onecycle_and_cosine_with_warm_restarts_shapes():
     assert lrs[25] == pytest.approx(0.5) and lrs[39] < 0.01  # half way, the end of a cycle
     with pytest.raises(SettingsError, match="takes --restart-every"):
         TrainConfig(shards="x", schedule="cosine-restarts")
+
+
+def test_adamw_s_betas_and_epsilon_are_settings():
+    from longpack.errors import SettingsError
+
+    model = archs.build("neox-tiny", vocab_size=300)
+    cfg = TrainConfig(shards="x", adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6)
+    (adamw,) = make_optimizers(model, cfg)
+    assert all(g["betas"] == (0.8, 0.99) and g["eps"] == 1e-6 for g in adamw.param_groups)
+    with pytest.raises(SettingsError, match=r"--adam-beta2 must be in \[0, 1\)"):
+        TrainConfig(shards="x", adam_beta2=1.0)

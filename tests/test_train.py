@@ -276,6 +276,11 @@ def test_a_missing_logger_is_refused_saying_what_to_install(tmp_path, shards, mo
         train(config(shards, tmp_path / "t", max_steps=2, report_to=("jsonl", kind)),
               log=lambda m: None)
     assert not (tmp_path / "t").exists()  # refused before the run made anything
+    from longpack.dry_run import plan  # and by the dry run, which passed it before
+
+    with pytest.raises(SettingsError, match=f"--report-to {kind} needs the {kind} package"):
+        plan(config(shards, tmp_path / "t", max_steps=2, report_to=("jsonl", kind)),
+             say=lambda m: None)
 
 
 def test_tensorboard_gets_every_step(tmp_path, shards):

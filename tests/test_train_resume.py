@@ -167,7 +167,9 @@ def test_a_signal_finishes_the_step_saves_and_the_resumed_run_matches(tmp_path, 
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGTERM)  # Ctrl+C (SIGINT) takes the same handler
     out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0 and "stopped at step" in out and "re-run" in out
+    # 143, as a process killed by SIGTERM: a scheduler sees the run was stopped, not done
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    assert out.strip().splitlines()[-1].startswith("stopped at step") and "re-run" in out
     stopped_at = checkpoint.load_latest(tmp_path / "b")[0]["step"]
     assert 0 < stopped_at < 60
     subprocess.run([*run, *args, "--out", str(tmp_path / "b")], check=True,
@@ -195,6 +197,34 @@ def test_a_resume_from_a_folder_that_is_no_checkpoint_is_one_line(tmp_path, shar
     r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(tmp_path / "r"),
                                        "--resume", str(tmp_path / "nowhere")])
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
-    assert (f"Error: --resume {tmp_path / 'nowhere'}: not a complete checkpoint (no COMPLETE "
-            "file); pass a complete checkpoint directory, auto or never") in r.output
+    assert (f"Error: --resume {tmp_path / 'nowhere'}: no such checkpoint ({tmp_path / 'r'} has "
+            "no checkpoints); pass one of them, a checkpoint's path, auto (the newest) or "
+            "never") in r.output
     assert not (tmp_path / "r").exists()
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(tmp_path / "r"),
+                                       "--resume", str(tmp_path / "empty")])
+    assert (f"Error: --resume {tmp_path / 'empty'}: not a complete checkpoint (no COMPLETE "
+            "file); pass a complete checkpoint directory, auto or never") in r.output
+
+
+def test_resume_by_a_checkpoint_s_name_in_the_run_or_latest(tmp_path, shards, monkeypatch):
+    """Before: `--resume step-00000002` or `--resume latest` (names in the run folder, not
+    paths from here) said "not a complete checkpoint (no COMPLETE file)"."""
+    run = tmp_path / "r"
+    train(config(shards, run, max_steps=4, save_every=2, keep_last=5), log=lambda _: None)
+    monkeypatch.chdir(tmp_path)  # the names are not paths from here
+    said = []
+    for name, step in (("step-00000002", 2), ("latest", 4)):
+        history = train(config(shards, run, max_steps=4, save_every=2, keep_last=5),
+                        resume=name, log=said.append)
+        assert f"resumed from {run / f'step-{step:08d}'} at step {step}" in said
+        assert len(history) == 4
+    said = []  # a resume with a longer run: its decay is stretched, and it says so
+    train(config(shards, run, max_steps=6, save_every=2, keep_last=5), log=said.append)
+    assert any(line.startswith("the learning-rate schedule differs from the checkpoint's run "
+                               "(--max-steps 4 -> 6): from step 4 it follows this run's")
+               for line in said), said
+    with pytest.raises(TrainingError, match=rf"--resume step-00000008: no such checkpoint "
+                       rf"\({run}'s checkpoints: step-00000002, step-00000004, step-00000006\)"):
+        train(config(shards, run, max_steps=4), resume="step-00000008", log=lambda _: None)

@@ -95,6 +95,8 @@ def _renamed_log(ctx, _param, value):
 @click.version_option(package_name="longpack")
 def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **settings):
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
+    import sys
+
     from training.console import Console
     from training.loop import train as run_training
     from training.parallel import distributed
@@ -119,6 +121,8 @@ def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **setti
         return
     say = Console(click.echo)  # a reader gone (`| head -1`) drops lines, never the run
     history = run_training(cfg, resume=resume, log=say)
+    if history.stopped_by:  # "stopped at step N" was the last line; exit as the signal would
+        sys.exit(128 + history.stopped_by)
     if history and distributed.launched().main:
         losses = [h["loss"] for h in history if h["loss"] is not None]  # None: padding only
         loss = f", loss {losses[-1]:.4f}" if losses else ""

@@ -89,6 +89,13 @@ class TrainConfig:
         choices=OPTIMIZERS)
     weight_decay: float = setting(
         0.1, "AdamW decoupled weight decay (not on norms, biases, embeddings).", min=0)
+    # named as Hugging Face Trainer names them, so its configs' keys are these settings
+    adam_beta1: float = setting(0.9, "AdamW's first-moment decay (beta1).", min=0, max=1,
+                                max_open=True, why="a moment that never decays never forgets")
+    adam_beta2: float = setting(0.95, "AdamW's second-moment decay (beta2).", min=0, max=1,
+                                max_open=True, why="a moment that never decays never forgets")
+    adam_epsilon: float = setting(1e-8, "AdamW's epsilon, added to the second moment's root.",
+                                  min=0, min_open=True)
     muon_lr: float | None = setting(
         None, "--optimizer muon: Muon's peak learning rate (its matrices'; AdamW's parameters "
         "keep --lr), on the same schedule (scaled by --muon-lr / --lr) [--lr].", min=0,

@@ -35,7 +35,8 @@ from training.data.mixture import (
 )
 from training.evaluate import split_loss
 from training.fits import check_memory
-from training.metrics import MetricsLog, check_installed, duration, peak_flops
+from training.metrics import MetricsLog, check_installed, duration, matmul_rate, peak_flops
+from training.optim import schedule_change
 from training.parallel import distributed
 from training.step import prepare, read_steps, train_step
 
@@ -43,11 +44,12 @@ SHARD_CACHE = "shard-cache"  # in the run directory, without --cache
 
 
 def train(cfg: TrainConfig, resume: str = "auto", log=print,
-          stop_at: int | None = None) -> list[dict]:
+          stop_at: int | None = None) -> "History":
     """Train to cfg.max_steps, or stop early after step `stop_at` with a checkpoint (what a
     SIGTERM handler does; tests use it to interrupt a run). Returns the metrics history: on
     the main process every step's record, those before a resume read back from
-    metrics.jsonl; on the others, the records of the steps this call ran."""
+    metrics.jsonl; on the others, the records of the steps this call ran; its `stopped_by`
+    is the signal that stopped the run (None: it ran to its end, or to `stop_at`)."""
     with distributed.processes(group=cfg.fsdp) as procs:
         log = Console(log) if procs.main else (lambda _: None)  # a lost reader: lines dropped
         run, remote = run_folder(cfg)
@@ -91,9 +93,12 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                                                        step_tokens), run_id) if procs.main else None
         # the records of the steps before `step`; lines of later ones (a crash, --resume never)
         # go, to be written again
-        history = metrics.truncate(step) if metrics else []
+        history = History(metrics.truncate(step) if metrics else [])
         if found:
             log(f"resumed from {found[1]} at step {step}")
+            change = schedule_change(found[0]["config"], cfg, step)
+            if change:
+                log(change)
         wanted = cfg.eval_batches * cfg.batch_size
         for name, val in data.vals:
             if val is None:
@@ -115,20 +120,23 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 f"{name} reached --max-epochs at step {last}: the run is complete")
         eta = Eta(last)
         skips = SkippedSteps(cfg.max_skipped_steps, cfg.precision)
+        times = StepTimes(step_floor(model, data.seq, cfg, device))
         if step < last:  # said before step 0, which may take a while (compiling, a GPU warming)
             log(f"training {cfg.model} ({model.num_params():,} parameters) for steps {step} to "
                 f"{last - 1} of {order.global_batch} x {data.seq - 1} tokens on {procs.world} "
                 f"{device.type} process{'es' if procs.world > 1 else ''}"
                 + (": the first step compiles the model" if cfg.compile else ""))
+            for line in long_steps(times.floor, last - step, model, data.seq, cfg, device):
+                log(line)
         # -- steps: SIGINT/SIGTERM/SIGHUP finish the step in hand, save, and return (the CLI exits 0);
         # a second one aborts (the last complete checkpoint stays) ------------------------------
-        with stop_requested(log) as stop, uploads_finished(remote, log), \
+        with stop_requested(log, times.left) as stop, uploads_finished(remote, log), \
                 contextlib.closing(metrics) if metrics else contextlib.nullcontext(), \
                 contextlib.closing(batches(batches_of, step, last, cfg.workers,
                                            cfg.prefetch)) as stream:
             pending = []  # the steps since the numbers were last read: (record, StepResult, t0)
             while step < last:
-                t0 = time.perf_counter()
+                t0 = times.started()
                 micro_batches = [model_inputs(next(stream), device, cfg.compile)
                                  for _ in range(cfg.grad_accum)]
                 waited = time.perf_counter() - t0
@@ -158,6 +166,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                     records[-1].update(evaluate(model, data, cfg, procs) or {})
                 with distributed.failing_together(procs):  # metrics.jsonl: rank 0's alone
                     for record in records:
+                        times.took(record["seconds"])
                         record.update(eta.after(record["step"]))
                         skips.count(record)
                         history.append(record)
@@ -179,6 +188,8 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                     if procs.main and remote:  # its failure is seen at the next wait
                         remote.submit(saved, run, cfg.keep_last)  # in the background
                 if stopping:
+                    # another process's signal stopped this one: as a scheduler's SIGTERM
+                    history.stopped_by = stop.signal or (None if stop_at else signal.SIGTERM)
                     log(f"stopped at step {step}: re-run the same command to resume")
                     break
         return history
@@ -330,15 +341,75 @@ def uploads_finished(remote: RemoteRun | None, log):
         log(f"checkpoints uploaded to {redact(remote.store.url)}")
 
 
+class History(list):
+    """The run's records, and the signal that stopped it before its end (None if none did):
+    the command exits 128 + it, as a process killed by it would (130 for Ctrl+C)."""
+    stopped_by: int | None = None
+
+
 class StopRequest:
     requested = False
+    signal: int | None = None  # the first stop signal this process received
+
+
+class StepTimes:
+    """How long a step takes, for a Ctrl+C to say how long the step in hand has left: the
+    steps' measured time once there is one (the last read's), else `floor` (step_floor)."""
+
+    def __init__(self, floor: float | None):
+        self.floor, self.per_step, self.t_step = floor, floor, None
+
+    def started(self) -> float:
+        self.t_step = time.perf_counter()
+        return self.t_step
+
+    def took(self, seconds: float) -> None:
+        self.per_step = seconds
+
+    def left(self) -> float | None:
+        if self.per_step is None or self.t_step is None:
+            return None
+        return max(self.per_step - (time.perf_counter() - self.t_step), 0.0)
+
+
+def step_floor(model, seq: int, cfg: TrainConfig, device) -> float | None:
+    """A floor on one optimizer step's time on this process: its FLOPs (flops_per_token, a
+    micro-step's rows x grad_accum) at the device's best matmul rate (metrics.matmul_rate);
+    None where the rate is not known."""
+    rate = matmul_rate(device)
+    if not rate:
+        return None
+    tokens = cfg.batch_size * cfg.grad_accum * (seq - 1)
+    return model.flops_per_token(seq - 1) * tokens / rate
+
+
+SMALL_SEQ = 2048  # a first try's sample length on a CPU
+
+
+def long_steps(floor: float | None, steps: int, model, seq: int, cfg: TrainConfig,
+               device) -> list[str]:
+    """What a run of long steps says before its first (a step of an hour on a CPU would
+    otherwise be an hour of silence): the floor per step and in all, said from a second a
+    step; and from a minute on a CPU, the floor of a first try with a smaller --seq and
+    --batch-size."""
+    if floor is None or floor < 1:
+        return []
+    lines = [f"a step takes at least {duration(floor)} here (its FLOPs at this {device.type}'s "
+             f"best matmul rate): the {steps:,} steps at least {duration(floor * steps)}"]
+    cfg_seq = cfg.seq or seq
+    if device.type == "cpu" and floor >= 60 and (cfg_seq > SMALL_SEQ or cfg.batch_size > 1):
+        small = SMALL_SEQ if cfg_seq > SMALL_SEQ and seq % SMALL_SEQ == 0 else cfg_seq
+        smaller = step_floor(model, small, dataclasses.replace(cfg, batch_size=1), device)
+        lines.append(f"for a first try on a CPU, --seq {small} --batch-size 1 takes at least "
+                     f"{duration(smaller)} a step")
+    return lines
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def stop_requested(log=print):
+def stop_requested(log=print, left=lambda: None):
     """SIGINT, SIGTERM and SIGHUP (a closed terminal) set `.requested` instead of stopping the
     process, while the block runs, and say so at once; a second SIGINT or SIGTERM raises
     KeyboardInterrupt there and then (a step of an hour need not be waited for; the last
@@ -353,8 +424,11 @@ def stop_requested(log=print):
                     "complete checkpoint")
                 raise KeyboardInterrupt
             if not stop.requested:
-                log("stopping after the step in hand, with a checkpoint (Ctrl+C again to "
-                    "stop at once)")
+                seconds = left()
+                more = f" (about {duration(seconds)} more)" if seconds is not None else ""
+                log(f"stopping after the step in hand{more}, with a checkpoint (Ctrl+C again "
+                    "to stop at once)")
+                stop.signal = sig
             stop.requested = True
         previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS
                     if signal.getsignal(sig) is not signal.SIG_IGN}

@@ -121,3 +121,22 @@ def peak_flops(device) -> float | None:
         return None
     name = torch.cuda.get_device_name(device)
     return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+
+
+def matmul_rate(device) -> float | None:
+    """FLOP/s this device's matrix units reach at best: a GPU's dense bf16 peak (PEAK_FLOPS;
+    None for one not in it), a CPU's measured now, the best of a few fp32 matmuls of 1024 (a
+    fraction of a second). A step's FLOPs over it are a floor on the step's time."""
+    import time
+
+    import torch
+
+    if device.type != "cpu":
+        return peak_flops(device)
+    a = torch.randn(1024, 1024)
+    best = float("inf")
+    for _ in range(4):
+        t0 = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 1024**3 / best

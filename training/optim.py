@@ -121,7 +121,8 @@ def make_optimizers(model: nn.Module, cfg) -> list[torch.optim.Optimizer]:
     plain = [p for role, ps in groups.items() if role not in DECAYED for p in ps]
     # fused on every device: its kernel takes `found_inf`, so that a step with a non-finite
     # loss or gradient is skipped on the device, with no host read (training/step.py)
-    adamw = dict(lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, fused=True)
+    adamw = dict(lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon,
+                 fused=True)
     if cfg.optimizer == "adamw":
         return [torch.optim.AdamW([{"params": decayed, "weight_decay": cfg.weight_decay},
                                    {"params": plain, "weight_decay": 0.0}], **adamw)]
@@ -152,6 +153,28 @@ def set_lr(optimizers: list, lr: float, cfg=None) -> None:
 
 
 # -- the learning rate: a pure function of the step -------------------------------------------
+
+SCHEDULE = ("max_steps", "schedule", "warmup", "lr", "min_lr", "restart_every", "muon_lr")
+
+
+def schedule_change(saved: dict, cfg, step: int) -> str | None:
+    """One line saying how a resumed run's schedule differs from its checkpoint's (`saved`:
+    the checkpoint's config), and the learning rate at `step` both ways; None if it does
+    not. A resume takes the command's settings: a larger --max-steps stretches the decay."""
+    import dataclasses
+
+    from longpack.settings import flag_of
+
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    changed = [k for k in SCHEDULE if k in saved and saved[k] != getattr(cfg, k)]
+    if not changed:
+        return None
+    was = dataclasses.replace(cfg, **{k: saved[k] for k in changed})
+    what = ", ".join(f"{flag_of(fields[k])} {saved[k]} -> {getattr(cfg, k)}" for k in changed)
+    return (f"the learning-rate schedule differs from the checkpoint's run ({what}): from step "
+            f"{step} it follows this run's, {lr_at(step, cfg):.3g} now (was to be "
+            f"{lr_at(step, was):.3g})")
+
 
 ONECYCLE_DIV = 25.0  # OneCycleLR's div_factor: where its warmup starts, lr / 25
 ONECYCLE_WARMUP = 0.3  # its pct_start: the share of the steps that rise, without --warmup

@@ -169,7 +169,8 @@ def _readable(state: dict, path: Path) -> dict:
 def find(run: Path, resume: str, say=warn) -> tuple[dict, Path] | None:
     """--resume auto: the newest sound checkpoint in the run, if any (a run whose every
     checkpoint is unreadable is refused: starting afresh would quietly drop them); never:
-    none; else the checkpoint directory named."""
+    none; else the checkpoint directory named, as a path or by its name in the run
+    (`--resume step-00000008`); one that is neither is refused, listing the run's."""
     if resume == "never":
         return None
     if resume == "auto":
@@ -180,7 +181,18 @@ def find(run: Path, resume: str, say=warn) -> tuple[dict, Path] | None:
                                 "(each named above); restore one, or pass --resume never to "
                                 "start afresh")
         return found
-    return load(Path(resume))
+    path = Path(resume)
+    if not path.exists() and not path.is_absolute() and (run / resume).exists():
+        path = run / resume
+        if resume == "latest" and path.is_file():  # the run's pointer to its newest
+            path = run / path.read_text().strip()
+    if not path.exists():
+        have = [p.name for p in checkpoints(run)] if run.is_dir() else []
+        listed = (f"{run}'s checkpoints: {', '.join(have)}" if have else
+                  f"{run} has no checkpoints")
+        raise TrainingError(f"--resume {resume}: no such checkpoint ({listed}); pass one of "
+                            "them, a checkpoint's path, auto (the newest) or never")
+    return load(path)
 
 
 def capture(s: TrainState, step: int, data, order: MixedOrder, cfg, run_id: str) -> dict:
