@@ -135,6 +135,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 contextlib.closing(batches(batches_of, step, last, cfg.workers,
                                            cfg.prefetch)) as stream:
             pending = []  # the steps since the numbers were last read: (record, StepResult, t0)
+            stopping = False
             while step < last:
                 t0 = times.started()
                 micro_batches = [model_inputs(next(stream), device, cfg.compile)
@@ -190,8 +191,9 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 if stopping:
                     # another process's signal stopped this one: as a scheduler's SIGTERM
                     history.stopped_by = stop.signal or (None if stop_at else signal.SIGTERM)
-                    log(f"stopped at step {step}: re-run the same command to resume")
                     break
+        if stopping:  # the last line, after the uploads' (the command then exits 128 + signal)
+            log(f"stopped at step {step}: re-run the same command to resume")
         return history
 
 
