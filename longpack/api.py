@@ -23,8 +23,10 @@ from longpack.errors import LongpackError, SettingsError
 def _config(cls, settings: dict, command: str):
     """cls(**settings), the dataclass checking each value as its flag's (longpack/settings.py);
     every unknown name refused at once, each with the nearest known one, as a config file's
-    keys are."""
-    from longpack.settings import refuse_unknown
+    keys are. A value is checked first under the keyword the caller wrote (`train:
+    val_fraction = '0.1' is not a number`, not the flag's name); text (a path, a URL, a
+    size) is text or a Path, never a number cast to text."""
+    from longpack.settings import check_values, kinds, refuse_unknown
 
     fields = {f.name: f for f in dataclasses.fields(cls)}
     refuse_unknown(settings, fields, command)
@@ -32,7 +34,12 @@ def _config(cls, settings: dict, command: str):
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise SettingsError(f"{command} needs {', '.join(f'{n}=...' for n in missing)}")
-    return cls(**settings)
+    for name, value in settings.items():
+        allowed = kinds(fields[name].type)
+        if allowed and str in allowed and not {int, float} & set(allowed) and isinstance(
+                value, int | float):
+            raise SettingsError(f"{command}: {name}={value!r}: give {name} as text or a Path")
+    return cls(**check_values(cls, settings, command))
 
 
 def _callable(name: str, value):

@@ -47,13 +47,18 @@ def test_errors_are_exceptions_naming_the_fix(tmp_path, byte_tokenizer):
         longpack.stats(tmp_path / "missing")
     with pytest.raises(LongpackError, match="manifest.json not found"):
         longpack.train(shards=str(tmp_path / "missing"), out=str(tmp_path / "run"))
-    for bad, says in ((dict(seq="2048"), "--seq = '2048' is not a whole number"),
-                      (dict(seq=True), "--seq = True is not a whole number"),
+    # named as the caller wrote them (before: the flag, --val-fraction = 'x' ...)
+    for bad, says in ((dict(seq="2048"), "^pack build: seq = '2048' is not a whole number"),
+                      (dict(seq=True), "^pack build: seq = True is not a whole number"),
                       (dict(inputs={"a": 1}), "give a list"),
-                      (dict(val_fraction="x"), "--val-fraction = 'x' is not a number"),
-                      (dict(seq=-3), "--seq must be at least 2")):
+                      (dict(val_fraction="x"), "^pack build: val_fraction = 'x' is not a number"),
+                      (dict(seq=-3), "^pack build: seq must be at least 2")):
         with pytest.raises(SettingsError, match=says):
             longpack.build(out=tmp_path / "o", **bad)
+    with pytest.raises(SettingsError, match=r"^pack build: out=123: give out as text or a Path"):
+        longpack.build(out=123)  # before: a build in ./123
+    with pytest.raises(SettingsError, match=r"^train: out=1.5: give out as text or a Path"):
+        longpack.train(shards=str(tmp_path), out=1.5)
     with pytest.raises(SettingsError, match="path=None: give path as text or a Path"):
         longpack.stats(None)
     assert not (tmp_path / "o").exists() and not (tmp_path / "run").exists()
@@ -97,12 +102,14 @@ def test_what_the_commands_refuse_the_functions_refuse_in_one_line(tmp_path, sha
              "resume=5: give resume as text or a Path"),
             (lambda: longpack.train(shards=str(shards), log=5), "log=5: give a function"),
             (lambda: longpack.import_tokens("s", "o", warn=5), "warn=5: give a function"),
-            (lambda: longpack.stats(shards, throughput="fast"), "--throughput = 'fast' is not a number"),
+            (lambda: longpack.stats(shards, throughput="fast"),
+             "pack stats: throughput = 'fast' is not a number"),
             (lambda: longpack.stats(shards, throughput=-1.0),
-             "--throughput must be positive and finite (got -1.0)"),
+             "pack stats: throughput must be positive and finite (got -1.0)"),
             (lambda: longpack.stats(shards, budget=float("nan")),
-             "--budget must be positive and finite (got nan)"),
-            (lambda: longpack.stats(shards, verify="no"), "--verify = 'no' is not true or false"),
+             "pack stats: budget must be positive and finite (got nan)"),
+            (lambda: longpack.stats(shards, verify="no"),
+             "pack stats: verify = 'no' is not true or false"),
             (lambda: longpack.merge(tmp_path / "a-file"), "holds no build split into tasks")):
         (tmp_path / "a-file").write_text("x")
         with pytest.raises(SettingsError) as e:
