@@ -424,8 +424,10 @@ def test_json_keys_are_stable(tmp_path, byte_tokenizer, texts):
                       "recommendations"}
     assert set(r["splits"]["train"]) == {
         "shards", "rows", "seq", "dtype", "bytes_on_disk", "raw_bytes", "compression_ratio",
-        "bytes_per_token", "tokens", "real_tokens", "padding_tokens", "documents",
-        "documents_per_row", "rows_with_boundary_fraction", "doc_length", "vocab"}
+        "bytes_per_token", "tokens", "real_tokens", "padding_tokens", "padding_share",
+        "documents", "documents_per_row", "rows_with_boundary_fraction", "doc_length", "vocab",
+        "split_documents", "tokens_in_split_documents", "split_share",
+        "documents_longer_than_row", "tokens_in_documents_longer_than_row", "split_share_floor"}
     assert set(r["splits"]["train"]["doc_length"]) == {
         "count", "mean", "median", "p10", "p90", "p99", "max", "histogram"}
     assert set(r["splits"]["train"]["vocab"]) == {"min_id", "max_id", "distinct_ids",

@@ -54,6 +54,22 @@ def test_the_report_of_a_build_in_a_bucket_is_the_local_one(tmp_path, s3, byte_t
 
 
 @pytest.mark.slow
+def test_decode_at_a_url_reads_the_builds_fetched_copy_of_its_tokenizer(tmp_path, s3,
+                                                                       byte_tokenizer):
+    """The row is decoded with the copy of its tokenizer the build keeps, fetched with its
+    manifest and checked, not with the file it was built from (`tokenizer.source`: a path on
+    the machine that built it, here gone): that file used to be read, and the row came out as
+    ids."""
+    out = make_build(tmp_path, byte_tokenizer, "mds")
+    url = s3.upload_tree(out, "build")
+    code, local = stats(out, "--decode", "3")
+    Path(byte_tokenizer).unlink()
+    code_remote, remote = stats(url, "--decode", "3")
+    assert code == code_remote == 0 and remote == local
+    assert any(word in remote for word in ("alpha", "beta", "gamma"))  # text, not ids
+
+
+@pytest.mark.slow
 def test_verify_names_a_damaged_object_and_a_missing_one(tmp_path, s3, byte_tokenizer):
     out = make_build(tmp_path, byte_tokenizer, "mds")
     url = s3.upload_tree(out, "build")

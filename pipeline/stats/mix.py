@@ -8,7 +8,8 @@ builds gives. Each build gets its own report (stats_report.collect), then the mi
 and the compute-optimal size (recommend.py) for the tokens before any source repeats: past
 that, some source is seen again, and past REPEAT_WARNING_EPOCHS of it its tokens are worth much
 less than new ones. train_tokens_k are real tokens; train draws rows, so the real tokens'
-shares differ from --mix by each build's padding (pack build pads only its last row).
+shares differ from --mix by each build's padding (concat pads a split's last row, best-fit
+any row's end).
 
 Builds of other tokenizers or row lengths are refused, as train refuses them, from their
 manifests before any shard is read, and once more from the reports (builds without a manifest).

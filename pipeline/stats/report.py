@@ -8,6 +8,7 @@ import io
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,9 +19,10 @@ from longpack.store import is_url
 from pipeline.builds.identity import copy_fix, copy_problem
 from pipeline.formats.shards import ShardError, SplitReader
 from pipeline.manifest import tokenizer_label
+from pipeline.stats.digest import digest
 from pipeline.stats.files import file_checks, open_output
 from pipeline.stats.recommend import recommendations
-from pipeline.stats.scan import FIX_REBUILD, VOCAB_SAMPLE, Problem, SplitScan, digest
+from pipeline.stats.scan import FIX_REBUILD, VOCAB_SAMPLE, Problem, SplitScan
 from pipeline.tokenize.split import PAD_HASH
 
 MAX_READ_THREADS = 4  # each thread holds the compressed and decompressed bytes of its shard
@@ -149,6 +151,10 @@ def _totals_agree(manifest: dict, problems: list) -> None:
                                     f"splits' {key} add up to {total:,}", fix=FIX_REBUILD))
 
 
+SPLIT_KEYS = ("split_documents", "tokens_in_split_documents", "documents_longer_than_row",
+              "tokens_in_documents_longer_than_row")  # present with an EOS id (scan.py)
+
+
 def _total(splits: dict) -> dict:
     keys = ("shards", "rows", "bytes_on_disk", "raw_bytes", "tokens", "real_tokens",
             "padding_tokens", "documents")
@@ -157,6 +163,14 @@ def _total(splits: dict) -> dict:
                                   if total["bytes_on_disk"] else None)
     total["bytes_per_token"] = (total["bytes_on_disk"] / total["tokens"]
                                 if total["tokens"] else None)
+    total["padding_share"] = (total["padding_tokens"] / total["tokens"] if total["tokens"]
+                              else None)
+    if any(SPLIT_KEYS[0] in s for s in splits.values()):
+        total.update({k: sum(s.get(k) or 0 for s in splits.values()) for k in SPLIT_KEYS})
+        real = total["real_tokens"]
+        total["split_share"] = total["tokens_in_split_documents"] / real if real else None
+        total["split_share_floor"] = (total["tokens_in_documents_longer_than_row"] / real
+                                      if real else None)
     return total
 
 
@@ -257,6 +271,14 @@ def _n(x, digits=2) -> str:
     return f"{x:,}"
 
 
+def _share(x) -> str:
+    return f"{100 * x:.1f}%" if x is not None else "-"
+
+
+def _count_share(count, share) -> str:
+    return "-" if count is None else f"{count:,} ({_share(share)})"
+
+
 def human(n: float, unit: str = "") -> str:
     for suffix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(n) >= scale:
@@ -292,7 +314,15 @@ def render(r: dict) -> str:
     row("tokens", "tokens")
     row("  real", "real_tokens")
     row("  padding", "padding_tokens")
+    row("  padding share", "padding_share", _share)
     row("documents", "documents")
+    # documents split across rows, and those longer than a row (the floor every packing
+    # splits), each with its tokens' share of the real tokens
+    for label, count, share in (("split across rows", "split_documents", "split_share"),
+                                ("longer than a row", "documents_longer_than_row",
+                                 "split_share_floor")):
+        lines.append(f"  {label:22}" + "".join(
+            f"{_count_share(cols[n].get(count), cols[n].get(share)):>16}" for n in names))
     row("documents per row", "documents_per_row")
     row("rows with a boundary", "rows_with_boundary_fraction",
         lambda x: f"{100 * x:.1f}%" if x is not None else "-")
@@ -352,31 +382,54 @@ def recommend_line(rec: dict, tokens: str = "train tokens") -> str:
             f"({rec['tokens_per_param']} tokens/param); presets near it, {vocab}: {presets}")
 
 
-def find_row(path, split: str, row: int, eos_id, check_tokenizer: bool = False):
-    """(manifest, tokens, starts, hashes) of row `row` of a split, reading only the shard that
-    holds it (at a URL: fetching only that one). `check_tokenizer`: first refuse, in one line, a
-    build whose copy of its tokenizer is missing or not of its manifest's sha256."""
+@dataclass
+class FoundRow:
+    manifest: dict | None
+    tokens: np.ndarray
+    starts: np.ndarray
+    hashes: np.ndarray | None
+    before: int | None  # the last token of the row before (None for row 0)
+    tokenizer: object | None = None  # with `decode`: the build's, from its checked copy
+
+
+def find_row(path, split: str, row: int, eos_id, decode: bool = False) -> FoundRow:
+    """Row `row` of a split and the last token of the row before, reading only the shards that
+    hold them (at a URL: fetching only those). `decode`: first refuse, in one line, a build
+    whose copy of its tokenizer is missing or not of its manifest's sha256, then load the
+    tokenizer from that copy; at a URL the copy is the one fetched with the manifest and just
+    checked, read while the fetched build is there (not the `source` it was built from, which
+    may be another machine's path, or gone)."""
     if is_url(str(path)):
         from pipeline.stats.remote import RemoteView
 
         with RemoteView(str(path), verify=False) as remote:
             return _find_row(remote.local, split, row, eos_id, remote.reader,
-                             remote.url if check_tokenizer else None)
-    return _find_row(Path(path), split, row, eos_id, SplitReader,
-                     str(path) if check_tokenizer else None)
+                             remote.url if decode else None)
+    return _find_row(Path(path), split, row, eos_id, SplitReader, str(path) if decode else None)
 
 
-def _find_row(path: Path, split: str, row: int, eos_id, open_reader, check_as: str | None):
-    """`check_as`: the build as the user named it, to check its tokenizer's copy (None: not)."""
+def _find_row(path: Path, split: str, row: int, eos_id, open_reader,
+              decode_as: str | None) -> FoundRow:
+    """`decode_as`: the build as the user named it, to check its tokenizer's copy and load the
+    tokenizer (None: neither)."""
     manifest, split_dirs, _ = open_output(Path(path))
-    if check_as is not None and manifest:
+    if decode_as is not None and manifest:
         copy = tokenizer_copy_problem(manifest, _root(Path(path), manifest))
         if copy:
-            raise LongpackError(f"--decode {check_as}: {copy.file}: {copy.what}, so the row's "
+            raise LongpackError(f"--decode {decode_as}: {copy.file}: {copy.what}, so the row's "
                                 f"ids cannot be read as text with it; {copy.fix}")
     if split not in split_dirs:
         raise LongpackError(f"{path}: no split {split!r} (has: {', '.join(split_dirs)})")
     reader = open_reader(split_dirs[split], eos_id)
+    tokens, starts, hashes = _read_row(reader, split, row)
+    before = int(_read_row(reader, split, row - 1)[0][-1]) if row > 0 else None
+    tokenizer = (_tokenizer(manifest, [], _root(Path(path), manifest))
+                 if decode_as is not None else None)
+    return FoundRow(manifest, tokens, starts, hashes, before, tokenizer)
+
+
+def _read_row(reader: SplitReader, split: str, row: int):
+    """(tokens, starts, hashes or None) of one row, reading only the shard that holds it."""
     first = 0
     for i in range(len(reader.shard_files())):
         n = reader.rows_in_shard(i)
@@ -386,21 +439,21 @@ def _find_row(path: Path, split: str, row: int, eos_id, open_reader, check_as: s
             tokens = np.asarray(shard.tokens[r])
             if shard.segments is None:
                 from pipeline.formats.shards import starts_from_eos
-                return manifest, tokens, starts_from_eos(tokens, eos_id), None
+                return tokens, starts_from_eos(tokens, reader.eos_id), None
             seg = shard.segments[shard.segments[:, 0] == r]
-            return manifest, tokens, seg[:, 1].astype(np.int64), seg[:, 2]
+            return tokens, seg[:, 1].astype(np.int64), seg[:, 2]
         first += n
     raise LongpackError(f"row {row} is past the end of {split} ({first:,} rows)")
 
 
 def decode_row(path: Path, split: str, row: int, eos_id=None) -> str:
-    manifest, tokens, starts, hashes = find_row(path, split, row, eos_id, check_tokenizer=True)
-    tokenizer = _tokenizer(manifest, [], None if is_url(str(path)) else _root(Path(path),
-                                                                              manifest))
-    # A row opens with the rest of a document exactly when the row before does not end in EOS.
-    eos = eos_id if eos_id is not None else ((manifest or {}).get("tokenizer") or {}).get("eos_id")
-    continued = (row > 0 and eos is not None
-                 and int(find_row(path, split, row - 1, eos_id)[1][-1]) != eos)
+    found = find_row(path, split, row, eos_id, decode=True)
+    tokens, starts, hashes, tokenizer = found.tokens, found.starts, found.hashes, found.tokenizer
+    # A row opens with the rest of a document exactly when the row before does not end in EOS
+    # (a row ending in padding ends in the pad id, EOS).
+    eos = (eos_id if eos_id is not None
+           else ((found.manifest or {}).get("tokenizer") or {}).get("eos_id"))
+    continued = found.before is not None and eos is not None and found.before != eos
     bounds = list(starts) + [len(tokens)]
     out = [f"{split} row {row}: {len(tokens):,} tokens, {len(starts)} segments"]
     for k, (a, b) in enumerate(zip(bounds, bounds[1:])):

@@ -6,12 +6,14 @@ One pass over each split, shard by shard (memory: the few shards in flight, not 
 
     SplitReader.read_blocks (formats/shards.py)  a shard's rows block by block + its segments, or a
                                          ShardError -> a Problem
-      -> digest (in the reading thread)  id range, EOS positions, token frequencies, each block
-                                         while it is in the CPU's cache
-      -> SplitScan.add (in order)        padding, document lengths and boundaries, the ids'
-                                         frequencies and range; with --verify also segment /
-                                         EOS agreement, continued documents' hashes and
-                                         id < vocab_size
+      -> digest (digest.py, in the       its padding spans (the hash-0 segments), then id range,
+         reading thread)                 EOS positions, token frequencies of the real tokens,
+                                         each block while it is in the CPU's cache
+      -> SplitScan.add (in order)        padding, document lengths and boundaries, documents
+                                         split across rows and those longer than a row, the
+                                         ids' frequencies and range; with --verify also segment
+                                         / EOS agreement, padding, continued documents' hashes
+                                         and id < vocab_size
       -> report                          per split + total, checks, recommendations (text or JSON)
 
 Cheap checks always run (index present and readable, every shard file present with the size its
@@ -27,7 +29,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipeline.formats.base import ShardBlocks, ShardFormat
+from pipeline.stats.digest import Digest, digest, find_rare, in_spans, minus_padding
 from pipeline.tokenize.split import PAD_HASH
+
+# digest and find_rare moved to digest.py; named here too for the callers that import them from scan
+__all__ = ["DocLengths", "Problem", "SplitScan", "digest", "find_rare"]
 
 SPLITS = ("train", "val")
 EXACT_LENGTHS = 1 << 16  # document lengths below this are counted exactly; longer ones kept as-is
@@ -86,79 +92,6 @@ class DocLengths:
 
 
 @dataclass
-class Digest:
-    """What one shard's tokens give, computed in the thread that reads the shard (numpy
-    releases the GIL in these loops, so the read-ahead threads digest several shards at once)."""
-
-    real: int  # tokens before the padding
-    lo: int | None
-    hi: int | None
-    counts: np.ndarray  # occurrences of each id < hi + 1 among the counted rows
-    eos: np.ndarray | None  # flat positions of EOS among the real tokens (None: EOS unknown)
-    last: np.ndarray  # each row's last token: a segment at offset 0 opens a document after EOS
-    over_vocab_row: int | None  # the first row with an id >= vocab_size (when one was given)
-
-
-def digest(shard: ShardBlocks, eos_id: int | None, count_every: int = 1,
-           vocab_size: int | None = None) -> Digest:
-    """One pass over the shard's blocks of rows; each block is read several times (id range,
-    EOS, frequencies) while it is in the CPU's cache, not the whole shard from memory each time.
-    Token frequencies come from every `count_every`-th row (rows 0, k, 2k, ... of the shard):
-    counting every token costs several times the rest of this digest, so the default report
-    counts a 1/VOCAB_SAMPLE sample and --verify counts every token. Id range and EOS use every token."""
-    seq = shard.seq
-    real = shard.rows * seq
-    if shard.segments is not None and len(shard.segments):
-        pad = shard.segments[shard.segments[:, 2] == PAD_HASH]
-        if len(pad):
-            real = min(real, int(pad[0, 0]) * seq + int(pad[0, 1]))
-    lo = hi = over = None
-    counts = np.zeros(0, np.int64)
-    eos, last = [], []
-    for first, rows in shard.blocks:
-        if seq:
-            last.append(rows[:, -1].copy())  # the block's buffer is reused for the next one
-        flat = rows.reshape(-1)[: max(0, real - first * seq)]
-        if not len(flat):
-            continue
-        top, bottom = int(flat.max()), int(flat.min())
-        hi, lo = (top, bottom) if hi is None else (max(hi, top), min(lo, bottom))
-        if vocab_size is not None and over is None and top >= vocab_size:
-            over = first + int(np.flatnonzero(flat >= vocab_size)[0]) // seq
-        if eos_id is not None:
-            eos.append(first * seq + find_rare(flat, eos_id))
-        if count_every == 1:
-            counts = _add_counts(counts, flat)
-        else:
-            picked = rows[-first % count_every::count_every]
-            at = first + -first % count_every + count_every * np.arange(len(picked))
-            real_in_picked = int(np.clip(real - at * seq, 0, seq).sum())  # padding comes last
-            counts = _add_counts(counts, picked.reshape(-1)[:real_in_picked])
-    return Digest(real, lo, hi, counts,
-                  None if eos_id is None else np.concatenate([np.zeros(0, np.int64), *eos]),
-                  np.concatenate([np.zeros(0, shard.dtype), *last]), over)
-
-
-def _add_counts(counts: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    got = np.bincount(ids)
-    if len(got) > len(counts):
-        counts = np.concatenate([counts, np.zeros(len(got) - len(counts), np.int64)])
-    counts[: len(got)] += got
-    return counts
-
-
-def find_rare(flat: np.ndarray, value: int) -> np.ndarray:
-    """np.flatnonzero(flat == value), faster for a value that is rare (EOS: one per document):
-    one vectorised compare over the mask's 8-byte words finds the few words that hold a hit,
-    and only those are looked into byte by byte."""
-    hit = flat == value
-    whole = len(hit) // 8 * 8
-    words = np.flatnonzero(hit[:whole].view(np.uint64) != 0)
-    word, byte = np.nonzero(hit[:whole].reshape(-1, 8)[words])
-    return np.concatenate([words[word] * 8 + byte, whole + np.flatnonzero(hit[whole:])])
-
-
-@dataclass
 class SplitScan:
     """Accumulates one split's figures, shard by shard."""
 
@@ -183,11 +116,19 @@ class SplitScan:
     keep_hashes: bool = False
     other_hashes: np.ndarray | None = None  # documents of the other split, to find overlaps
     overlap: int = 0
-    _prev_token: int | None = None  # last token of the previous shard (None: none, or unread)
+    _prev_closed: bool | None = None  # the previous shard's last row ends a document (None:
+    # none, or unread): its last token is EOS or padding
     _prev_hash: int | None = None  # hash of the previous shard's last segment (None: as above)
-    stream_pos: int = 0  # tokens of this split seen so far
+    stream_pos: int = 0  # real tokens of this split seen so far
     last_eos: int = -1  # stream position of the last EOS seen
     has_segments: bool = False
+    # Documents split across rows, and the floor: documents longer than a row, which every
+    # packing splits. `_open_split`: the document still open at the last EOS runs over a row end.
+    split_documents: int = 0
+    split_tokens: int = 0
+    long_documents: int = 0
+    long_tokens: int = 0
+    _open_split: bool = False
 
     def add(self, shard: ShardBlocks, d: Digest):
         """Fold one shard in, in order; `d` is its digest (computed in a read-ahead thread)."""
@@ -201,6 +142,7 @@ class SplitScan:
             self.lost_shard()
             return
         self.dtype = np.dtype(shard.dtype).name
+        continued = self._continued(d, n, seq) if self.eos_id is not None and n else None
         if segments is not None and len(segments) and not self._segments_usable(name, n,
                                                                                  segments):
             segments = None
@@ -208,13 +150,15 @@ class SplitScan:
             self.has_segments = True
             self.padding += n * seq - d.real
             self.segments += len(segments) - int((segments[:, 2] == PAD_HASH).sum())
-            starts = self._true_starts(name, d.last, segments)
+            starts = self._true_starts(name, n, continued, segments)
             if self.keep_hashes:
                 self.hashes.append(starts)
             if self.other_hashes is not None and len(self.other_hashes):
                 self.overlap += int(np.isin(starts, self.other_hashes).sum())
+            if self.verify:
+                self._check_padding(name, seq, d)
         else:
-            self.lost_shard()
+            self._prev_hash = None  # the next shard's first row has no recorded hash before it
         if d.real:
             self.min_id = d.lo if self.min_id is None else min(self.min_id, d.lo)
             self.max_id = d.hi if self.max_id is None else max(self.max_id, d.hi)
@@ -226,16 +170,21 @@ class SplitScan:
                 self.problems.append(Problem(name, f"token id {d.hi} >= vocab size "
                                                    f"{self.vocab_size}", row=d.over_vocab_row))
         if d.eos is not None:
-            ends = self.stream_pos + d.eos
-            self.lengths.add(np.diff(np.concatenate([[self.last_eos], ends])))
+            ends = self.stream_pos + minus_padding(d.eos, d.pad)
+            lengths = np.diff(np.concatenate([[self.last_eos], ends]))
+            self.lengths.add(lengths)
+            if continued is not None:
+                opened = minus_padding(np.flatnonzero(continued) * seq, d.pad)
+                self._count_split(ends, lengths, self.stream_pos + opened)
             if len(ends):
                 self.last_eos = int(ends[-1])
             self.documents += len(ends)
             starts = d.eos + 1
-            inner = starts[(starts % seq != 0) & (starts < d.real)]
+            inner = starts[starts % seq != 0]  # a row's start is a segment's anyway
+            inner = inner[~in_spans(inner, d.pad)]  # after a row's last EOS: its padding
             self.rows_with_boundary += len(np.unique(inner // seq))
             if self.verify and segments is not None:
-                self._check_segments(name, n, seq, segments, inner, d.real)
+                self._check_segments(name, n, seq, segments, inner, d.pad)
         self.stream_pos += d.real
         self.rows += n
         self.shards += 1
@@ -252,16 +201,45 @@ class SplitScan:
 
     def lost_shard(self):
         """A shard could not be folded in: the next shard's first row has no row before it."""
-        self._prev_token = self._prev_hash = None
+        self._prev_closed = self._prev_hash = None
 
-    def _true_starts(self, name: str, last: np.ndarray, segments: np.ndarray) -> np.ndarray:
+    def _continued(self, d: Digest, n: int, seq: int) -> np.ndarray:
+        """Per row, whether it opens with the rest of the last document of the row before it
+        (the previous shard's last row for row 0): exactly when that row's last token is neither
+        EOS nor padding (FORMAT.md, Segments: in concat and best-fit alike, a document that
+        fits is followed by EOS, and only a row ending inside a document ends otherwise). The
+        split's first row, and a row after one that could not be read, continues nothing."""
+        ends_doc = (d.last == self.eos_id) | in_spans(np.arange(1, n + 1) * seq - 1, d.pad)
+        before = np.empty(n, bool)
+        before[0] = self._prev_closed is None or self._prev_closed
+        before[1:] = ends_doc[:-1]
+        self._prev_closed = bool(ends_doc[-1])
+        return ~before
+
+    def _count_split(self, ends: np.ndarray, lengths: np.ndarray, opened: np.ndarray) -> None:
+        """Documents ending at stream positions `ends` (their EOS), of `lengths`; `opened`: the
+        stream positions of the first tokens of rows that open with a continued document. The
+        document holding such a token is split across rows: the first whose EOS is at or after
+        it (`len(ends)`: the one still open at the shard's end)."""
+        split = np.zeros(len(ends) + 1, bool)
+        split[np.searchsorted(ends, opened)] = True
+        split[0] |= self._open_split
+        self._open_split = bool(split[-1])
+        closed = split[:-1]
+        self.split_documents += int(closed.sum())
+        self.split_tokens += int(lengths[closed].sum())
+        long = lengths > self.seq
+        self.long_documents += int(long.sum())
+        self.long_tokens += int(lengths[long].sum())
+
+    def _true_starts(self, name: str, n: int, continued: np.ndarray | None,
+                     segments: np.ndarray) -> np.ndarray:
         """Hashes of the documents that begin in this shard (not continuations, not padding).
-        A row continues the previous row's last document when the token before it (the last of
-        the row before, `last`) is not EOS; then its segment at offset 0 must carry that
-        document's hash, which --verify checks. Without an EOS id, a row whose segment at 0
-        repeats the previous row's last hash is taken for a continuation (an identical text
-        right after, the one thing this misses, is in the same split anyway)."""
-        n = len(last)
+        `continued` (`_continued`, None without an EOS id): the rows that open with the rest of
+        the row before's last document; their segment at offset 0 must carry that document's
+        hash, which --verify checks. Without an EOS id, a row whose segment at 0 repeats the
+        previous row's last hash is taken for a continuation (an identical text right after,
+        the one thing this misses, is in the same split anyway)."""
         bounds = np.searchsorted(segments[:, 0], np.arange(n + 1, dtype=np.uint64))
         has = bounds[1:] > bounds[:-1]  # a row without segments is _check_segments' to name
         first = np.minimum(bounds[:-1], len(segments) - 1)
@@ -274,13 +252,9 @@ class SplitScan:
         before_known[0] = self._prev_hash is not None
         before_hash[0] = self._prev_hash or 0
         repeats = at_0 & before_known & (first_hash == before_hash)
-        if self.eos_id is None:
+        if continued is None:
             continued = repeats
         else:
-            before_row = np.empty(n, np.int64)
-            before_row[1:] = last[:-1]
-            before_row[0] = self.eos_id if self._prev_token is None else self._prev_token
-            continued = before_row != self.eos_id
             wrong = np.flatnonzero(continued & at_0 & before_known & ~repeats)
             if self.verify and len(wrong):
                 r = int(wrong[0])
@@ -290,41 +264,77 @@ class SplitScan:
                     name, f"the row continues the last document of {before} "
                           f"({int(before_hash[r]):016x}) but its first segment's hash is "
                           f"{int(first_hash[r]):016x}{more}", row=r))
-        self._prev_token, self._prev_hash = int(last[-1]), int(segments[-1, 2])
+        self._prev_hash = int(segments[-1, 2])
         opens_doc = (segments[:, 1] != 0) | ~continued[segments[:, 0].astype(np.int64)]
         return segments[opens_doc & (segments[:, 2] != PAD_HASH), 2]
 
-    def _check_segments(self, name, n, seq, segments, inner, real):
+    def _check_segments(self, name, n, seq, segments, inner, pad):
+        """The recorded document starts are the row starts and the positions after each EOS,
+        outside the padding (`pad`: the shard's padding spans)."""
         recorded = (segments[:, 0].astype(np.int64) * seq + segments[:, 1].astype(np.int64))
-        pad = segments[:, 2] == PAD_HASH
-        expected = np.union1d(np.arange(n, dtype=np.int64) * seq, inner)
-        expected = expected[expected < real] if real < n * seq else expected
-        got = np.sort(recorded[~pad])
+        row_starts = np.arange(n, dtype=np.int64) * seq
+        expected = np.union1d(row_starts[~in_spans(row_starts, pad)], inner)
+        got = np.sort(recorded[segments[:, 2] != PAD_HASH])
         if not np.array_equal(got, expected):
             diff = np.setxor1d(got, expected)
             self.problems.append(Problem(
                 name, "document starts do not match the EOS positions (first difference at "
                       f"offset {int(diff[0] % seq)})", row=int(diff[0] // seq)))
 
+    def _check_padding(self, name: str, seq: int, d: Digest):
+        """Padding (FORMAT.md) is a row's last segment, of pad tokens (the EOS id): a hash-0
+        segment followed by another in its row, or padding holding other ids, is damage."""
+        inside = d.pad[d.pad[:, 1] % seq != 0] if seq else d.pad[:0]
+        if len(inside):
+            self.problems.append(Problem(
+                name, "a padding segment (hash 0) is followed by another segment in its row "
+                      "(padding ends a row)", row=int(inside[0, 0] // seq)))
+        if d.pad_not_eos_row is not None:
+            self.problems.append(Problem(
+                name, f"the row's padding holds ids other than the pad id {self.eos_id}",
+                row=d.pad_not_eos_row))
+
+    def split_figures(self) -> tuple[int, int, int, int]:
+        """(documents split across rows, their tokens, documents longer than a row, their
+        tokens), the split's last document counted even without an EOS (an import's stream may
+        end without one)."""
+        figures = [self.split_documents, self.split_tokens, self.long_documents,
+                   self.long_tokens]
+        tail = self.stream_pos - 1 - self.last_eos
+        if tail > 0:
+            if self._open_split:
+                figures[0:2] = figures[0] + 1, figures[1] + tail
+            if tail > (self.seq or 0):
+                figures[2:4] = figures[2] + 1, figures[3] + tail
+        return tuple(figures)
+
     def report(self, disk: int, shards: ShardFormat, tokenizer=None) -> dict:
         """`disk`: the split's stored bytes (SplitReader.stored_bytes)."""
         raw = (sum(shards.raw_bytes(i) for i in range(len(shards))) if shards.compressed
                else disk)
         tokens = self.rows * (self.seq or 0)
+        real = tokens - self.padding
         out = {"shards": self.shards, "rows": self.rows, "seq": self.seq, "dtype": self.dtype,
                "bytes_on_disk": disk, "raw_bytes": raw,
                "compression_ratio": raw / disk if disk else None,
                "bytes_per_token": disk / tokens if tokens else None,
-               "tokens": tokens, "real_tokens": tokens - self.padding,
-               "padding_tokens": self.padding}
+               "tokens": tokens, "real_tokens": real, "padding_tokens": self.padding,
+               "padding_share": self.padding / tokens if tokens else None}
         if self.eos_id is not None:
+            split_docs, split_tokens, long_docs, long_tokens = self.split_figures()
             out.update({
                 "documents": self.documents,
                 "documents_per_row": (self.segments / self.rows if self.has_segments and
                                       self.rows else None),
                 "rows_with_boundary_fraction": self.rows_with_boundary / self.rows
                 if self.rows else None,
-                "doc_length": self.lengths.summary()})
+                "doc_length": self.lengths.summary(),
+                "split_documents": split_docs,
+                "tokens_in_split_documents": split_tokens,
+                "split_share": split_tokens / real if real else None,
+                "documents_longer_than_row": long_docs,
+                "tokens_in_documents_longer_than_row": long_tokens,
+                "split_share_floor": long_tokens / real if real else None})
         out["vocab"] = self.vocab_report(tokenizer)
         return out
 
