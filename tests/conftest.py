@@ -75,17 +75,50 @@ def signals_as_from_a_shell():
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
-def run_train_jobs(tmp: Path, jobs: list) -> None:
+def run_train_jobs(tmp: Path, jobs: list, timeout: float = 600) -> str:
     """Several `train` runs in one 2-process torchrun launch (tests/train_jobs.py: a launch
-    costs ~9 s here, mostly start-up), from tmp/jobs.json."""
+    is mostly start-up), from tmp/jobs.json; the launch's output. A launch still running
+    after `timeout` is a hang: torchrun and every process under it are killed (a stuck worker
+    leads a process group of its own and takes SIGTERM as "stop after this step") and the
+    test fails. The output goes to a file: a pipe would wait for workers that outlive
+    torchrun."""
+    import signal
     import subprocess
 
     (tmp / "jobs.json").write_text(json.dumps(jobs))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(Path(__file__).with_name("train_jobs.py")), str(tmp / "jobs.json")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       cwd=Path(__file__).parents[1])
-    assert r.returncode == 0, r.stdout + r.stderr[-5000:]
+    log = tmp / "launch.log"
+    with open(log, "w") as out:
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                             cwd=Path(__file__).parents[1])
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for pid in [*descendants(p.pid), p.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            p.wait()
+            pytest.fail(f"a 2-process launch still running after {timeout} s (a hang):\n"
+                        f"{log.read_text()[-3000:]}")
+    printed = log.read_text()
+    assert p.returncode == 0, printed[-5000:]
+    return printed
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes started by `pid` and by those, from /proc (Linux)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 @contextlib.contextmanager

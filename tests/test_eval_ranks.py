@@ -2,12 +2,7 @@
 model's forward is a collective: one process short of a batch left the others waiting forever,
 issue 52), and its loss is one process's."""
 
-import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -78,44 +73,6 @@ LAUNCH_TIMEOUT = 240  # far past a launch's time: a hang is a failure, not a stu
 COMMON = dict(model="neox-tiny", max_steps=2, warmup=1, lr=3e-3, log_every=1, workers=0)
 
 
-def launch(tmp: Path, jobs: list) -> None:
-    """run_train_jobs (conftest) with a bounded wait: on a timeout torchrun and its workers are
-    killed (each worker leads a process group of its own, and a stuck one ignores SIGTERM:
-    the trainer takes it as "stop after this step")."""
-    (tmp / "jobs.json").write_text(json.dumps(jobs))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).with_name("train_jobs.py")), str(tmp / "jobs.json")]
-    log = tmp / "launch.log"  # a file: a pipe would wait for workers that outlive torchrun
-    with open(log, "w") as out:
-        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                             cwd=Path(__file__).parents[1])
-        try:
-            p.wait(timeout=LAUNCH_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            for pid in [*descendants(p.pid), p.pid]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            p.wait()
-            pytest.fail(f"2-process evaluation still running after {LAUNCH_TIMEOUT} s (a "
-                        f"hang):\n{log.read_text()[-3000:]}")
-    assert p.returncode == 0, log.read_text()[-5000:]
-
-
-def descendants(pid: int) -> list[int]:
-    """The processes started by `pid` and by those, from /proc (Linux, as torchrun's tests)."""
-    children = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def records(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -127,7 +84,12 @@ def evaluated(tmp_path_factory, shards_once):
     3 val batches (--eval-batches 3) on 2 processes of batch 2; no val rows."""
     from test_train import padded_build
 
-    from conftest import one_thread_as_under_torchrun, small_build, write_byte_tokenizer_json
+    from conftest import (
+        one_thread_as_under_torchrun,
+        run_train_jobs,
+        small_build,
+        write_byte_tokenizer_json,
+    )
     from training.config import TrainConfig
     from training.loop import train
 
@@ -137,9 +99,11 @@ def evaluated(tmp_path_factory, shards_once):
     cases = {"one-row": (padded_build(tmp, tokenizer), 1, 4),
              "three": (shards_once, 2, 3),
              "empty": (small_build(tmp, tokenizer, "noval", 30, seed=3, val_fraction=0), 2, 4)}
-    launch(tmp, [{"config": {"shards": [str(shards)], "out": str(tmp / name), "fsdp": True,
-                             "batch_size": batch, "eval_batches": evals, **COMMON}}
-                 for name, (shards, batch, evals) in cases.items()])
+    run_train_jobs(tmp, [{"config": {"shards": [str(shards)], "out": str(tmp / name),
+                                     "fsdp": True, "batch_size": batch, "eval_batches": evals,
+                                     **COMMON}}
+                         for name, (shards, batch, evals) in cases.items()],
+                   timeout=LAUNCH_TIMEOUT)
     out = {}
     with one_thread_as_under_torchrun():
         for name, (shards, batch, evals) in cases.items():

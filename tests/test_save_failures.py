@@ -3,18 +3,16 @@ resumes from, leaves no temporary folder, and never writes, renames or removes a
 the run folder: a full disk (a small tmpfs: the first checkpoint does not fit, or the second),
 and symlinks at every name a save writes, refused before step 0 when there at the start."""
 
-import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from test_train_cli import one_line_error
 
+from conftest import run_train_jobs
 from longpack.errors import TrainingError
 from training.checkpoints import checkpoint, saving
 from training.cli import train as train_cli
@@ -160,19 +158,7 @@ def test_a_full_disk_stops_every_process_in_one_line_without_a_hang(tmp_path, sh
                       "--batch-size", "2", "--warmup", "0", "--workers", "0", "--max-steps", "1",
                       "--cache", str(tmp_path / "cache"), *more],
              "stdout": str(tmp_path / name)} for name, more in [("ddp", []), ("fsdp", ["--fsdp"])]]
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(Path(__file__).with_name("train_jobs.py")), str(tmp_path / "jobs.json")]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         cwd=Path(__file__).parents[1], start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=LAUNCH_TIMEOUT)
-    except subprocess.TimeoutExpired:  # the whole group goes: torchrun's workers too
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"a failed save under 2 processes still running after {LAUNCH_TIMEOUT} s "
-                    "(a hang):\n" + out[-3000:])
-    assert p.returncode == 0, out[-5000:]  # a job's traceback would end the launch
+    run_train_jobs(tmp_path, jobs, timeout=LAUNCH_TIMEOUT)  # a job's traceback ends the launch
     for name in ("ddp", "fsdp"):
         errors = [[line for line in Path(f"{tmp_path / name}.rank{rank}").read_text().splitlines()
                    if line.startswith("Error: ")] for rank in (0, 1)]
