@@ -144,7 +144,7 @@ def neox_block(c, t: Tokens) -> int:
 
 
 def experts(c, t: Tokens) -> int:
-    n, d, E, k, f = t.n, c.d_model, c.n_experts, c.top_k, c.d_expert
+    n, d, E, k, f = t.n, c.d_model, c.n_experts, c.top_k, c.expert_width
     nk = n * k
     router = 8 * n * E + 12 * nk + 8 * n + 16 * nk  # logits, softmax, top-k, weights, permutation
     if t.bf16 and d % 8 == 0 and f % 8 == 0:  # grouped GEMMs over padded rows
@@ -245,7 +245,7 @@ def widest(model_cfg, t: Tokens) -> int:
     if isinstance(c, archs.mamba.MambaConfig):
         inner = c.expand * c.d_model
         return a * n * (2 * inner + 2 * c.n_groups * c.d_state + inner // c.head_dim)
-    wide = a * n * c.top_k * 2 * c.d_expert
+    wide = a * n * c.top_k * 2 * c.expert_width
     if c.uses("M"):
         inner = c.ssm_expand * c.d_model
         wide = max(wide, a * n * (2 * inner + 2 * c.ssm_groups * c.ssm_state

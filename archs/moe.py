@@ -41,6 +41,8 @@ from .limits import CHUNK, COEF, EPS, FLAG, SIZE, STD, VOCAB, Letters, Range, ch
 from .mamba import MambaMixer
 from .moe_experts import Experts, document_ids, document_lengths
 
+EXPERTS_WIDE = 11  # a layer's experts together, in units of d_model, when d_expert is not given
+
 
 @dataclass(frozen=True)
 class MoEConfig:
@@ -51,7 +53,7 @@ class MoEConfig:
     n_kv_heads: int = 4  # grouped-query attention: n_heads / n_kv_heads queries share a k/v head
     n_experts: int = 8
     top_k: int = 2
-    d_expert: int = 2816  # SwiGLU hidden width of one expert
+    d_expert: int | None = None  # SwiGLU hidden width of one expert; None: `expert_width`
     capacity_factor: float | None = None  # None = dropless; a number: slots per document, above
     aux_loss_coef: float = 0.01
     z_loss_coef: float = 1e-3
@@ -75,6 +77,26 @@ class MoEConfig:
     ssm_groups: int = 1
     ssm_conv: int = 4
     ssm_chunk: int = 64
+
+    @property
+    def expert_width(self) -> int:
+        """d_expert, or, when it is not given, a width that follows d_model and n_experts: a
+        layer's experts together EXPERTS_WIDE x d_model wide (four SwiGLU MLPs of the usual
+        2.75 x d_model), split evenly among them and rounded up to a multiple of 64. More
+        experts are finer ones (DeepSeekMoE's segmentation), not more parameters: 8 experts
+        are 1.375 x d_model each (top 2: one MLP's width a token), 16 at d_model 2048 are 1,408."""
+        if self.d_expert is not None:
+            return self.d_expert
+        return -(-EXPERTS_WIDE * self.d_model // (64 * self.n_experts)) * 64
+
+    @property
+    def derived(self) -> list[str]:
+        """The sizes the config chose for the user, each with its rule (the dry run says them)."""
+        if self.d_expert is not None:
+            return []
+        return [f"d_expert {self.expert_width:,}: not given, so {EXPERTS_WIDE} x d_model "
+                f"{self.d_model:,} / n_experts {self.n_experts}, rounded up to a multiple of 64 "
+                "(give d_expert to size the experts)"]
 
     @property
     def mixers(self) -> str:
@@ -359,7 +381,7 @@ class MoE(nn.Module):
     def active_params(self) -> int:
         """Parameters one token uses: all but the experts it is not routed to."""
         c = self.cfg
-        expert = 3 * c.d_model * c.d_expert
+        expert = 3 * c.d_model * c.expert_width
         return self.num_params() - c.n_layers * (c.n_experts - c.top_k) * expert
 
     flops_per_token = StackedLM.flops_per_token  # the one measurement: archs/flops.py

@@ -40,7 +40,7 @@ from .layers import segment_ids
 class Experts(nn.Module):
     def __init__(self, cfg):  # an archs.moe.MoEConfig
         super().__init__()
-        E, d, f = cfg.n_experts, cfg.d_model, cfg.d_expert
+        E, d, f = cfg.n_experts, cfg.d_model, cfg.expert_width
         self.cfg = cfg
         self.router = nn.Linear(d, E, bias=False)
         self.w_gate = nn.Parameter(torch.empty(E, d, f))  # expert e computes x @ w[e]
@@ -75,7 +75,7 @@ class Experts(nn.Module):
 
     def expert_mlps(self, h: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
         """SwiGLU of each row of h through its expert; h (n, d) sorted by expert (n,)."""
-        E, f = self.cfg.n_experts, self.cfg.d_expert
+        E, f = self.cfg.n_experts, self.cfg.expert_width
         device = h.device.type
         # the meta device (FLOPs are counted there, archs/flops.py) has no autocast to ask
         autocast = torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)

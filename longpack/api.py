@@ -29,7 +29,7 @@ def _config(cls, settings: dict, command: str):
     from longpack.settings import check_values, kinds, refuse_unknown
 
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    refuse_unknown(settings, fields, command)
+    refuse_unknown(settings, fields, command, answers=_answers(cls))
     missing = [n for n, f in fields.items() if n not in settings
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
@@ -40,6 +40,17 @@ def _config(cls, settings: dict, command: str):
                 value, int | float):
             raise SettingsError(f"{command}: {name}={value!r}: give {name} as text or a Path")
     return cls(**check_values(cls, settings, command))
+
+
+def _answers(cls) -> dict[str, str]:
+    """Other trainers' names for a train keyword, answered with ours (training/names.py)."""
+    from training.config import TrainConfig
+
+    if cls is not TrainConfig:
+        return {}
+    from training import names
+
+    return names.answers()
 
 
 def _callable(name: str, value):

@@ -108,6 +108,7 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes,
     p = {"config": cfg.to_dict(), "device": str(procs.device), "vocab_size": vocab,
          "params": params,
          "active_params": counted.active_params() if hasattr(counted, "active_params") else params,
+         "param_parts": param_parts(counted),
          "seq": seq, "world_size": world, "tokens_per_step": rows_per_step * seq, "steps": steps,
          "stopped_by_max_epochs": None if cut_by is None else data.names[cut_by],
          "tokens": rows_per_step * seq * steps,
@@ -194,6 +195,18 @@ def _now(device) -> float:
     return time.perf_counter()
 
 
+def param_parts(model) -> dict:
+    """Where a model's parameters are: {"embedding", "head", "layers" (each block's), "rest"},
+    so that a count can be set against one worked out by hand (a seed's "24 x 45.1M")."""
+    def count(module) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    parts = {"embedding": count(model.embed), "head": count(model.head),
+             "layers": [count(block) for block in model.blocks]}
+    parts["rest"] = count(model) - parts["embedding"] - parts["head"] - sum(parts["layers"])
+    return parts
+
+
 def _median(xs: list[float]) -> float:
     return sorted(xs)[len(xs) // 2]
 
@@ -209,8 +222,17 @@ def render(p: dict) -> str:
               + (f" (the run stops here: {p['stopped_by_max_epochs']} reaches --max-epochs; "
                  f"--max-steps is {c['max_steps']:,})" if p["stopped_by_max_epochs"] else ""),
               f"  compute     {p['flops']:.3g} FLOPs"]
-    scan = archs.mamba.scan_lines(archs.config(c["model"], **archs.parse_args(
-        c["model"], list(c["model_args"]))), p["device"])
+    model = archs.config(c["model"], **archs.parse_args(c["model"], list(c["model_args"])))
+    parts = p["param_parts"]
+    layers = sorted(set(parts["layers"]))
+    lines.append(f"  sizes       embedding {parts['embedding']:,} + head {parts['head']:,} + "
+                 f"{len(parts['layers'])} layers "
+                 + (f"of {layers[0]:,}" if len(layers) == 1 else
+                    f"of {layers[0]:,} to {layers[-1]:,} ({sum(parts['layers']):,})")
+                 + f" + the rest {parts['rest']:,} (final norm"
+                 + (", multi-token heads)" if getattr(model, "n_pred_tokens", 1) > 1 else ")"))
+    lines += [f"  sizes       {line}" for line in getattr(model, "derived", ())]
+    scan = archs.mamba.scan_lines(model, p["device"])
     lines += scan
     if scan and c["compile"]:  # MambaMixer.forward skips LeanMix while torch.compile traces
         lines.append("  compile     Mamba layers run their plain path under --compile (autograd "

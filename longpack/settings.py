@@ -1,8 +1,9 @@
 """Settings declared once: a dataclass field carries its flag's help, its type (the field's
 annotation), its range and choices, and its form on the command line. From that one declaration
 `click_options` makes the command's flags, `check` checks a config object however it was made
-(flags, a config file, a Python caller), and `check_values` checks a config file's values before
-they become flags, all with the same one-line SettingsError naming the flag:
+(flags, a config file, a Python caller), and `values_checked` checks a config file's values
+before they become flags (`check_values` a Python caller's keywords), all with the same one-line
+SettingsError naming the flag:
 
     seq: int = setting(32768, "Tokens per row.", min=2, role="output")
     format: str = setting("mds", "mds or memmap.", choices=FORMATS, role="output")
@@ -180,19 +181,39 @@ def check(config) -> None:
             object.__setattr__(config, f.name, checked(f, getattr(config, f.name)))
 
 
-def check_values(config_class, values: dict, where: str) -> dict:
-    """A config file's values for `config_class`'s settings, checked as `check` checks them
-    (a file's 2.5 is no number of steps, where click would cast it to 2): SettingsError
-    '{where}: ...' at the first that fails; the values typed."""
+def values_checked(config_class, values: dict, whole_floats: bool = False
+                   ) -> tuple[dict, list[tuple[str, str]]]:
+    """Values for `config_class`'s settings (a config file's, a Python caller's), checked as
+    `check` checks them (a file's 2.5 is no number of steps, where click would cast it to 2):
+    (the values typed, [(name, problem)] of every one that fails). `whole_floats`: a whole
+    number written as a float (a file's 1e10, which YAML and TOML read as one) is that number
+    where a whole number goes, which loses nothing."""
     from longpack.errors import SettingsError
 
     fields = {f.name: f for f in dataclasses.fields(config_class)}
-    out = {}
+    out, problems = {}, []
     for name, value in values.items():
+        if name not in fields:
+            out[name] = value
+            continue
+        wanted = kinds(fields[name].type)
+        if (whole_floats and int in wanted and float not in wanted and isinstance(value, float)
+                and value.is_integer() and abs(value) <= 2**53):  # exact as a float
+            value = int(value)
         try:
-            out[name] = checked(fields[name], value, name) if name in fields else value
+            out[name] = checked(fields[name], value, name)
         except SettingsError as e:
-            raise SettingsError(f"{where}: {e}") from None
+            problems.append((name, str(e)))
+    return out, problems
+
+
+def check_values(config_class, values: dict, where: str) -> dict:
+    """`values_checked`, or one SettingsError '{where}: ...' naming every value that fails."""
+    from longpack.errors import SettingsError
+
+    out, problems = values_checked(config_class, values)
+    if problems:
+        raise SettingsError(f"{where}: " + "; ".join(problem for _, problem in problems))
     return out
 
 
@@ -292,18 +313,40 @@ def suggest(name: str, known) -> str | None:
     return close[0] if close else None
 
 
-def refuse_unknown(names, known, where: str, prefix: str = "") -> None:
+def refuse_unknown(names, known, where: str, prefix: str = "",
+                   answers: dict[str, str] | None = None) -> None:
     """SettingsError naming every one of `names` that is not `known` at once, each with the
-    nearest known one (`suggest`): a config file's keys, a Python caller's keywords."""
+    nearest known one (`suggest`), or for a name `answers` has (another trainer's, whose
+    near spelling would mislead: training/names.py), that answer: a config file's keys, a
+    Python caller's keywords."""
     from longpack.errors import SettingsError
 
     unknown = sorted(set(names) - set(known))
     if unknown:
-        named = [prefix + name + (f" (did you mean {prefix}{near}?)"
+        answers = answers or {}
+        named = [prefix + name + (f" ({answers[name]})" if name in answers else
+                                  f" (did you mean {prefix}{near}?)"
                                   if (near := suggest(name, known)) else "")
                  for name in unknown]
         raise SettingsError(f"{where}: unknown setting{'s' if len(unknown) > 1 else ''} "
                             f"{', '.join(named)}")
+
+
+# YAML 1.2's numbers in exponent form without a point (3e-4, 1e10), which PyYAML's YAML 1.1
+# reads as text: the float resolver YAML 1.1 lacks, for plain scalars only (quoted stays text)
+EXPONENT = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+
+
+def _yaml_loader(yaml):
+    """PyYAML's safe loader with numbers in exponent form read as numbers."""
+    import re
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(EXPONENT),
+                                 list("-+0123456789."))
+    return Loader
 
 
 def read_settings_file(path: str) -> dict:
@@ -318,7 +361,7 @@ def read_settings_file(path: str) -> dict:
         except ImportError:
             raise SettingsError(f"a YAML --config needs PyYAML: {install_hint('yaml')}") from None
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=_yaml_loader(yaml)) or {}
         except yaml.YAMLError as e:  # a reader's error too: bytes that are not text
             raise SettingsError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
     else:

@@ -121,7 +121,8 @@ def test_what_the_commands_refuse_the_functions_refuse_in_one_line(tmp_path, sha
 def test_every_unknown_keyword_is_named_at_once():
     # as a config file's keys are: each with the nearest known name when one is close
     with pytest.raises(SettingsError, match=r"train: unknown settings batchsize \(did you mean "
-                                            r"batch_size\?\), learning_rate$"):
+                                            r"batch_size\?\), learning_rate \(it is lr: the "
+                                            r"peak learning rate\)$"):  # training/names.py
         longpack.train(shards="x", out="o", learning_rate=1e-3, batchsize=4)
 
 

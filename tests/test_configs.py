@@ -1,9 +1,10 @@
-"""The example runs in configs/ (issues 31 and 44): each file loads and plans as its own comment
-says (`train --dry-run --world-size N --json`, the model sized on the meta device, nothing
-probed), the resonance sizes as their table gives them, the 5B MoE's recipe needs more than one
-80 GB GPU, the YAML's table of another trainer's names gives ours, and the test config trains."""
+"""The runs in configs/ (issues 31, 44 and 54): one for each seed's recipe (../shared/seeds/)
+and the 5B MoE's own. Each file plans as its Memory line says (`train --dry-run --world-size N
+[--gpu-memory G] --json`, the model sized on the meta device, nothing probed), each run of its
+table as the table says (the flags, the parameters, the memory a GPU), the 5B MoE's recipe needs
+more than one 80 GB GPU, the YAML's table of Hugging Face's names is training/names.py's, and
+each file trains two steps at a tiny scale: its own settings on a tiny model and build."""
 
-import dataclasses
 import json
 import re
 from pathlib import Path
@@ -11,20 +12,22 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import archs
 from archs.zoo.cli import zoo
+from training import names
 from training.cli import train as train_cli
-from training.config import TrainConfig
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 FILES = sorted([*CONFIGS.glob("*.toml"), *CONFIGS.glob("*.yaml")])
 GIB = 2**30
+# The report backends' packages are the run's, not these tests': the plans report to these.
+REPORTS = ("--report-to", "console,jsonl")
 
 
 @pytest.fixture(scope="module")
 def build_32k(tmp_path_factory):
-    """A small build of 32k-token rows (the seeds' length) in GPT-2's vocabulary (the shipped
-    ranks: the files' memory lines are at a real tokenizer's), memmap."""
+    """A small build of 32k-token rows (the seeds' longest; the others are windows of them) in
+    GPT-2's vocabulary (the shipped ranks: the files' memory lines are at a real tokenizer's),
+    memmap."""
     from conftest import make_texts, write_jsonl
     from pipeline.build import build
     from pipeline.config import BuildConfig
@@ -40,7 +43,8 @@ def build_32k(tmp_path_factory):
 def plan(path, build, out, *flags):
     """`train --config PATH --dry-run --json` on BUILD: the plan, and what it printed."""
     r = CliRunner().invoke(train_cli, ["--config", str(path), "--shards", str(build),
-                                       "--out", str(out), "--dry-run", "--json", *flags])
+                                       "--out", str(out), "--dry-run", "--json", *REPORTS,
+                                       *flags])
     assert r.exit_code == 0, r.output
     assert not Path(out).exists()  # a dry run makes nothing
     return json.loads(r.stdout), r.stderr
@@ -52,48 +56,74 @@ def per_process_gib(p):
 
 def test_configs_ship_the_seeds_runs():
     assert [p.name for p in FILES] == [
-        "hybrid-5b-dolma.toml",      # the 5B MoE on Dolma: Mamba layers, MoD, MTP, Muon
-        "moe-1b-fineweb.yaml",       # an MoE on FineWeb-Edu, as YAML
-        "moe-5b-32k.toml",           # the 5B MoE's own recipe: more than one 80 GB GPU
-        "neox-1.2b-32k-test.toml",   # the headline run, shrunk to a smoke test
-        "neox-1.2b-32k.toml",        # the headline: GPT-NeoX 1.2B at 32k
-        "neox-350m-2k-1gpu.toml",    # one GPU, its loader and precision settings spelled out
-        "resonance-large-32k.toml",  # resonance at 32k, and its sizes
+        "hybrid-5b-dolma.toml",     # seed 003: the 5B MoE on Dolma, Mamba layers, MoD, MTP, Muon
+        "moe-5b-32k.toml",          # the 5B MoE's own recipe: more than one 80 GB GPU
+        "moe-fineweb.yaml",         # seed 002: an MoE on FineWeb, as nested YAML
+        "neox-1.2b.toml",           # seed 001: GPT-NeoX 1.2B on 2 GPUs, and at 32k on 8
+        "resonance-32k-1gpu.toml",  # seed 004: one GPU at 32k, the training optimizations
+        "resonance-32k.toml",       # seed 000: resonance at 32k on 4 GPUs, and its sizes
     ]
 
 
+MEMORY = re.compile(r"^# Memory \(train --dry-run --world-size (\d+)(?: --gpu-memory (\d+))?\): "
+                    r"~(\d+) GiB", re.M)
+
+
 def stated_memory(path):
-    """The `# Memory (train --dry-run --world-size N): ~G GiB` line of a file: (N, G)."""
-    m = re.search(r"^# Memory \(train --dry-run --world-size (\d+)\): ~(\d+) GiB",
-                  path.read_text(), re.M)
+    """The `# Memory (train --dry-run --world-size N [--gpu-memory G]): ~M GiB a GPU` line of a
+    file: (the flags, M)."""
+    m = MEMORY.search(path.read_text())
     assert m, f"{path.name}: no Memory line"
-    return int(m[1]), int(m[2])
+    return ["--world-size", m[1], *(["--gpu-memory", m[2]] if m[2] else [])], int(m[3])
 
 
-@pytest.mark.parametrize("path", [  # the hybrid's FLOPs are measured at 32k: slow on a CPU
-    pytest.param(p, marks=pytest.mark.slow) if p.name.startswith("hybrid") else p
-    for p in FILES], ids=lambda p: p.name)
+def slow_if_hybrid(params, path=lambda p: p[0]):
+    """The hybrid's FLOPs are measured (its Mamba layers run on the meta device): seconds on a
+    CPU, a slow test."""
+    return [pytest.param(*(p if isinstance(p, tuple) else (p,)), marks=pytest.mark.slow)
+            if "hybrid" in path(p).name else p for p in params]
+
+
+@pytest.mark.parametrize("path", slow_if_hybrid(FILES, lambda p: p), ids=lambda p: p.name)
 def test_each_config_plans_as_its_comment_says(path, build_32k, tmp_path):
-    world, gib = stated_memory(path)
-    p, said = plan(path, build_32k, tmp_path / "r", "--world-size", str(world))
-    assert p["fits"] is True and p["world_size"] == world
+    flags, gib = stated_memory(path)
+    p, said = plan(path, build_32k, tmp_path / "r", *flags)
+    assert p["fits"] is True and p["world_size"] == int(flags[1])
+    assert p["gpu_memory"] == int(flags[3] if len(flags) > 2 else 80) * GIB
     assert abs(per_process_gib(p) - gib) < 1, (per_process_gib(p), gib)
-    assert f"not probed (--world-size {world}" in said  # no probe step of a 5B on a CPU
+    assert f"not probed (--world-size {flags[1]}" in said  # no probe step of a 5B on a CPU
 
 
-SIZE_LINE = re.compile(r"^#\s+(resonance-[a-z]+)\s+[\d.]+[MB]\s+(.+?)\s+~(\d+) GiB$", re.M)
+RUN = re.compile(r"^#   (\S+)\s+(--.+?|\(this file\))\s+([\d.]+)([MB])\s+~(\d+) GiB$", re.M)
+RUNS = [(path, run) for path in FILES for run in RUN.findall(path.read_text())]
 
 
-def test_the_resonance_sizes_plan_as_their_table_says(build_32k, tmp_path):
-    path = CONFIGS / "resonance-large-32k.toml"
-    sizes = SIZE_LINE.findall(path.read_text())
-    presets = sorted(n for n, family in archs.PRESETS.items() if family == "resonance")
-    assert sorted(name for name, _, _ in sizes) == [n for n in presets if n != "resonance-tiny"]
-    for name, flags, gib in sizes:
-        p, _ = plan(path, build_32k, tmp_path / name, "--world-size", "8",
-                    *([] if flags == "(this file)" else flags.split()))
-        assert p["config"]["model"] == name and p["fits"] is True
-        assert abs(per_process_gib(p) - int(gib)) < 1, (name, per_process_gib(p), gib)
+def test_the_seeds_other_runs_are_in_tables():
+    assert sorted({(path.name, run[0]) for path, run in RUNS}) == [
+        ("hybrid-5b-dolma.toml", "test"),
+        ("moe-fineweb.yaml", "1.5b"), ("moe-fineweb.yaml", "1b"),
+        ("moe-fineweb.yaml", "medium"), ("moe-fineweb.yaml", "test"),
+        ("neox-1.2b.toml", "32k"), ("neox-1.2b.toml", "8gpu"), ("neox-1.2b.toml", "test"),
+        ("resonance-32k.toml", "large"), ("resonance-32k.toml", "medium"),
+        ("resonance-32k.toml", "small"), ("resonance-32k.toml", "xlarge")]
+
+
+@pytest.mark.parametrize("path, run", slow_if_hybrid(RUNS),
+                         ids=lambda x: x.name if isinstance(x, Path) else x[0])
+def test_each_run_of_a_configs_table_plans_as_it_says(path, run, build_32k, tmp_path):
+    """`#   NAME  FLAGS  PARAMS  ~G GiB`: the file with FLAGS on the command line (the Memory
+    line's --world-size and --gpu-memory unless FLAGS give theirs)."""
+    _, flags, size, unit, gib = run
+    flags = [] if flags == "(this file)" else flags.split()
+    memory, _ = stated_memory(path)
+    for i in range(0, len(memory), 2):
+        if memory[i] not in flags:
+            flags += memory[i:i + 2]
+    p, _ = plan(path, build_32k, tmp_path / "r", *flags)
+    scale = {"M": 1e6, "B": 1e9}[unit]
+    decimals = len(size.partition(".")[2])  # the count, rounded to the digits it is given in
+    assert abs(p["params"] - float(size) * scale) <= 0.5 * 10**-decimals * scale, p["params"]
+    assert p["fits"] is True and abs(per_process_gib(p) - int(gib)) < 1, per_process_gib(p)
 
 
 def test_the_5b_moe_recipe_needs_more_than_one_80gb_gpu(build_32k, tmp_path):
@@ -103,30 +133,49 @@ def test_the_5b_moe_recipe_needs_more_than_one_80gb_gpu(build_32k, tmp_path):
     assert one["fits"] is False and 80 < per_process_gib(one) < 90  # the comment's ~84 GiB
 
 
-def test_the_yaml_names_another_trainers_settings_by_ours():
-    from longpack.errors import SettingsError
-    from longpack.settings import refuse_unknown
+def test_the_yamls_table_of_hugging_faces_names_is_the_one_table():
+    """The comment's `theirs -> ours` lines are training/names.py's, all of Hugging Face's."""
+    text = (CONFIGS / "moe-fineweb.yaml").read_text()
+    lines = [line for line in text.splitlines() if re.match(r"^#   \w+ -> [\w.]+$", line)]
+    assert lines == names.comment_lines("hf")
+    assert len(lines) >= 18
 
-    text = (CONFIGS / "moe-1b-fineweb.yaml").read_text()
-    pairs = re.findall(r"(\w+(?: / \w+)?) -> (\w+)", text)
-    assert len(pairs) >= 18
-    ours = [f.name for f in dataclasses.fields(TrainConfig)]
-    assert [name for _, name in pairs if name not in ours] == []
-    theirs = [t for names, name in pairs for t in names.split(" / ") if t != name]
-    with pytest.raises(SettingsError) as e:  # each of theirs is refused, all in one line
-        refuse_unknown(theirs, ours, "run.yaml")
-    assert all(t in str(e.value) for t in theirs) and "\n" not in str(e.value)
+
+# Each file at a tiny scale: its own optimizer, schedule, precision, accumulation, clipping and
+# model features on the family's tiny preset (a --model-arg replaces the file's model fields),
+# two steps of the byte-level build's 65-token rows, on this machine's CPU.
+TINY = {
+    "hybrid-5b-dolma.toml": ["--model", "hybrid-tiny", "--model-arg", "mod_capacity=0.75",
+                             "--model-arg", "n_pred_tokens=4"],
+    "moe-5b-32k.toml": ["--model", "moe-tiny", "--no-fsdp"],
+    "moe-fineweb.yaml": ["--model", "moe-tiny", "--model-arg", "top_k=2"],
+    "neox-1.2b.toml": ["--model", "neox-tiny", "--no-fsdp", "--no-compile",  # zoo eval's
+                       "--precision", "fp32"],  # val loss is fp32's: the run's, to compare
+    "resonance-32k-1gpu.toml": ["--model", "resonance-tiny", "--model-arg", "d_model=64"],
+    "resonance-32k.toml": ["--model", "resonance-tiny"],
+}
+
+
+def test_each_config_has_a_tiny_run():
+    assert sorted(TINY) == [p.name for p in FILES]
 
 
 @pytest.mark.slow
-def test_the_test_config_trains_and_zoo_eval_gives_its_val_loss(build_32k, tmp_path):
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_each_config_trains_two_steps_at_a_tiny_scale(path, shards, tmp_path):
     run = tmp_path / "r"
-    r = CliRunner().invoke(train_cli, ["--config", str(CONFIGS / "neox-1.2b-32k-test.toml"),
-                                       "--shards", str(build_32k), "--out", str(run),
-                                       "--max-steps", "2", "--eval-every", "2", "--workers", "0"])
+    r = CliRunner().invoke(train_cli, [
+        "--config", str(path), *TINY[path.name], "--shards", str(shards), "--out", str(run),
+        "--seq", "65", "--batch-size", "2", "--grad-accum", "2", "--total-tokens", "512",
+        "--warmup", "1", "--eval-every", "2", "--eval-batches", "1", "--workers", "0",
+        *REPORTS])
     assert r.exit_code == 0, r.output
-    final = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
-    got = json.loads(CliRunner().invoke(zoo, ["eval", str(run), "--shards", str(build_32k),
-                                              "--batch-size", "2", "--limit", "4",
-                                              "--json"]).output)
-    assert got["seq"] == 2048 and got["loss"] == pytest.approx(final["val_loss"], abs=1e-5)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in records if "loss" in m] == [0, 1]
+    assert all(m["loss"] > 0 for m in records if m.get("loss") is not None)
+    if path.name == "neox-1.2b.toml":  # zoo eval gives the run's val loss again
+        final = [m for m in records if "val_loss" in m][-1]
+        got = json.loads(CliRunner().invoke(zoo, ["eval", str(run), "--shards", str(shards),
+                                                  "--batch-size", "2", "--limit", "2",
+                                                  "--json"]).output)
+        assert got["loss"] == pytest.approx(final["val_loss"], abs=1e-5)

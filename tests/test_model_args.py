@@ -83,7 +83,7 @@ def test_a_model_table_and_the_nested_layout_are_the_flags(tmp_path, shards):
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
     yaml.write_text(f"data:\n  shards: {shards}\ntraining:\n  learning_rate: 0.1\n")
     result = CliRunner().invoke(train_cli, ["--config", str(yaml), "--out", str(tmp_path / "c")])
-    assert result.exit_code == 2 and "training.learning_rate is not a setting of train" \
+    assert result.exit_code == 2 and "training.learning_rate: 0.1 -> training.lr: 0.1" \
         in result.output
 
 
@@ -100,5 +100,5 @@ def test_a_model_table_without_its_name_is_refused_not_the_default_model(tmp_pat
     r = CliRunner().invoke(train_cli, ["--config", str(toml), "--dry-run"])
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert r.output.strip().splitlines()[-1] == (
-        f"Error: {toml}: [model] has no name: give name = PRESET (`zoo list`) or FAMILY, or put "
-        "the fields alone in [model_args] to keep --model's model")
+        f"Error: {toml}: model.name: missing (a preset from `zoo list` or a family: gpt-neox, moe, "
+        "resonance, mamba, or the fields alone in model_args to keep --model's model)")

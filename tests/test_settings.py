@@ -36,7 +36,7 @@ def test_to_flags_gives_back_the_same_settings_through_the_command_line(tmp_path
     """What a launcher (Slurm's batch script) writes must parse back to the very same build."""
     cfg = BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=("a b.jsonl", "c"),
                       seq=4096, val_fraction=0.015625, bos=True, compression="zstd:7",
-                      last_row="drop", tasks=3, max_tokens=None)
+                      last_row="drop", packing="concat", tasks=3, max_tokens=None)
     command = pack.commands["build"]
     ctx = command.make_context("build", to_flags(cfg), resilient_parsing=True)
     parsed = {f.name: ctx.params[f.name] for f in dataclasses.fields(BuildConfig)}
@@ -135,8 +135,8 @@ def test_a_config_file_with_an_unknown_or_renamed_setting_is_one_line(tmp_path):
     config.write_text('shards = "x"\nlog = "console"\nsteps = 3\n')
     r = CliRunner().invoke(train, ["--config", str(config)])
     assert r.exit_code == 2 and "Traceback" not in r.output
-    assert ("unknown settings log (did you mean log_every?), steps"
-            in " ".join(r.output.split()))
+    assert ('2 things to change: log: "console" -> report_to: "console" (renamed: torchrun reads '
+            "--log as its --log-dir); unknown setting steps" in " ".join(r.output.split()))
 
 
 @pytest.mark.parametrize("text, says", [

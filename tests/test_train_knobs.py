@@ -311,7 +311,8 @@ def test_prefetch_is_how_many_batches_a_worker_builds_ahead(prefetch):
 @pytest.mark.parametrize("theirs, ours", [
     ("batchsize", "batch_size"), ("warmup_step", "warmup"), ("prefetch_factor", "prefetch"),
     ("max_step", "max_steps"), ("sequence", "seq"), ("grad_acum", "grad_accum"),
-    ("learning_rate", None),  # another trainer's name, not a misspelling: no guess (no tables)
+    ("learning_rate", None),  # another trainer's name, not a misspelling: no guess (a config
+    # file answers it from training/names.py)
 ])
 def test_an_unknown_setting_names_the_nearest_known_one(theirs, ours):
     from longpack.settings import refuse_unknown
@@ -328,14 +329,18 @@ def test_the_nearest_name_in_a_config_file_and_for_model_args(tmp_path, shards):
     toml.write_text('learning_rate = 0.1\nnonsense = 1\nmax_step = 3\n')
     r = CliRunner().invoke(train_cli, ["--config", str(toml)])
     assert r.exit_code == 2  # every unknown key at once
-    assert "unknown settings learning_rate, max_step (did you mean max_steps?), nonsense" in \
-        " ".join(r.output.split())
+    assert "learning_rate: 0.1 -> lr: 0.1 (the peak learning rate); unknown settings nonsense, " \
+        "max_step (did you mean max_steps?)" in " ".join(r.output.split())
     toml.write_text('[optim]\ngrad_acum = 4\n')
     r = CliRunner().invoke(train_cli, ["--config", str(toml)])
-    assert r.exit_code == 2 and "optim.grad_acum is not a setting of train " \
-        "(did you mean optim.grad_accum?)" in " ".join(r.output.split())
+    assert r.exit_code == 2 and "unknown setting optim.grad_acum (did you mean " \
+        "optim.grad_accum?)" in " ".join(r.output.split())
     toml.write_text(f'shards = "{shards}"\n[model]\nname = "moe-tiny"\nnum_experts = 4\n')
     r = CliRunner().invoke(train_cli, ["--config", str(toml), "--out", str(tmp_path / "r")])
-    assert r.exit_code == 1 and "--model-arg: moe-tiny: unknown setting num_experts (did you " \
-        "mean n_experts?)" in " ".join(r.output.split())
+    assert r.exit_code == 2 and "model.num_experts: 4 -> model.n_experts: 4" in \
+        " ".join(r.output.split())  # a transformers config's name: ours, not a near spelling
+    toml.write_text(f'shards = "{shards}"\n[model]\nname = "moe-tiny"\nn_expert = 4\n')
+    r = CliRunner().invoke(train_cli, ["--config", str(toml), "--out", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "unknown setting model.n_expert (did you mean " \
+        "model.n_experts?)" in " ".join(r.output.split())
     assert not (tmp_path / "r").exists()

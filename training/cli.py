@@ -5,7 +5,6 @@ import click
 
 from longpack import SettingsError, click_options
 from longpack.cli import Command
-from longpack.settings import check_values, read_settings_file, refuse_unknown
 from training.config import TrainConfig
 
 
@@ -42,22 +41,18 @@ class GroupedHelp(Command):
 
 
 def _read_config_file(ctx, _param, path):
-    """--config: the file's settings, checked as the Python API's are (longpack/settings.py),
-    become the defaults of the flags (click's default_map), so a flag on the command line wins
-    and --shards may come from the file."""
-    import dataclasses
+    """--config: the file's settings (training/config_file.py: every problem in one line, other
+    trainers' names with ours), checked as the Python API's are (longpack/settings.py), become
+    the defaults of the flags (click's default_map), so a flag on the command line wins and
+    --shards may come from the file."""
+    from training import config_file
 
     if path is None:
         return None
     try:
-        settings = flatten_settings(read_settings_file(path), path)
-        refuse_unknown(settings, [f.name for f in dataclasses.fields(TrainConfig)], path)
-        settings = check_values(TrainConfig, settings, path)
+        settings = config_file.read(path)
     except SettingsError as e:
         raise click.UsageError(str(e)) from None
-    for f in dataclasses.fields(TrainConfig):  # a tuple's flag that takes comma-separated text
-        if isinstance(settings.get(f.name), tuple) and not f.metadata["multiple"]:
-            settings[f.name] = ",".join(settings[f.name])
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return path
 
@@ -148,99 +143,3 @@ def dry_run_plan(cfg: TrainConfig, world_size: int | None, gpu_memory: float,
                  gpu_memory=int(gpu_memory * 2**30))
     if as_json and main:
         click.echo(json.dumps(p, default=str))
-
-
-SECTIONS = ("training", "optim", "optimizer", "data", "run", "checkpoint", "logging")
-
-
-def flatten_settings(data: dict, path: str) -> dict:
-    """A config file's settings as the flags' names. Beside flat keys it takes the nested
-    layout training configs commonly use: a `model` table (`name` = --model, every other key a
-    field of the model's config = --model-arg; a `model_args` table is those fields alone), and
-    sections (training:, optim:, data:, ...)
-    whose keys are the flags'. An unknown key is named with its section."""
-    import dataclasses
-    import json
-
-    from longpack.settings import suggest
-
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    out, where = {}, {}
-    for key, value in data.items():
-        key = key.replace("-", "_")
-        if key == "data" and isinstance(value, list):
-            for k, v in data_list(value, path).items():
-                if k in out:
-                    raise SettingsError(f"{path}: {k} is set twice (also as {where[k]})")
-                out[k], where[k] = v, "[[data]]"
-        elif key in ("model", "model_args") and isinstance(value, dict):
-            # a table of the model's fields: [model] (with its name) or [model_args]
-            table = dict(value)
-            if key == "model" and "name" not in table:  # it would train the default model
-                raise SettingsError(f"{path}: [model] has no name: give name = PRESET (`zoo "
-                                       "list`) or FAMILY, or put the fields alone in "
-                                       "[model_args] to keep --model's model")
-            if key == "model":
-                out["model"], where["model"] = table.pop("name"), "model.name"
-            if "model_args" in out:
-                raise SettingsError(f"{path}: the model's fields are set twice ([{key}] and "
-                                       f"{where['model_args']}): keep one")
-            out["model_args"] = [f"{k}={json.dumps(v)}" for k, v in table.items()]
-            where["model_args"] = f"[{key}]"
-        elif key in SECTIONS and isinstance(value, dict):
-            for inner, v in value.items():
-                inner = inner.replace("-", "_")
-                if inner not in known:
-                    near = suggest(inner, known)
-                    raise SettingsError(
-                        f"{path}: {key}.{inner} is not a setting of train "
-                        + (f"(did you mean {key}.{near}?)" if near else
-                           f"(the settings: {', '.join(sorted(known))})"))
-                if inner in out:
-                    raise SettingsError(f"{path}: {key}.{inner} is set twice (also as "
-                                           f"{where[inner]})")
-                out[inner], where[inner] = v, f"{key}.{inner}"
-        else:
-            if key in out:
-                raise SettingsError(f"{path}: {key} is set twice (also as {where[key]})")
-            out[key], where[key] = value, key
-    return out
-
-
-DATA_KEYS = ("name", "path", "weight", "max_epochs")
-
-
-def data_list(entries: list, path: str) -> dict:
-    """A config file's `[[data]]` list (each with name, path, optional weight and max_epochs)
-    as the flags' settings: shards NAME=PATH, mix, max_epochs NAME=N."""
-    shards, weights, epochs = [], [], []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict) or "path" not in entry:
-            raise SettingsError(f"{path}: data entry {i + 1} needs a path (and may have "
-                                   f"{', '.join(DATA_KEYS)})")
-        unknown = set(entry) - set(DATA_KEYS)
-        if unknown:
-            raise SettingsError(f"{path}: data entry {i + 1}: unknown "
-                                   f"{', '.join(sorted(unknown))} (the keys: "
-                                   f"{', '.join(DATA_KEYS)})")
-        from pipeline import good_name, source_name
-
-        name = str(entry.get("name") or source_name(str(entry["path"])))
-        if not good_name(name):
-            raise SettingsError(f"{path}: data entry {i + 1}: its name {name!r} has "
-                                   "characters other than letters, digits, '_', '.', '-'; "
-                                   "give it a name = ...")
-        shards.append(f"{name}={entry['path']}")
-        if "weight" in entry:
-            weights.append(f"{name}={entry['weight']}")
-        if "max_epochs" in entry:
-            epochs.append(f"{name}={entry['max_epochs']}")
-    if weights and len(weights) != len(shards):
-        raise SettingsError(f"{path}: give every data entry a weight, or none (each then "
-                               "in proportion to its train rows)")
-    out = {"shards": shards}
-    if weights:
-        out["mix"] = ",".join(weights)
-    if epochs:
-        out["max_epochs"] = epochs
-    return out

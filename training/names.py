@@ -1,0 +1,371 @@
+"""Other trainers' names for `train`'s settings: the one table that a config file's error
+(training/config_file.py), docs/TRAIN.md's table (`markdown`, checked by a test) and the
+comments of configs/ (`comment_lines`) are made from.
+
+Such a name is refused, never taken as ours: the error names each one with longpack's name, the
+value in longpack's unit and any difference of meaning, all in one line, so a file written for
+another trainer runs after one edit and then says what the run records. Accepting them would
+give one setting two names, and some have two meanings (Hugging Face's `eval_steps` is the
+steps between evaluations, a FineWeb MoE trainer's `evaluation.eval_steps` the batches one
+reads), which a silent translation would have to guess between.
+
+An entry's `theirs` is a key as a file writes it, or `section.key` where only that section
+gives it this meaning (a section's own entry is looked up before the bare key's). `ours` is
+train's setting, `model.FIELD` for a field of the model's config, or "" when there is none
+(the note then says what is closest). `convert(value, settings)` gives our value from theirs
+and the file's other settings in our names; DROP: the key says nothing train needs."""
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DROP = object()  # what a key converts to when it is to be removed: it sets nothing here
+
+WHO = {
+    "hf": "Hugging Face Trainer (TrainingArguments)",
+    "hf-model": "transformers' model configs (GPTNeoXConfig, ...)",
+    "accelerate": "Accelerate",
+    "nanogpt": "nanoGPT",
+    "torch": "PyTorch (OneCycleLR, DataLoader, clip_grad_norm_)",
+    "seeds": "the seeds' trainers (configs/ holds their runs)",
+    "longpack": "longpack's own earlier name",
+}
+
+
+@dataclass(frozen=True)
+class Name:
+    theirs: str
+    ours: str
+    who: tuple[str, ...]
+    note: str = ""
+    convert: Callable | None = None  # (their value, the file's settings in our names) -> ours
+
+    def target(self, section: str | None) -> str:
+        """Where our name goes in the file: the same one of train's tables, or the top level
+        (a model field: the model table)."""
+        if self.ours.startswith("model.") or section is None:
+            return self.ours
+        return f"{section}.{self.ours}"
+
+
+def _default(name: str):
+    import dataclasses
+
+    from training.config import TrainConfig
+
+    return next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
+
+
+@dataclass(frozen=True)
+class Converted:
+    """A converted value with the note that says how, in its numbers."""
+    value: object
+    note: str
+
+
+def _times_lr(ratio, settings):
+    lr = settings.get("lr", _default("lr"))
+    whose = "" if "lr" in settings else ", train's default"
+    return Converted(float(f"{ratio * lr:.12g}"),
+                     f"a learning rate, not a ratio: {ratio} x lr {lr}{whose}")
+
+
+def _switch(precision):
+    return lambda on, _settings: precision if on is True else DROP
+
+
+def _reports_with(kind):
+    def convert(on, settings):
+        if on is not True:
+            return DROP
+        given = settings.get("report_to", _default("report_to"))
+        given = given.split(",") if isinstance(given, str) else list(given)
+        return [*given, kind] if kind not in given else DROP
+
+    return convert
+
+
+def _from(table: dict, what: str):
+    def convert(value, _settings):
+        key = str(value).lower().replace("-", "_")
+        if key not in table:
+            raise ValueError(f"{value!r} has no equivalent {what} here, choose from "
+                             + ", ".join(sorted({v for v in table.values() if v is not DROP})))
+        return table[key]
+
+    return convert
+
+
+PRECISION = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
+             "no": "fp32", "fp32": "fp32", "float32": "fp32"}
+SCHEDULES = {"cosine": "cosine", "cosine_with_min_lr": "cosine", "cos": "cosine",
+             "constant": "constant", "constant_with_warmup": "constant",
+             "cosine_with_restarts": "cosine-restarts", "warmup_stable_decay": "wsd",
+             "wsd": "wsd", "onecycle": "onecycle", "onecyclelr": "onecycle",
+             "cosineannealinglr": "cosine", "cosineannealingwarmrestarts": "cosine-restarts"}
+OPTIMIZERS = {"adamw": "adamw", "adamw_torch": "adamw", "adamw_torch_fused": "adamw",
+              "adamw_hf": "adamw", "adam": "adamw", "muon": "muon"}
+
+
+def _betas(index):
+    def convert(betas, _settings):
+        if not isinstance(betas, list | tuple) or len(betas) != 2:
+            raise ValueError(f"{betas!r} is not two numbers, beta1 and beta2")
+        return betas[index]
+
+    return convert
+
+
+def _steps_of_share(share, settings):
+    """A share of the steps, as steps: only where the file gives max_steps (total_tokens
+    becomes steps by the build's row length, which the dry run knows)."""
+    if "max_steps" not in settings or "total_tokens" in settings:
+        raise ValueError(f"give warmup in steps: {share} x the run's steps, which "
+                         "`train --dry-run` prints")
+    steps = settings["max_steps"]
+    return Converted(round(share * steps), f"steps, not a share: {share} x max_steps {steps}")
+
+
+_N = Name
+NAMES: tuple[Name, ...] = (
+    # -- batch and length
+    _N("per_device_train_batch_size", "batch_size", ("hf",),
+       "rows per process per micro-step, as theirs"),
+    _N("gradient_accumulation_steps", "grad_accum", ("hf", "nanogpt", "seeds")),
+    _N("gradient_accumulation", "grad_accum", ("seeds",)),
+    _N("max_seq_len", "seq", ("seeds",),
+       "tokens per sample: the build's --seq, or a divisor of it that cuts each row into windows"),
+    _N("seq_len", "seq", ("seeds",),
+       "tokens per sample: the build's --seq, or a divisor of it that cuts each row into windows"),
+    _N("max_seq_length", "seq", ("hf",),
+       "tokens per sample: the build's --seq, or a divisor of it that cuts each row into windows"),
+    _N("sequence_length", "seq", ("seeds",),
+       "tokens per sample: the build's --seq, or a divisor of it that cuts each row into windows"),
+    _N("block_size", "seq", ("nanogpt",),
+       "tokens per sample: the build's --seq, or a divisor of it that cuts each row into windows"),
+    _N("per_device_eval_batch_size", "", ("hf",),
+       "evaluation reads eval_batches batches of batch_size rows"),
+    # -- how long
+    _N("max_iters", "max_steps", ("nanogpt",)),
+    _N("total_steps", "max_steps", ("torch",)),
+    _N("num_train_epochs", "max_epochs", ("hf",),
+       "stops the run before a source is repeated past N epochs, while the schedule spans "
+       "max_steps or total_tokens: give total_tokens too, N x the build's train tokens by "
+       "`pack stats`"),
+    _N("epochs", "max_epochs", ("seeds",),
+       "stops the run before a source is repeated past N epochs, while the schedule spans "
+       "max_steps or total_tokens: give total_tokens too, N x the build's train tokens by "
+       "`pack stats`"),
+    # -- learning rate and schedule
+    _N("learning_rate", "lr", ("hf", "nanogpt"), "the peak learning rate"),
+    _N("max_lr", "lr", ("seeds", "torch"), "the peak learning rate"),
+    _N("min_lr_ratio", "min_lr", ("seeds",),
+       "a learning rate, not a ratio: min_lr_ratio x lr", _times_lr),
+    _N("warmup_steps", "warmup", ("hf", "seeds")),
+    _N("warmup_iters", "warmup", ("nanogpt",)),
+    _N("warmup_ratio", "warmup", ("hf",),
+       "steps, not a share: warmup_ratio x the run's steps, which `train --dry-run` prints",
+       _steps_of_share),
+    _N("pct_start", "warmup", ("torch",),
+       "steps, not a share: pct_start x the run's steps, which `train --dry-run` prints, "
+       "and schedule onecycle without a warmup rises over 30% of them", _steps_of_share),
+    _N("lr_scheduler_type", "schedule", ("hf",),
+       "cosine decays to min_lr, theirs to 0: min_lr 0 for that", _from(SCHEDULES, "schedule")),
+    _N("scheduler", "schedule", ("seeds", "torch"), "", _from(SCHEDULES, "schedule")),
+    _N("lr_scheduler", "schedule", ("seeds", "torch"), "", _from(SCHEDULES, "schedule")),
+    _N("anneal_strategy", "", ("torch",), "schedule onecycle anneals by cosine"),
+    _N("lr_decay_iters", "", ("nanogpt",), "the decay spans the run's steps, max_steps"),
+    _N("decay_lr", "schedule", ("nanogpt",), "false: schedule constant",
+       lambda on, _s: DROP if on is True else "constant"),
+    # -- optimizer
+    _N("optim", "optimizer", ("hf",), "", _from(OPTIMIZERS, "optimizer")),
+    _N("optimizer.type", "optimizer", ("seeds",), "", _from(OPTIMIZERS, "optimizer")),
+    _N("optimizer.name", "optimizer", ("seeds",), "", _from(OPTIMIZERS, "optimizer")),
+    _N("optimizer.momentum", "muon_momentum", ("seeds",),
+       "Muon's Nesterov momentum, with optimizer muon"),
+    _N("momentum", "muon_momentum", ("seeds",),
+       "Muon's Nesterov momentum, with optimizer muon"),
+    _N("beta1", "adam_beta1", ("nanogpt",)),
+    _N("beta2", "adam_beta2", ("nanogpt",)),
+    _N("betas", "adam_beta1", ("seeds",), "the first of AdamW's betas", _betas(0)),
+    _N("betas", "adam_beta2", ("seeds",), "the second of AdamW's betas", _betas(1)),
+    _N("max_grad_norm", "clip", ("hf",), "0 turns clipping off"),
+    _N("grad_clip", "clip", ("nanogpt",), "0 turns clipping off"),
+    _N("max_norm", "clip", ("torch", "seeds"), "0 turns clipping off"),
+    # -- precision and compute
+    _N("bf16", "precision", ("hf",), "", _switch("bf16")),
+    _N("fp16", "precision", ("hf",), "fp16 autocast with a gradient scaler", _switch("fp16")),
+    _N("mixed_precision", "precision", ("accelerate",), "", _from(PRECISION, "precision")),
+    _N("dtype", "precision", ("nanogpt",), "", _from(PRECISION, "precision")),
+    _N("tf32", "", ("hf",), "TF32 matmuls are on for fp32 on GPUs"),
+    _N("allow_tf32", "", ("torch",), "TF32 matmuls are on for fp32 on GPUs"),
+    _N("torch_compile", "compile", ("hf",)),
+    _N("compile_model", "compile", ("seeds",)),
+    _N("gradient_checkpointing", "activation_checkpointing", ("hf",)),
+    _N("use_gradient_checkpointing", "activation_checkpointing", ("seeds",)),
+    _N("device", "", ("seeds", "nanogpt"),
+       "a run uses the GPU its process is given by torchrun or CUDA_VISIBLE_DEVICES, else the CPU"),
+    _N("backend", "", ("nanogpt",), "torchrun's processes use NCCL on GPUs, gloo on CPUs"),
+    _N("gpus", "", ("seeds",), "torchrun --nproc-per-node N starts one process a GPU"),
+    _N("num_gpus", "", ("seeds",), "torchrun --nproc-per-node N starts one process a GPU"),
+    _N("nproc_per_node", "", ("torch",), "torchrun's own flag, --nproc-per-node N"),
+    # -- data and loader
+    _N("dataloader_num_workers", "workers", ("hf",)),
+    _N("num_workers", "workers", ("torch", "seeds")),
+    _N("dataloader_prefetch_factor", "prefetch", ("hf",), "batches each worker builds ahead"),
+    _N("prefetch_factor", "prefetch", ("torch",), "batches each worker builds ahead"),
+    _N("pin_memory", "", ("torch",), "the workers hand batches over in shared memory"),
+    _N("persistent_workers", "", ("torch",), "the workers live as long as the run"),
+    _N("multiprocessing_context", "", ("torch",), "the workers are started by spawn"),
+    _N("shuffle", "", ("torch",), "rows are drawn in a seeded random order, resumable"),
+    _N("data_path", "shards", ("seeds",), "the folder a `pack build` or `pack import` wrote"),
+    _N("dataset_name", "", ("seeds",),
+       "what a build reads: `pack build --dataset fineweb`, fineweb-edu or dolma, makes the "
+       "build that shards names"),
+    _N("dataset_config", "", ("seeds",),
+       "a hub subset is the build's: `pack build --subset sample-10BT`"),
+    _N("max_examples", "", ("seeds",),
+       "the build's documents: `pack build --limit-docs N` or --max-tokens"),
+    _N("max_files", "", ("seeds",),
+       "a build of fewer files: `pack build` given those files, or --max-tokens"),
+    _N("tokenize_on_fly", "", ("seeds",),
+       "`pack build` tokenizes once, before training, and train reads its tokens"),
+    _N("use_streaming", "", ("seeds",),
+       "a build at a URL streams its shards into --cache as they are needed"),
+    _N("val_ratio", "", ("seeds",), "the build's: `pack build --val-fraction`"),
+    _N("cache_size", "", ("seeds",),
+       "shards are cached on disk in --cache, up to cache_limit bytes, e.g. 20gb"),
+    # -- checkpoints
+    _N("output_dir", "out", ("hf", "seeds")),
+    _N("out_dir", "out", ("nanogpt",)),
+    _N("checkpoint_dir", "out", ("seeds",), "checkpoints and metrics.jsonl go in the run's folder"),
+    _N("save_steps", "save_every", ("hf", "seeds")),
+    _N("save_interval", "save_every", ("seeds",)),
+    _N("save_total_limit", "keep_last", ("hf", "seeds")),
+    _N("save_strategy", "", ("hf",), "a checkpoint every save_every steps and one at the end"),
+    _N("always_save_checkpoint", "", ("nanogpt",),
+       "a checkpoint every save_every steps and one at the end"),
+    _N("resume_from_checkpoint", "", ("hf",),
+       "the flag --resume: auto, never, or a checkpoint"),
+    _N("resume", "", ("seeds",), "the flag --resume: auto, never, or a checkpoint"),
+    _N("gcs_credentials", "", ("seeds",),
+       "credentials come from the environment: GOOGLE_APPLICATION_CREDENTIALS for gs://"),
+    _N("gcp_project", "", ("seeds",), "the bucket's URL is enough: out or upload gs://..."),
+    # -- evaluation and logging
+    _N("eval_steps", "eval_every", ("hf",),
+       "Hugging Face's is the steps between evaluations, the batches one reads are eval_batches"),
+    _N("evaluation.eval_steps", "eval_batches", ("seeds",),
+       "the batches an evaluation reads, its interval is eval_every"),
+    _N("eval_interval", "eval_every", ("nanogpt", "seeds")),
+    _N("eval_iters", "eval_batches", ("nanogpt",)),
+    _N("evaluation.enabled", "", ("seeds",),
+       "evaluation runs every eval_every steps and at the end, on the build's val split"),
+    _N("eval_strategy", "", ("hf",),
+       "evaluation runs every eval_every steps and at the end, on the build's val split"),
+    _N("evaluation_strategy", "", ("hf",),
+       "evaluation runs every eval_every steps and at the end, on the build's val split"),
+    _N("eval_only", "", ("nanogpt",), "`zoo eval RUN` evaluates a checkpoint"),
+    _N("logging_steps", "log_every", ("hf",), "metrics.jsonl gets every step"),
+    _N("log_interval", "log_every", ("nanogpt", "seeds"), "metrics.jsonl gets every step"),
+    _N("logging_strategy", "", ("hf",), "a console line every log_every steps"),
+    _N("wandb", "report_to", ("seeds",), "", _reports_with("wandb")),
+    _N("use_wandb", "report_to", ("seeds",), "", _reports_with("wandb")),
+    _N("wandb_log", "report_to", ("nanogpt",), "", _reports_with("wandb")),
+    _N("wandb.enabled", "report_to", ("seeds",), "", _reports_with("wandb")),
+    _N("wandb.project", "wandb_project", ("seeds",)),
+    _N("wandb.run_name", "wandb_run_name", ("seeds",)),
+    _N("wandb.name", "wandb_run_name", ("seeds",)),
+    _N("wandb.entity", "wandb_entity", ("seeds",)),
+    _N("wandb.group", "wandb_group", ("seeds",)),
+    _N("wandb.tags", "wandb_tags", ("seeds",)),
+    _N("run_name", "wandb_run_name", ("hf",), "the W&B run's name, the run's folder is out"),
+    _N("log", "report_to", ("longpack",), "renamed: torchrun reads --log as its --log-dir"),
+    # -- the model's config (a [model] table, or model: in YAML, with its name)
+    _N("model_dim", "model.d_model", ("seeds",)),
+    _N("hidden_size", "model.d_model", ("hf-model",)),
+    _N("n_embd", "model.d_model", ("nanogpt",)),
+    _N("num_layers", "model.n_layers", ("seeds",)),
+    _N("num_hidden_layers", "model.n_layers", ("hf-model",)),
+    _N("n_layer", "model.n_layers", ("nanogpt",)),
+    _N("num_attention_heads", "model.n_heads", ("hf-model",)),
+    _N("n_head", "model.n_heads", ("nanogpt",)),
+    _N("num_key_value_heads", "model.n_kv_heads", ("hf-model",)),
+    _N("intermediate_size", "model.d_ff", ("hf-model",),
+       "the MLP's width, an MoE's experts' is d_expert"),
+    _N("max_position_embeddings", "model.max_seq", ("hf-model",),
+       "the context the model is meant for"),
+    _N("rotary_emb_base", "model.rotary_base", ("hf-model",)),
+    _N("rope_theta", "model.rotary_base", ("hf-model",)),
+    _N("layer_norm_eps", "model.norm_eps", ("hf-model",)),
+    _N("rms_norm_eps", "model.norm_eps", ("hf-model",)),
+    _N("initializer_range", "model.init_std", ("hf-model",)),
+    _N("num_local_experts", "model.n_experts", ("hf-model",)),
+    _N("num_experts", "model.n_experts", ("hf-model",)),
+    _N("num_experts_per_tok", "model.top_k", ("hf-model",)),
+    _N("moe_top_k", "model.top_k", ("seeds",)),
+    _N("moe_intermediate_size", "model.d_expert", ("hf-model",)),
+    _N("mod_capacity_factor", "model.mod_capacity", ("seeds",),
+       "the share of each document's tokens that goes through a depth-routed block, every "
+       "second block is one"),
+    _N("num_eigenstates", "model.num_frequencies", ("seeds",),
+       "the closest: resonance's damped sinusoids per channel"),
+    _N("chunk_size", "", ("seeds",), "the kernel of a resonance layer spans the whole row"),
+    _N("use_parallel_residual", "", ("hf-model",), "gpt-neox's residual is parallel"),
+    _N("hidden_act", "", ("hf-model",), "gpt-neox's MLP is GELU, moe's experts SwiGLU"),
+    _N("tie_word_embeddings", "", ("hf-model",), "the embedding and the head are untied"),
+    _N("attention_dropout", "", ("hf-model",), "no dropout"),
+    _N("hidden_dropout", "", ("hf-model",), "no dropout"),
+    _N("dropout", "", ("nanogpt",), "no dropout"),
+    _N("bias", "", ("nanogpt",), "gpt-neox's linear layers have biases, moe's none"),
+    _N("use_cache", "", ("hf-model",), "`zoo generate` keeps its own cache"),
+    _N("vocab_size", "", ("hf-model", "nanogpt", "seeds"),
+       "the model takes the vocabulary of the build's tokenizer, its manifest's"),
+)
+
+
+def lookup(section: str | None, key: str) -> list[Name]:
+    """The entries for `key` (in `section`, None at the top level): the section's own first,
+    else the key's anywhere. Most keys have one; a key that becomes two settings has two."""
+    if section is not None:
+        own = [n for n in NAMES if n.theirs == f"{section}.{key}"]
+        if own:
+            return own
+    return [n for n in NAMES if n.theirs == key]
+
+
+def answers() -> dict[str, str]:
+    """{their name: what it is here} for names that need no section: what a Python caller's
+    keyword is told (refuse_unknown), where a file gets the full translation."""
+    out = {}
+    for n in NAMES:
+        if "." in n.theirs:
+            continue
+        said_ = f"it is {n.ours}" if n.ours else "none here"
+        out[n.theirs] = "; ".join(filter(None, [out.get(n.theirs), said_ + (
+            f": {n.note}" if n.note else "")]))
+    return out
+
+
+def said(value) -> str:
+    """A value as the error shows it: JSON, which YAML and (for these values) TOML also read."""
+    return json.dumps(list(value) if isinstance(value, tuple) else value)
+
+
+def markdown() -> str:
+    """docs/TRAIN.md's table of other trainers' names (a test keeps the two equal)."""
+    whose = "; ".join(f"`{key}` {who}" for key, who in WHO.items())
+    rows = [f"Whose names: {whose}.", "",
+            "| their name | train's | difference | whose |", "|---|---|---|---|"]
+    for n in NAMES:
+        ours = f"`{n.ours}`" if n.ours else "none"
+        rows.append(f"| `{n.theirs}` | {ours} | {n.note} | {', '.join(n.who)} |")
+    return "\n".join(rows)
+
+
+def comment_lines(who: str) -> list[str]:
+    """`# theirs -> ours` lines for a config file's comment: `who`'s names with an equivalent."""
+    return [f"#   {n.theirs} -> {n.ours}" for n in NAMES if who in n.who and n.ours]
+
+
+if __name__ == "__main__":  # python -m training.names: the table for docs/TRAIN.md
+    print(markdown())
