@@ -53,6 +53,11 @@ class TrainConfig:
         (), "A field of the model's config, KEY=VALUE (repeatable), e.g. n_pred_tokens=4 or "
         "mod_capacity=0.5 (`zoo list` names the presets; an unknown key lists the fields).",
         flag="--model-arg", multiple=True, metavar="KEY=VALUE")
+    init_from: str | None = setting(
+        None, "Start from these weights: a longpack run or checkpoint folder, or a transformers "
+        "model folder (GPTNeoXForCausalLM, Mamba2ForCausalLM, zoo export's). Weights only: the "
+        "optimizer, schedule and data order start at step 0; a resume continues the run's own "
+        "checkpoints and never reads it again (docs/TRAIN.md).", metavar="SOURCE")
     out: str = setting("runs/default", "Run directory: checkpoints, metrics.jsonl; or a bucket's "
                        "URL (s3://, gs://): the run is kept in a local folder and uploaded "
                        "there (as --upload).")
@@ -192,8 +197,9 @@ class TrainConfig:
             else overrides
 
     def to_dict(self) -> dict:
-        """The settings as a run records them (checkpoints, W&B): local --shards and --cache
-        made absolute, so that `zoo export` finds the build from any folder."""
+        """The settings as a run records them (checkpoints, W&B): local --shards, --cache and
+        --init-from made absolute, so that `zoo export` finds the build from any folder and a
+        resume knows where the run began."""
         import os
 
         from longpack import is_url
@@ -207,7 +213,8 @@ class TrainConfig:
             path = absolute(path)
             shards.append(path if source_name(path) == name else f"{name}={path}")
         return {**asdict(self), "shards": tuple(shards),
-                "cache": self.cache and absolute(self.cache)}
+                "cache": self.cache and absolute(self.cache),
+                "init_from": self.init_from and absolute(self.init_from)}
 
 
 def rules(cfg: TrainConfig) -> None:

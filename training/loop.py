@@ -35,6 +35,7 @@ from training.data.mixture import (
 )
 from training.evaluate import split_loss
 from training.fits import check_memory
+from training.init_from import begin
 from training.metrics import MetricsLog, check_installed, duration, matmul_rate, peak_flops
 from training.optim import schedule_change
 from training.parallel import distributed
@@ -64,6 +65,8 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
             found = same_on_every_process(checkpoint.find(run, resume, log), run, remote, procs, log)
             if found:
                 checkpoint.check_model(found, cfg)
+            with together_if(cfg.init_from, procs):  # SOURCE may be amiss on one machine
+                init = begin(cfg, found, log)  # --init-from: checked now, its weights read below
             data = open_sources(cfg, Path(cfg.cache or run / SHARD_CACHE))
             cfg = resolve_steps(cfg, data.seq, procs.world, log)
             order = make_order(data, cfg, cfg.batch_size * cfg.grad_accum * procs.world)
@@ -80,17 +83,22 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
             if device.type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
             torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-            vocab = data.manifest["tokenizer"]["vocab_size"]
+            vocab = init.vocab_size if init else data.manifest["tokenizer"]["vocab_size"]
             check_memory(cfg, vocab, data.seq - 1, device)  # one line, before any allocation
             model = archs.build(cfg.model, vocab_size=vocab, **cfg.model_overrides).to(device)
+            with together_if(init, procs):  # whole on every process, before DDP or FSDP
+                if init:
+                    init.load_into(model)
             state = prepare(model, cfg, procs)  # optimizers, grad scaler, DDP, compile
             step = checkpoint.restore(found, state, cfg) if found else 0
         # -- the run starts: its directory and metrics ------------------------------------------
         run.mkdir(parents=True, exist_ok=True)
         step_tokens = order.global_batch * (data.seq - 1)
         run_id = (found and found[0].get("run_id")) or uuid.uuid4().hex[:16]  # W&B's run id
+        began = init.record if init else found and found[0].get("began_from")
         metrics = MetricsLog(run, cfg, resolved_config(cfg, model, data, procs.world, order,
-                                                       step_tokens), run_id) if procs.main else None
+                                                       step_tokens, began),
+                             run_id) if procs.main else None
         # the records of the steps before `step`; lines of later ones (a crash, --resume never)
         # go, to be written again
         history = History(metrics.truncate(step) if metrics else [])
@@ -185,7 +193,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                         if procs.main and remote:
                             remote.wait()  # the previous checkpoint's upload, if still running
                     saved = saving.save(run, step, state, checkpoint.capture(
-                        state, step, data, order, cfg, run_id), cfg.keep_last, procs)
+                        state, step, data, order, cfg, run_id, began), cfg.keep_last, procs)
                     if procs.main and remote:  # its failure is seen at the next wait
                         remote.submit(saved, run, cfg.keep_last)  # in the background
                 if stopping:
@@ -325,6 +333,12 @@ def same_on_every_process(found, run: Path, remote: RemoteRun | None, procs, log
                             "and in the bucket; resume them from one checkpoint directory "
                             "(--resume DIR) or --resume never")
     return checkpoint.load(run / name)
+
+
+def together_if(needed, procs):
+    """distributed.failing_together where `needed` (the same on every process), else nothing:
+    what only --init-from reads is agreed on only then."""
+    return distributed.failing_together(procs) if needed else contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -514,16 +528,18 @@ def loss_terms(terms: dict) -> dict:
 
 
 def resolved_config(cfg: TrainConfig, model, data: Sources, world: int, order,
-                    step_tokens: int) -> dict:
+                    step_tokens: int, began: dict | None = None) -> dict:
     """What W&B records as the run's config: the settings as the run resolved them
     (--total-tokens as max_steps), and what they came to: the processes, the sample length,
-    the global batch, tokens per step, the model's full config and its parameters, and the
-    tokenizer the ids were made with (its sha256: what the checkpoints hold builds to)."""
+    the global batch, tokens per step, the model's full config and its parameters, the
+    tokenizer the ids were made with (its sha256: what the checkpoints hold builds to), and
+    the weights it began from (--init-from's record; None: random ones)."""
     tok = data.manifest["tokenizer"]
     return {**cfg.to_dict(), "world_size": world, "seq": data.seq,
             "global_batch": order.global_batch, "tokens_per_step": step_tokens,
             "model_config": dataclasses.asdict(model.cfg), "params": model.num_params(),
-            "tokenizer": {k: tok.get(k) for k in ("name", "sha256", "vocab_size", "eos_id")}}
+            "tokenizer": {k: tok.get(k) for k in ("name", "sha256", "vocab_size", "eos_id")},
+            "began_from": began}
 
 
 def source_counts(data: Sources, order: MixedOrder, steps: int) -> dict:

@@ -109,28 +109,35 @@ def export_hf(trained, out: Path, license: str = DEFAULT_LICENSE,
     return []
 
 
+# archs' GPT-NeoX names -> GPTNeoXForCausalLM's: the model's own, then a block's (under
+# blocks.N. and gpt_neox.layers.N.), each with its weight and bias; the fused qkv is laid out
+# anew (qkv_to_hf). archs/zoo/hf_import.py reads these tables backwards.
+NEOX_NAMES = {"embed.weight": "gpt_neox.embed_in.weight",
+              "ln_f.weight": "gpt_neox.final_layer_norm.weight",
+              "ln_f.bias": "gpt_neox.final_layer_norm.bias", "head.weight": "embed_out.weight"}
+NEOX_BLOCK_NAMES = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
+                    "attn.qkv": "attention.query_key_value", "attn.out": "attention.dense",
+                    "fc_in": "mlp.dense_h_to_4h", "fc_out": "mlp.dense_4h_to_h"}
+
+
+def qkv_to_hf(t: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """The fused qkv weight (3 d, d) or bias (3 d): [q | k | v] x heads x head_dim (archs) ->
+    heads x [q, k, v] x head_dim (transformers)."""
+    return t.reshape(3, n_heads, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
 def hf_state_dict(model) -> dict[str, torch.Tensor]:
     """GPT-NeoX weights under transformers' GPTNeoXForCausalLM names."""
     cfg = model.cfg
-    nh, hs = cfg.n_heads, cfg.d_model // cfg.n_heads
     ours = model.state_dict()
-    out = {"gpt_neox.embed_in.weight": ours["embed.weight"],
-           "gpt_neox.final_layer_norm.weight": ours["ln_f.weight"],
-           "gpt_neox.final_layer_norm.bias": ours["ln_f.bias"],
-           "embed_out.weight": ours["head.weight"]}
-    names = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm",
-             "attn.out": "attention.dense", "fc_in": "mlp.dense_h_to_4h",
-             "fc_out": "mlp.dense_4h_to_h"}
+    out = {theirs: ours[name] for name, theirs in NEOX_NAMES.items()}
     for i in range(cfg.n_layers):
-        for ours_name, theirs in names.items():
+        for ours_name, theirs in NEOX_BLOCK_NAMES.items():
             for kind in ("weight", "bias"):
-                out[f"gpt_neox.layers.{i}.{theirs}.{kind}"] = ours[f"blocks.{i}.{ours_name}.{kind}"]
-        w, b = ours[f"blocks.{i}.attn.qkv.weight"], ours[f"blocks.{i}.attn.qkv.bias"]
-        # [q | k | v] x heads x head_dim  ->  heads x [q, k, v] x head_dim
-        out[f"gpt_neox.layers.{i}.attention.query_key_value.weight"] = (
-            w.view(3, nh, hs, -1).transpose(0, 1).reshape(3 * cfg.d_model, -1))
-        out[f"gpt_neox.layers.{i}.attention.query_key_value.bias"] = (
-            b.view(3, nh, hs).transpose(0, 1).reshape(-1))
+                t = ours[f"blocks.{i}.{ours_name}.{kind}"]
+                if ours_name == "attn.qkv":
+                    t = qkv_to_hf(t, cfg.n_heads)
+                out[f"gpt_neox.layers.{i}.{theirs}.{kind}"] = t
     return {k: v.detach().contiguous().clone() for k, v in out.items()}
 
 
@@ -142,7 +149,10 @@ def hf_config(model, ids: dict, context: int) -> dict:
             "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
             "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
             "intermediate_size": cfg.d_ff, "hidden_act": "gelu",
+            # the base under both names: transformers 4.x reads rotary_emb_base (and sets
+            # rope_theta from it), later versions rope_theta
             "rotary_pct": rotary / head_dim, "rotary_emb_base": cfg.rotary_base,
+            "rope_theta": cfg.rotary_base,
             "max_position_embeddings": context, "layer_norm_eps": cfg.norm_eps,
             "use_parallel_residual": True, "tie_word_embeddings": False,
             "attention_bias": True, "initializer_range": cfg.init_std, "use_cache": True,

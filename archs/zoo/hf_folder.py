@@ -116,7 +116,7 @@ def write_tokenizer(tokenizer, folder: Path, context: int) -> None:
     if tokenizer.kind == "huggingface":
         shutil.copyfile(tokenizer.source, folder / "tokenizer.json")
     else:
-        (folder / "tokenizer.json").write_text(_converted_tiktoken(tokenizer))
+        (folder / "tokenizer.json").write_text(converted_tiktoken(tokenizer))
     specials = special_tokens(tokenizer)
     _write_json(folder / "special_tokens_map.json", specials)
     _write_json(folder / "tokenizer_config.json", {
@@ -125,7 +125,7 @@ def write_tokenizer(tokenizer, folder: Path, context: int) -> None:
         "model_max_length": context, "clean_up_tokenization_spaces": False})
 
 
-def _converted_tiktoken(tokenizer) -> str:
+def converted_tiktoken(tokenizer) -> str:
     """transformers' converter of tiktoken's ranks, fed a ranks file written here."""
     import_transformers()
     from transformers.convert_slow_tokenizer import TikTokenConverter

@@ -7,12 +7,14 @@ Its metadata (ModelCardData, the YAML the hub reads): license, library_name, pip
 (custom_code where the folder carries its own modeling code), datasets where the run's builds
 read a hub dataset (hf://datasets/... inputs, or a --dataset the catalog names), and
 `longpack`: the final train loss and the last val loss (with its step) from the run's
-metrics.jsonl; no base_model, as longpack trains from scratch. Then what the model is and where
-it came from, each read from the run rather than restated: the family and its sizes
-(parameters, and active parameters per token for MoE) from the model; the tokens it trained on
-from the run's metrics.jsonl (the record of the checkpoint's last step); the build's
-fingerprint from the checkpoint; each build's inputs and counts from its manifest (a build no
-longer where the run read it is named, without counts); the command that trained it from the
+metrics.jsonl; no base_model (a run that began from other weights, `train --init-from`, names
+them in the card by their folder's name, which is no hub repository id). Then what the model
+is and where it came from, each read from the run rather than restated: the family and its
+sizes (parameters, and active parameters per token for MoE) from the model; the tokens it
+trained on from the run's metrics.jsonl (the record of the checkpoint's last step); the
+build's fingerprint from the checkpoint; the weights it started from (the checkpoint's
+record); each build's inputs and counts from its manifest (a build no longer where the run
+read it is named, without counts); the command that trained it from the
 run's settings as the checkpoint holds them (the flags that differ from `train`'s defaults);
 how to load it.
 
@@ -68,7 +70,10 @@ def model_card(trained, name: str, license: str, context: int, code: list[str]) 
                  else "") + ") |",
               "| tokens trained | " + (f"{tokens:,}" if tokens is not None else
                                        "not recorded (the run's metrics.jsonl is not here)")
-              + (f" ({trained.step:,} steps)" if trained.step is not None else "") + " |",
+              + (f" ({trained.step:,} steps)" if trained.step is not None else "")
+              + (" in this run, after those of the weights it started from" if
+                 trained.began_from else "") + " |",
+              f"| started from | {_began(trained.began_from)} |",
               f"| build fingerprint | `{trained.fingerprint or 'not recorded'}` |",
               f"| tokenizer | {_tokenizer(trained.trained_on)} |",
               f"| license | {license} |", "", "## Training data", ""]
@@ -127,8 +132,10 @@ def train_command(settings: dict) -> str:
     for source, path in _sources(settings):
         folder = source_name(path)
         parts.append("--shards " + shlex.quote(folder if source == folder else f"{source}={folder}"))
+    if settings.get("init_from"):  # by its folder's name, as a build
+        parts.append("--init-from " + shlex.quote(Path(settings["init_from"]).name))
     for f in dataclasses.fields(TrainConfig):
-        if f.name not in settings or f.name in WHERE or f.name == "shards":
+        if f.name not in settings or f.name in WHERE or f.name in ("shards", "init_from"):
             continue
         value = settings[f.name]
         value = tuple(value) if isinstance(value, list) else value
@@ -170,6 +177,16 @@ def _describe(model) -> str:
                      f", Mixture-of-Depths {c.mod_capacity}" if c.mod_capacity else ""])
     return (f"{kind}, width {c.d_model}, top-{c.top_k} of {c.n_experts} routed experts"
             f"{extra})")
+
+
+def _began(began: dict | None) -> str:
+    """Where the run's weights began: random ones, or the folder it started from by its name
+    (a run's checkpoint as RUN/step-N), its kind and how its vocabulary was checked."""
+    if not began:
+        return "random weights (trained from scratch)"
+    return (f"`{began.get('name')}` ({began.get('kind')}"
+            + (f", step {began['step']:,}" if began.get("step") is not None else "")
+            + f"; {began.get('tokenizer')})")
 
 
 def _tokenizer(trained_on: dict | None) -> str:

@@ -41,6 +41,7 @@ class TrainedRun:
     fingerprint: str | None = None  # of the build (or mixture) it trained on
     tokenizer_problem: str | None = None  # why `tokenizer` is None, in a few words
     other_tokenizer: str | None = None  # the build is not of the recorded tokenizer: why
+    began_from: dict | None = None  # the weights the run started from (train --init-from)
 
 
 def load_run(run: Path, step: int | None = None, say=checkpoint.warn,
@@ -91,7 +92,7 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn,
         tokenizer, problem = _tokenizer(manifest, folder)
     return TrainedRun(model, tokenizer, trained_on, state.get("seq"), path,
                       state.get("step"), state.get("config"), state.get("fingerprint"),
-                      problem, other)
+                      problem, other, state.get("began_from"))
 
 
 def _location(shards: str | list | None) -> str | None:

@@ -195,9 +195,11 @@ def find(run: Path, resume: str, say=warn) -> tuple[dict, Path] | None:
     return load(path)
 
 
-def capture(s: TrainState, step: int, data, order: MixedOrder, cfg, run_id: str) -> dict:
+def capture(s: TrainState, step: int, data, order: MixedOrder, cfg, run_id: str,
+            began_from: dict | None = None) -> dict:
     """What a checkpoint after `step` steps holds (the state of this process); `run_id` names
-    the run across its resumes (its W&B run)."""
+    the run across its resumes (its W&B run); `began_from`: the weights it started from
+    (training/init_from.py's record; None: random ones), kept across its resumes."""
     recent = range(max(0, step - RECENT_HASHES), step)
     # the model and optimizers: save() adds them to a whole checkpoint (a sharded one's parts
     # are written by every process)
@@ -210,7 +212,8 @@ def capture(s: TrainState, step: int, data, order: MixedOrder, cfg, run_id: str)
             # the model's config as built (preset + --model-arg): what resume, export and
             # generate rebuild it from
             "model_config": asdict(s.model.cfg),
-            "recent_hashes": [(n, order.step_hash(n)) for n in recent], "run_id": run_id}
+            "recent_hashes": [(n, order.step_hash(n)) for n in recent], "run_id": run_id,
+            "began_from": began_from}
 
 
 def check_model(found: tuple[dict, Path], cfg) -> None:
