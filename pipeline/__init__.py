@@ -9,7 +9,8 @@
       v                                        (tokenize/tokenizer: fastokens or the reference)
     pack/output      the build's Output: each split's documents to
       |  pack/packer, pack/best_fit            rows of exactly --seq tokens + segments (pure;
-      |                                        --packing concat, or best-fit: whole documents)
+      |                                        --packing best-fit, the default: whole documents;
+      |                                        or concat)
       |  pack/writers (a writer thread)        write-ahead partial files -> whole shards
       v
     formats/         one class per shard format (formats/base: what each owns), one registry

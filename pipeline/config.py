@@ -15,6 +15,9 @@ SPLITS = ("train", "val")  # OUT/train, OUT/val
 TOKENIZER_ENGINES = ("auto", "fast", "reference")  # pipeline/tokenize/engines.py
 LAST_ROW_POLICIES = ("pad", "drop")
 PACKINGS = ("concat", "best-fit")  # pipeline/pack/packer.py, pipeline/pack/best_fit.py
+# what a record of a build's settings without `packing` means: builds made before --packing, and
+# concat builds since (BuildConfig.settings_of leaves concat out), not the default
+PACKING_UNSET = "concat"
 ON_ERROR = ("skip", "fail")
 # Upper bounds no real build reaches, so that a typo is one line rather than an OverflowError
 # (--tasks 10**30 sizes a list per task) or a number other readers cannot take.
@@ -72,9 +75,9 @@ class BuildConfig:
                         "always ends it).", role="output")
     last_row: str = setting("pad", "Final partial row of each split: pad it (with EOS, marked "
                             "as padding) or drop it.", choices=LAST_ROW_POLICIES, role="output")
-    packing: str = setting("concat", "How documents fill rows: concat (end to end, cut every "
-                           "--seq tokens) or best-fit (a document that fits a row is never "
-                           "split; rows end in padding): docs/FORMAT.md.", choices=PACKINGS,
+    packing: str = setting("best-fit", "How documents fill rows: best-fit (a document that "
+                           "fits a row is never split; rows end in padding) or concat (end to "
+                           "end, cut every --seq tokens): docs/FORMAT.md.", choices=PACKINGS,
                            role="output")
     shard_bytes: int = setting(SHARD_BYTES, "Token bytes per shard (rows per shard = "
                                "shard_bytes // row bytes, at least 1). MDS: at most what keeps "
@@ -115,9 +118,9 @@ class BuildConfig:
             raise SettingsError(f"--task-index {self.task_index} is not a task of --tasks "
                                 f"{self.tasks} (0 to {self.tasks - 1})")
         if self.packing == "best-fit" and self.last_row == "drop":
-            raise SettingsError("--last-row drop drops concat's one partial row; under "
-                                "--packing best-fit any row may end in padding: use --last-row "
-                                "pad (the default)")
+            raise SettingsError("--last-row drop drops the one partial row of --packing concat, "
+                                "while under --packing best-fit (the default) any row may end "
+                                "in padding: add --packing concat, or leave --last-row at pad")
         if self.tasks > 1 and (self.max_tokens or self.limit_docs):
             raise SettingsError("--max-tokens and --limit-docs cut the document order at one "
                                 "point, which tasks cannot see: build that subset without --tasks")
@@ -148,8 +151,9 @@ class BuildConfig:
 
     def settings_of(self, *roles: str) -> dict:
         """settings_of(self, *roles), without --packing when it is concat: a concat build's
-        fingerprint and manifest stay those of the builds made before --packing, which then
-        resume, compare and train as before."""
+        fingerprint and manifest stay those of the builds made before --packing (all concat),
+        which then resume, compare and train as before. A manifest, fingerprint or tasks.json
+        without `packing` is therefore concat's, whatever the default (PACKING_UNSET)."""
         found = settings_of(self, *roles)
         if found.get("packing") == "concat":
             del found["packing"]

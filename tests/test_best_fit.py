@@ -245,11 +245,12 @@ def sample_build(out: Path, seq: int, **kw) -> dict:
 
 @pytest.mark.slow
 def test_the_shipped_sample_packed_best_fit_is_the_same_for_any_worker_count(tmp_path):
-    """And it holds concat's documents, each whole unless longer than a row."""
+    """And it holds concat's documents, each whole unless longer than a row. best-fit is the
+    default: a build without --packing is the one with --packing best-fit, byte for byte."""
     seq = 512
     one = sample_build(tmp_path / "one", seq, packing="best-fit", workers=1)
-    two = sample_build(tmp_path / "two", seq, packing="best-fit", workers=2)
-    concat = sample_build(tmp_path / "concat", seq, workers=2)
+    two = sample_build(tmp_path / "two", seq, workers=2)  # the default
+    concat = sample_build(tmp_path / "concat", seq, packing="concat", workers=2)
     assert build_files(tmp_path / "one") == build_files(tmp_path / "two")
     assert one["packing"] == describe(seq) == one["fingerprint"]["packing"]
     assert one["settings"]["packing"] == "best-fit" and "packing" not in concat
@@ -274,10 +275,15 @@ def test_a_concat_build_records_no_packing(tmp_path, byte_tokenizer):
 
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(20)])
     m = build(BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=(str(src),),
-                          tokenizer=byte_tokenizer, seq=64, val_fraction=0.0),
+                          tokenizer=byte_tokenizer, seq=64, val_fraction=0.0, packing="concat"),
               show_progress=False)
     assert "packing" not in m and "packing" not in m["settings"]
     assert set(m["fingerprint"]) == {"settings", "tokenizer", "inputs", "format_version"}
+    default = build(BuildConfig(out=str(tmp_path / "default"), dataset="jsonl",
+                                inputs=(str(src),), tokenizer=byte_tokenizer, seq=64,
+                                val_fraction=0.0), show_progress=False)
+    assert default["settings"]["packing"] == "best-fit"
+    assert default["packing"] == describe(64) == default["fingerprint"]["packing"]
 
 
 def test_an_unknown_packing_and_best_fit_with_drop_are_refused_in_one_line(tmp_path):
@@ -290,11 +296,15 @@ def test_an_unknown_packing_and_best_fit_with_drop_are_refused_in_one_line(tmp_p
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert "Error: Invalid value for '--packing': 'bogus' is not one of 'concat', 'best-fit'" \
         in r.output
-    r = CliRunner().invoke(pack, ["build", "--out", str(out), "--packing", "best-fit",
-                                  "--last-row", "drop"])
-    assert r.exit_code == 1 and r.output.count("\n") == 1 and "Traceback" not in r.output
-    assert "--last-row drop drops concat's one partial row" in r.output
-    assert not out.exists()
+    for packing in (["--packing", "best-fit"], []):  # best-fit, asked for or the default
+        r = CliRunner().invoke(pack, ["build", "--out", str(out), *packing, "--last-row", "drop"])
+        assert r.exit_code == 1 and r.output.count("\n") == 1 and "Traceback" not in r.output
+        assert "--last-row drop drops the one partial row of --packing concat" in r.output
+        assert "add --packing concat" in r.output
+        assert not out.exists()
+    with pytest.raises(SettingsError, match="add --packing concat"):
+        BuildConfig(out=str(out), last_row="drop")
+    assert BuildConfig(out=str(out), last_row="drop", packing="concat").last_row == "drop"
 
 
 # Dies by SIGKILL right after the KILL_AT-th checkpoint of this run is in place: the next run
@@ -435,23 +445,74 @@ def test_a_best_fit_build_split_into_tasks_gives_the_single_build_s_bytes(tmp_pa
         assert build_tree(out) == want, f"{n} tasks finishing in order {order}"
 
 
+def test_a_refusal_names_what_differs_between_best_fit_fingerprints():
+    """A window's tokens follow from --seq: another --seq is named as itself alone; another
+    window or rule as another longpack's; a fingerprint without `packing` is concat's."""
+    from pipeline.store.output_dir import differences
+
+    def fingerprint(seq, packing=None):
+        found = {"settings": {"seq": seq}}
+        if packing:
+            found["settings"]["packing"], found["packing"] = "best-fit", packing
+        return found
+
+    assert differences(fingerprint(128, describe(128)), fingerprint(64, describe(64))) == (
+        "--seq 128 -> 64")
+    assert differences(fingerprint(64, describe(64, 128)), fingerprint(64, describe(64))) == (
+        "best-fit's window or rule: another longpack packed it")
+    assert differences(fingerprint(64), fingerprint(64, describe(64))) == (
+        "--packing concat -> best-fit")
+    assert differences(fingerprint(64, describe(64)), fingerprint(32)) == (
+        "--packing best-fit -> concat; --seq 64 -> 32")
+
+
+def test_the_tasks_of_a_longpack_before_packing_merge_as_concat(tmp_path, byte_tokenizer):
+    """Their tasks.json (unsealed, as records were then) has no `packing`: the merge reads it as
+    the concat build it is, not as the default's, and gives the single concat build's bytes."""
+    from conftest import build_tree
+    from pipeline.build import build
+    from pipeline.config import WORK_DIR, BuildConfig
+    from pipeline.distribute import tasks
+    from pipeline.distribute.work_folder import SEAL
+
+    src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200, seed=2)])
+
+    def cfg(out, **kw):
+        return BuildConfig(out=str(out), dataset="jsonl", inputs=(str(src),),
+                           tokenizer=byte_tokenizer, seq=64, val_fraction=0.1,
+                           shard_bytes=64 * 2 * 8, workers=1, packing="concat", **kw)
+
+    build(cfg(tmp_path / "single"), show_progress=False)
+    out = tmp_path / "tasked"
+    for i in range(2):
+        assert tasks.run_task(cfg(out, tasks=2), i, merge=False) is None
+    path = out / WORK_DIR / "tasks.json"
+    record = json.loads(path.read_text())
+    assert record["config"].pop("packing") == "concat" and record.pop(SEAL)
+    path.write_text(json.dumps(record))
+    r = CliRunner().invoke(pack, ["merge", str(out)])
+    assert r.exit_code == 0, r.output
+    assert build_tree(out) == build_tree(tmp_path / "single")
+
+
 def test_a_task_or_a_build_packed_otherwise_is_refused_naming_the_packing(tmp_path,
                                                                          byte_tokenizer):
     """The tasks of one build, or a resumed build, cannot mix packings: --packing is in the
-    fingerprint (a concat build's leaves it out: its default)."""
+    fingerprint (a concat build's leaves it out, as builds before --packing did: a record
+    without it is concat's, not the default's)."""
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(60)])
     args = ["build", "--dataset", "jsonl", "--input", str(src), "--tokenizer", byte_tokenizer,
             "--seq", "64", "--val-fraction", "0", "--workers", "1", "--quiet"]
     tasked = [*args, "--out", str(tmp_path / "t"), "--tasks", "2"]
-    assert CliRunner().invoke(pack, [*tasked, "--task-index", "0", "--packing", "best-fit"]
+    assert CliRunner().invoke(pack, [*tasked, "--task-index", "0", "--packing", "concat"]
                               ).exit_code == 0
-    r = CliRunner().invoke(pack, [*tasked, "--task-index", "1"])
+    r = CliRunner().invoke(pack, [*tasked, "--task-index", "1"])  # the default: best-fit
     assert r.exit_code == 1 and r.output.count("\n") == 1
-    assert "different settings (--packing best-fit -> concat)" in r.output
+    assert "different settings (--packing concat -> best-fit)" in r.output
     r = CliRunner().invoke(pack, ["merge", str(tmp_path / "t")])
     assert r.exit_code == 1 and "1 of its 2 tasks are not done (task 1)" in r.output
     assert not (tmp_path / "t" / "manifest.json").exists()
     single = [*args, "--out", str(tmp_path / "s")]
     assert CliRunner().invoke(pack, single).exit_code == 0
-    r = CliRunner().invoke(pack, [*single, "--packing", "best-fit"])
-    assert r.exit_code == 1 and "(--packing concat -> best-fit)" in r.output
+    r = CliRunner().invoke(pack, [*single, "--packing", "concat"])
+    assert r.exit_code == 1 and "(--packing best-fit -> concat)" in r.output

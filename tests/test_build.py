@@ -49,7 +49,8 @@ def output_files(out: Path) -> dict[str, bytes]:
 
 
 def test_round_trip_gives_back_every_document_in_order(tmp_path, corpus, byte_tokenizer):
-    out, m = run(tmp_path, corpus[0])
+    """concat keeps the input order (best-fit's order is its window's: test_best_fit.py)."""
+    out, m = run(tmp_path, corpus[0], packing="concat")
     texts = corpus[1]
     splitter = Splitter(0.2, 0)
     is_val = [splitter.is_val(doc_hash(t.encode())) for t in texts]
@@ -211,7 +212,7 @@ def test_limit_docs(tmp_path, corpus, byte_tokenizer):
 
 
 def test_drop_last_row_counts_what_it_drops(tmp_path, corpus, byte_tokenizer):
-    _, m = run(tmp_path, corpus[0], last_row="drop")
+    _, m = run(tmp_path, corpus[0], last_row="drop", packing="concat")  # concat's last row
     for s in m["splits"].values():
         assert s["padding_tokens"] == 0
         assert s["rows"] * 64 + s["dropped_tokens"] == s["tokens"]

@@ -122,7 +122,8 @@ def test_a_format_added_in_one_class_is_built_read_and_counted(tmp_path, byte_to
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts])
     build(BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
                       tokenizer=byte_tokenizer, seq=64, format="raw", compression="none",
-                      val_fraction=0.0, shard_bytes=64 * 2 * 4), show_progress=False)
+                      val_fraction=0.0, shard_bytes=64 * 2 * 4, packing="concat"),
+          show_progress=False)  # concat: the rows are the documents in input order, below
     train = tmp_path / "out" / "train"
     assert type(open_format(train)) is RawFormat
     tokens = np.concatenate([row for row, _, _ in open_split(train).rows()])

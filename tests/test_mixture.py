@@ -256,8 +256,9 @@ def test_max_epochs_stops_the_run_and_the_dry_run_says_what_each_source_gives(
         tmp_path, two_builds):
     web = two_builds[0]
     tokenizer = str(write_byte_tokenizer_json(tmp_path / "bytes-tokenizer.json"))  # web's
-    code = small_build(tmp_path, tokenizer, "tiny", 3, seed=4)  # a few rows
+    code = small_build(tmp_path, tokenizer, "tiny", 2, seed=4)  # a few rows
     code_rows = json.loads((code / "manifest.json").read_text())["splits"]["train"]["rows"]
+    assert 80 / code_rows > 4  # the 80 rows the dry run draws of code repeat it past 4 epochs
     args = ["--shards", f"web={web}", "--shards", f"code={code}", "--mix", "web=1,code=1",
             "--batch-size", "4", "--max-steps", "40", "--warmup", "1", "--model", "neox-tiny",
             "--workers", "0", "--out", str(tmp_path / "run")]

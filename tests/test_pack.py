@@ -137,7 +137,8 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
     """Through a whole `pack build`: each segment's hash is exactly doc_hash of the document
     its first token belongs to, in every row, the final padded row of each split included (at
     seq 8192 val is that one row alone), and after a crash and resume, whose checkpoint carries
-    the unfinished row's hashes."""
+    the unfinished row's hashes. concat's: a segment's document is found by its offset in
+    the split's stream (best-fit's hashes: test_best_fit.py, against this packing's)."""
     import pipeline.build as build_mod
     from pipeline.build import build
     from pipeline.config import WORK_DIR, BuildConfig
@@ -149,7 +150,8 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
     def run():
         build(BuildConfig(out=str(tmp_path / "out"), dataset="jsonl",
                           inputs=(str(tmp_path / "d.jsonl"),), tokenizer=byte_tokenizer,
-                          seq=seq, format=fmt, val_fraction=0.1, shard_bytes=seq * 2 * 4),
+                          seq=seq, format=fmt, val_fraction=0.1, shard_bytes=seq * 2 * 4,
+                          packing="concat"),
               show_progress=False)
 
     if interrupted:

@@ -72,8 +72,11 @@ def test_real_corpus_round_trips_exactly(tmp_path, shared, dataset, texts_of, do
     assert not set(got["train"]) & set(got["val"])
     texts = [t for t in texts_of(shared) if t]
     in_val = set(got["val"])
-    assert got["train"] == [t for t in texts if t not in in_val]
-    assert got["val"] == [t for t in texts if t in in_val]
+    # every document once, exactly; in the packing's order (best-fit, the default: each window
+    # longest first), not the input's (concat's input order: test_build.py)
+    assert m["settings"]["packing"] == "best-fit"
+    assert sorted(got["train"]) == sorted(t for t in texts if t not in in_val)
+    assert sorted(got["val"]) == sorted(t for t in texts if t in in_val)
 
 
 @pytest.mark.slow
@@ -116,7 +119,8 @@ def test_huggingface_tokenizer_build_of_dolma(tmp_path, shared):
     pytest.importorskip("tokenizers")
     path = str(shared / "tokenizers/gpt-neox-tokenizer.json")
     m = build(BuildConfig(out=str(tmp_path / "o"), dataset="dolma", tokenizer=path, seq=8192,
-                          inputs=(str(shared / "data/dolma-sample"),), val_fraction=0.0),
+                          inputs=(str(shared / "data/dolma-sample"),), val_fraction=0.0,
+                          packing="concat"),  # the input's order: its first documents first
               show_progress=False)
     tok = load_tokenizer(path)
     docs = split_documents(tmp_path / "o", "train", tok.eos_id)

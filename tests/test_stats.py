@@ -39,7 +39,10 @@ _BUILT: dict = {}
 
 def make_build(tmp_path, texts, fmt="mds", name="out", **kw):
     """tmp_path/name: this test's copy of the build of `texts` (tests damage their copy); each
-    (texts, format, settings) is built once for the module (a build ~1 s, a copy ~10 ms)."""
+    (texts, format, settings) is built once for the module (a build ~1 s, a copy ~10 ms).
+    Packed concat unless asked otherwise: `expected` computes concat's rows, and the damage
+    below needs rows that continue a document (best-fit builds: test_stats_packing.py)."""
+    kw.setdefault("packing", "concat")
     key = repr((texts, fmt, sorted(kw.items())))
     if key not in _BUILT:
         at = _BUILT["folder"] / str(len(_BUILT))

@@ -100,15 +100,20 @@ def run_tasks_in_order(cfg: BuildConfig, order: list[int]) -> dict:
 
 # -- byte-identical for any N -------------------------------------------------------------------
 
-@pytest.mark.parametrize("corpus_name,fmt,val,last_row", [
-    ("jsonl_corpus", "mds", 0.1, "pad"), ("jsonl_corpus", "memmap", 0.1, "drop"),
-    ("jsonl_corpus", "mds", 0.0, "drop"), ("parquet_corpus", "mds", 0.1, "pad"),
-    ("parquet_corpus", "memmap", 0.1, "drop"), ("parquet_corpus", "mds", 0.0, "drop")])
+@pytest.mark.parametrize("corpus_name,fmt,val,last_row,packing", [
+    ("jsonl_corpus", "mds", 0.1, "pad", "best-fit"),
+    ("jsonl_corpus", "memmap", 0.1, "drop", "concat"),
+    ("jsonl_corpus", "mds", 0.0, "drop", "concat"),
+    ("parquet_corpus", "mds", 0.1, "pad", "concat"),
+    ("parquet_corpus", "memmap", 0.1, "drop", "concat"),
+    ("parquet_corpus", "mds", 0.0, "drop", "concat")])
 @pytest.mark.slow  # each case builds 14 times (~6 s)
 def test_tasks_finishing_in_any_order_give_the_single_machine_bytes(
-        request, tmp_path, byte_tokenizer, corpus_name, fmt, val, last_row):
+        request, tmp_path, byte_tokenizer, corpus_name, fmt, val, last_row, packing):
+    """concat's tasks place rows by token counts (SplitLayout), best-fit's by windows
+    (test_best_fit.py has more of those); --last-row drop is concat's."""
     corpus = request.getfixturevalue(corpus_name)
-    kw = dict(format=fmt, val_fraction=val, last_row=last_row)
+    kw = dict(format=fmt, val_fraction=val, last_row=last_row, packing=packing)
     single = build(settings(tmp_path / "single", corpus, byte_tokenizer, **kw), show_progress=False)
     want = build_tree(tmp_path / "single")
     assert single["counts"]["documents"] > 800

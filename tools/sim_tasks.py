@@ -8,9 +8,11 @@ the shards that straddle tasks, against all the shards. Every merged build is ch
 the single-task one, byte for byte.
 
     python tools/sim_tasks.py [--files 1000] [--scale 4] [--tasks 1,10,100,1000]
+                              [--packing best-fit|concat]   (pack build's default: best-fit)
 """
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -23,9 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from pipeline.config import BuildConfig  # noqa: E402
+from pipeline.config import PACKINGS, BuildConfig  # noqa: E402
 from pipeline.distribute import tasks  # noqa: E402
-from pipeline.distribute.layout import SplitLayout  # noqa: E402
 from pipeline.distribute.work_folder import TaskedBuild  # noqa: E402
 
 
@@ -54,11 +55,11 @@ def digest(out: Path) -> str:
     return h.hexdigest()
 
 
-def run(corpus: Path, tokenizer: str, n: int, work: Path) -> dict:
+def run(corpus: Path, tokenizer: str, n: int, work: Path, packing: str) -> dict:
     out = work / f"out{n}"
     cfg = BuildConfig(out=str(out), dataset="jsonl", inputs=(str(corpus),), tokenizer=tokenizer,
                       tokenizer_engine="reference", seq=1024, val_fraction=0.01, workers=1,
-                      shard_bytes=1024 * 2 * 16, tasks=n)
+                      shard_bytes=1024 * 2 * 16, tasks=n, packing=packing)
     t0 = time.perf_counter()
     for i in range(n):
         tasks.run_task(cfg, i, merge=False)
@@ -66,8 +67,7 @@ def run(corpus: Path, tokenizer: str, n: int, work: Path) -> dict:
     build = TaskedBuild(out)
     written, shards = 0, 0
     for split in ("train", "val"):
-        counts = [d["counts"]["splits"][split]["tokens"] for d in build.dones()]
-        layout = SplitLayout(counts, cfg.seq, build.rows_per_shard(), cfg.last_row)
+        layout = build.layout(split, n, final=True)  # the packing's (distribute/layout.py)
         placed = sum(len(build.placed(i)[split]) for i in range(n))
         written += layout.shards - placed
         shards += layout.shards
@@ -86,6 +86,9 @@ def main():
     ap.add_argument("--files", type=int, default=1000)
     ap.add_argument("--scale", type=int, default=4)
     ap.add_argument("--tasks", default="1,10,100,1000")
+    ap.add_argument("--packing", choices=PACKINGS,
+                    default=next(f.default for f in dataclasses.fields(BuildConfig)
+                                 if f.name == "packing"))
     args = ap.parse_args()
     counts = [int(x) for x in args.tasks.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,7 +101,7 @@ def main():
             write_corpus(corpus, args.files, docs_per_file)
             first = None
             for n in counts:
-                r = run(corpus, tokenizer, n, work)
+                r = run(corpus, tokenizer, n, work, args.packing)
                 first = first or r["digest"]
                 print(f"{docs_per_file:>9} {n:>6} {r['tokens']:>12,} {r['shards']:>7} "
                       f"{r['merge_wrote']:>11} {r['tasks_s']:>8.2f} {r['merge_s']:>8.3f}  "

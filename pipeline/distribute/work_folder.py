@@ -23,7 +23,7 @@ import numpy as np
 
 from longpack.atomic import sha256_file
 from longpack.errors import LongpackError, SettingsError
-from pipeline.config import SPLITS, WORK_DIR, BuildConfig
+from pipeline.config import PACKING_UNSET, SPLITS, WORK_DIR, BuildConfig
 from pipeline.distribute.plan import Share
 from pipeline.formats import get_format
 from pipeline.store.output_dir import FINGERPRINT, TASKS
@@ -251,7 +251,9 @@ class TaskedBuild:
                                              "fingerprint": dict})
         if not wrong:
             try:
-                self.cfg = BuildConfig(**{**record["config"], "out": str(self.out),
+                # a tasks.json of a longpack before --packing has none: concat's, as then
+                self.cfg = BuildConfig(**{"packing": PACKING_UNSET, **record["config"],
+                                          "out": str(self.out),
                                           "inputs": tuple(record["config"]["inputs"])})
             except (TypeError, ValueError, LongpackError) as e:
                 wrong = f"its settings are not a build's ({e})"

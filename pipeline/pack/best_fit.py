@@ -1,7 +1,7 @@
-"""Best-fit packing (`pack build --packing best-fit`): documents that fit a row are never split
-(pure: no I/O). The same contract as packer.py's RowPacker: `add` takes whole documents and
-returns the rows it completed with their segments; `finish` flushes the rest; `state` is what a
-checkpoint saves, and a packer made from it continues with the same bytes.
+"""Best-fit packing (`pack build --packing best-fit`, the default): documents that fit a row are
+never split (pure: no I/O). The same contract as packer.py's RowPacker: `add` takes whole
+documents and returns the rows it completed with their segments; `finish` flushes the rest;
+`state` is what a checkpoint saves, and a packer made from it continues with the same bytes.
 
 Windows. A split's documents are laid end to end as concat lays them; a document whose first
 token is at position p of that stream belongs to window floor(p / W), W = WINDOW_ROWS x seq

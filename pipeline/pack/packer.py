@@ -1,4 +1,4 @@
-"""Concatenate documents into rows of exactly `seq` tokens (pure: no I/O).
+"""Concatenate documents into rows of exactly `seq` tokens (pure: no I/O): `--packing concat`.
 
 Each document arrives as its tokens followed by EOS (BOS first when asked). Documents are laid
 end to end; a document that reaches a row's end continues at the start of the next row, so no

@@ -28,7 +28,7 @@ from pathlib import Path
 from longpack.atomic import TEMP_NAME, write_json, writing
 from longpack.errors import SettingsError
 from pipeline.build_state import BuildState
-from pipeline.config import SPLITS, WORK_DIR, BuildConfig
+from pipeline.config import PACKING_UNSET, SPLITS, WORK_DIR, BuildConfig
 from pipeline.formats import open_format
 from pipeline.formats.base import ShardError
 from pipeline.store.lock import LOCK_NAME
@@ -210,8 +210,10 @@ def refuse_tasked_build(out: Path, overwrite: bool) -> None:
 
 
 def differences(old: dict, new: dict) -> str:
-    # a build setting left out of a fingerprint has its default (--packing concat: config.py)
+    # a build setting left out of a fingerprint has its default, but for --packing: one left out
+    # is concat (config.py's PACKING_UNSET), whatever the default is now
     unset = {f.name: f.default for f in dataclasses.fields(BuildConfig)}
+    unset["packing"] = PACKING_UNSET
     out = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
@@ -227,10 +229,22 @@ def differences(old: dict, new: dict) -> str:
         elif key == "packing" and (a is None or b is None):
             continue  # best-fit against concat: --packing, above
         elif key == "packing":  # the same --packing, another longpack's window or rule
-            out.append("best-fit's window or rule: another longpack packed it")
+            if _per_row(a, old) != _per_row(b, new):  # not only --seq's, named above
+                out.append("best-fit's window or rule: another longpack packed it")
         else:  # a setting of one kind of build only (pack build against pack import): named
             out.append(f"{key} changed")
     return "; ".join(out)
+
+
+def _per_row(packing, fingerprint: dict):
+    """A best-fit record with its window's tokens in rows of the build's --seq: they follow
+    from --seq, which `differences` names on its own."""
+    try:
+        window = {**packing["window"]}
+        window["tokens"] /= fingerprint["settings"]["seq"]
+        return {**packing, "window": window}
+    except (TypeError, KeyError, ZeroDivisionError):
+        return packing
 
 
 def _base_name(name: str) -> str:
