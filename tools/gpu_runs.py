@@ -90,7 +90,9 @@ def resume(args) -> None:
         p.send_signal(signal.SIGTERM)
         rc = p.wait()
     stopped = len(records(work / "resumed"))
-    emit("resume.interrupted", interrupted and rc == 0 and stopped < args.steps, "",
+    # train exits as the signal would have it killed: 128 + SIGTERM
+    emit("resume.interrupted", interrupted and rc == 128 + signal.SIGTERM and stopped < args.steps,
+         "",
          f"SIGTERM after {args.stop_after} steps' metrics: exit {rc}, stopped after {stopped} "
          f"of {args.steps} steps; {what}")
     sh(train_cmd(*run_args(args, work / "resumed", *steps)), work / "resumed.log")
