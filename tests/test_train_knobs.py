@@ -344,3 +344,34 @@ def test_the_nearest_name_in_a_config_file_and_for_model_args(tmp_path, shards):
     assert r.exit_code == 2 and "unknown setting model.n_expert (did you mean " \
         "model.n_experts?)" in " ".join(r.output.split())
     assert not (tmp_path / "r").exists()
+
+
+def test_clipping_does_not_depend_on_how_the_gradients_are_split():
+    """The clip coefficient from a float64 norm: the same float32 update whether a gradient is
+    one tensor or shards of it (FSDP's), which float32 sums are not; torch's arithmetic
+    otherwise."""
+    from training.step import clip_gradients
+
+    def clipped(pieces, max_norm):
+        params = [torch.nn.Parameter(torch.zeros_like(g)) for g in pieces]
+        for p, g in zip(params, pieces):
+            p.grad = g.clone()
+        norm = clip_gradients(params, max_norm)
+        return norm, torch.cat([p.grad for p in params])
+
+    torch.manual_seed(0)
+    for _ in range(20):
+        grad = torch.randn(4099) * 10
+        cut = int(torch.randint(1, 4098, ()))
+        whole_norm, whole = clipped([grad], 1.0)
+        split_norm, split = clipped([grad[:cut], grad[cut:]], 1.0)
+        assert torch.equal(whole, split)
+        assert whole_norm.dtype == torch.float64
+        assert whole_norm == pytest.approx(float(grad.double().norm()), rel=1e-12)
+        theirs = [torch.nn.Parameter(torch.zeros_like(grad))]
+        theirs[0].grad = grad.clone()
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        assert torch.allclose(whole, theirs[0].grad, rtol=1e-6, atol=0)
+    small = torch.full((8,), 0.01)
+    assert torch.equal(clipped([small], 1.0)[1], small)  # under the norm: untouched
+    assert torch.equal(clipped([grad], 0)[1], grad)  # 0: clipping off

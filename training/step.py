@@ -122,8 +122,7 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
     t1 = clock()
     for opt in state.optimizers:
         state.scaler.unscale_(opt)
-    norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.clip or float("inf"))
-    grad_norm = distributed.whole(norm).detach().double().reshape(1).to(sums.device)
+    grad_norm = clip_gradients(state.model.parameters(), cfg.clip).reshape(1).to(sums.device)
     skipped = nonfinite(sums[0], grad_norm[0])
     lr = lr_at(step, cfg)
     set_lr(state.optimizers, lr, cfg)
@@ -141,6 +140,31 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
     state.scaler.update()  # fp16: the scale lowered after an overflow (unscale_ recorded it)
     values = torch.cat([sums, targets.reshape(1), grad_norm, skipped.double().reshape(1)])
     return StepResult(names, values, lr, t1 - t0, clock() - t1)
+
+
+def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
+    """The gradients' global 2-norm before clipping (float64, on the device); when `max_norm`
+    is not 0 and the norm is larger, every gradient scaled by max_norm / (norm + 1e-6), as
+    torch's clip_grad_norm_ does. The norm is summed in float64 so that the coefficient, cast
+    to float32, does not depend on how the gradients are sharded: FSDP's shard-by-shard sums and
+    one process's whole-tensor sums part in float32's last bits, and a clipped update carries
+    that into the weights (MoE's and MoD's routing then amplify it into a different run)."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    norms = [torch.linalg.vector_norm(g.detach(), dtype=torch.float64) for g in grads]
+    # one stack and one reduction: a sharded norm's DTensor becomes whole with one all-reduce
+    total = distributed.whole(torch.linalg.vector_norm(torch.stack(norms)))
+    if max_norm:
+        coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0).float()
+        by_device = {}
+        for g in grads:
+            by_device.setdefault(g.device, []).append(g)
+        for device, some in by_device.items():
+            torch._foreach_mul_(some, coefficient.to(device))
+    return total
 
 
 def nonfinite(loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
