@@ -30,7 +30,7 @@ training/optim/optimizers.py groups by; MoE also `active_params()`).
     {"loss", "ce", "aux"}
 
 flops.py counts a step's FLOPs with FlopCounterMode on the meta device (model.flops_per_token).
-__main__.py prints the presets (`python -m archs`) and writes presets.json, which torch-free
+__main__.py prints the presets (`python -m longpack.archs`) and writes presets.json, which torch-free
 code (pack stats' recommendations) reads.
 """
 
@@ -43,8 +43,9 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from archs import flops, gpt_neox, layers, mamba, moe, resonance
-from archs.limits import device_memory, typed
+from longpack.archs import flops, gpt_neox, layers, mamba, moe, resonance
+from longpack.archs.limits import device_memory, typed
+from longpack.archs.preset_table import presets_table as presets_table  # as text
 
 # what model.flops_per_token calls: the model files (layers.py) ship without it
 layers.MEASURE_FLOPS = flops.flops_per_token
@@ -84,7 +85,7 @@ def parse_args(name: str, pairs: list[str]) -> dict:
         if not sep or not key:
             raise ValueError(f"{pair!r}: give KEY=VALUE")
         if key not in types:  # the nearest by spelling, as for the commands' settings
-            from longpack.settings import suggest
+            from longpack.core import suggest
 
             near = suggest(key, types)
             raise ValueError(f"{name}: unknown setting {key}"
@@ -261,7 +262,7 @@ def _params(name: str, overrides: dict) -> tuple[dict, int]:
 def refuse_unfit(name: str, overrides: dict, params: int, needed: int, what: str,
                  device, note: str = "") -> None:
     """TooLarge, one line, when `needed` bytes (`what`: what they hold) pass the memory of
-    `device` (archs.limits.device_memory; an unknown one is not checked)."""
+    `device` (longpack.archs.limits.device_memory; an unknown one is not checked)."""
     have = device_memory(device)
     if have is not None and needed > have:
         raise TooLarge(f"{_described(name, overrides)}: {params:,} parameters; {what} need "
@@ -331,3 +332,28 @@ def load(folder: Path, device: str | torch.device | None = None) -> torch.nn.Mod
     model.load_state_dict(load_file(str(folder / "model.safetensors"),
                                     device=str(device or "cpu")))
     return model.eval()
+
+
+# Names of archs' other modules, loaded on first use: what the trainer and the zoo take from
+# here (never from the modules): the memory plan, generation, transformers' forms.
+_ELSEWHERE = {
+    "GIB": "memory", "Sharding": "memory", "memory_plan": "memory", "bytes_text": "memory",
+    "TextStream": "generate", "context": "generate", "stream": "generate",
+    "NATIVE": "hf.native",  # transformers' own classes: config.json and weights of a model
+    "ARCHS": "hf.hf_remote", "remote_config": "hf.hf_remote", "remote_weights": "hf.hf_remote",
+    "ship_code": "hf.hf_remote", "shipped_files": "hf.hf_remote",  # the code other families ship
+    "staged": "hf.hf_folder", "refuse_taken": "hf.hf_folder", "set_modes": "hf.hf_folder",
+    "layout_problems": "hf.hf_folder", "special_token_ids": "hf.hf_folder",
+    "write_weights": "hf.hf_folder", "write_tokenizer": "hf.hf_folder",
+    "write_generation_config": "hf.hf_folder", "converted_tiktoken": "hf.hf_folder",
+    "read_folder": "hf.hf_import", "is_model_folder": "hf.hf_import",  # a transformers folder in
+    "tokenizer_json_vocabulary": "hf.hf_import",
+}
+
+
+def __getattr__(name: str):
+    if name not in _ELSEWHERE:
+        raise AttributeError(f"module 'longpack.archs' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"longpack.archs.{_ELSEWHERE[name]}"), name)

@@ -49,7 +49,7 @@ Per layer (derivation: each term is a tensor an op saves, named at its line belo
     weights     under autocast, without FSDP: 2 bytes per matrix, expert and router parameter
                 (autocast's bf16 copy, kept by the matmul; FSDP's bf16 policy makes none)
 
-The loss (archs.layers.chunked_cross_entropy): the final norm (LN, MoE's RMS) and its output
+The loss (longpack.archs.layers.chunked_cross_entropy): the final norm (LN, MoE's RMS) and its output
 (4nd); the log-probabilities (4nV + 9n) when all of the micro-batch's fp32 logits are within
 LOGITS_BUDGET_BYTES, at their making the logits beside them (a nV) and under autocast their
 fp32 copy (4nV); past the budget nothing is kept and a chunk of CE_CHUNK tokens is made again in
@@ -81,10 +81,10 @@ CUDA (a fused RMSNorm keeps no normalized copy): the GPU issue measures them.
 import math
 from dataclasses import dataclass, field
 
-import archs
-from archs.layers import LOGITS_BUDGET_BYTES
+from longpack import archs
+from longpack.archs.layers import LOGITS_BUDGET_BYTES
 
-CE_CHUNK = 4096  # tokens per chunk of archs.layers.chunked_cross_entropy (its default)
+CE_CHUNK = 4096  # tokens per chunk of longpack.archs.layers.chunked_cross_entropy (its default)
 CAST_ROLES = ("matrix", "experts", "router")  # weights autocast copies to bf16 in a matmul
 
 

@@ -169,7 +169,7 @@ def _seq_period(model: torch.nn.Module) -> int | None:
 
 def _model(cls, cfg) -> torch.nn.Module:
     """A model of `cfg` on the meta device."""
-    from archs import _MetaInitSkipped  # archs/__init__ imports the families, which import this
+    from longpack.archs import _MetaInitSkipped  # archs/__init__ imports the families, which import this
 
     with torch.device("meta"), _MetaInitSkipped():
         return cls(cfg)

@@ -87,7 +87,7 @@ class Block(nn.Module):
 
 
 class GPTNeoX(StackedLM):
-    PARAM_ROLES = (  # each parameter's optimizer role (archs.layers.OPTIMIZER_ROLES), by name
+    PARAM_ROLES = (  # each parameter's optimizer role (longpack.archs.layers.OPTIMIZER_ROLES), by name
         ("embed.weight", "embedding"),
         ("head.weight", "head"),
         ("ln_f.*", "norm"), ("blocks.*.ln1.*", "norm"), ("blocks.*.ln2.*", "norm"),

@@ -265,7 +265,7 @@ class ShortConv(nn.Module):
 
 
 # archs/flops.py's flops_per_token, which archs/__init__.py plugs in: longpack's, not one of the
-# model files an exported folder ships (archs/zoo/hf_remote.py), whose code imports nothing of
+# model files an exported folder ships (archs/hf/hf_remote.py), whose code imports nothing of
 # longpack. StackedLM.flops_per_token (MoE's too) calls it.
 MEASURE_FLOPS = None
 

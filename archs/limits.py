@@ -14,9 +14,9 @@ A value's type is the field's annotation (`typed`): a bool is no number, a float
 goes is refused (1e9 from a TOML file is a float), an int where a float goes becomes that float,
 None only where the annotation allows it. Floats must be finite (JSON's NaN and Infinity parse).
 
-The commands' settings are held to the same rules by longpack/settings.py (`Range`, `typed`).
+The commands' settings are held to the same rules by longpack/core/settings.py (`Range`, `typed`).
 This file cannot import that one: it ships inside every exported model folder with the model
-files (archs/zoo/hf_remote.py), where longpack is not installed, so it keeps its own small copy
+files (archs/hf/hf_remote.py), where longpack is not installed, so it keeps its own small copy
 (tests/test_settings.py holds the two to the same answers).
 
 Sizes have no upper bound here: whether a model fits is a question of its total size and of the

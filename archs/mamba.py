@@ -22,7 +22,7 @@ flash-linear-attention's kernel where it is installed (`scan_name`). The last bl
 by an RMSNorm (`norm_f`, weight only), and embeddings are tied to the output head, as in the
 published Mamba-2 models, so the presets' sizes (130m, 370m, 1.3b: Mamba-2's published widths
 and depths) are what they say, and a trained model is transformers' Mamba2ForCausalLM weight for
-weight (archs/zoo/hf_export.py). The gated RMSNorm spans the whole inner width, as
+weight (archs/hf/native.py). The gated RMSNorm spans the whole inner width, as
 transformers' Mamba2 computes it for any n_groups (mamba_ssm's own module normalizes each
 group apart; with one group, every preset's, the two are one).
 The mixer (`MambaMixer`) is also the Mamba layer of the MoE family's hybrids (archs/moe.py).
@@ -381,7 +381,7 @@ class Mamba(StackedLM):
     # Mamba-2's final norm (module docstring), under a name of its own: the LayerNorm `ln_f`
     # it ended in before never loads into it
     FINAL_NORM = ("norm_f", nn.RMSNorm)
-    PARAM_ROLES = (  # each parameter's optimizer role (archs.layers.OPTIMIZER_ROLES), by name
+    PARAM_ROLES = (  # each parameter's optimizer role (longpack.archs.layers.OPTIMIZER_ROLES), by name
         ("embed.weight", "embedding"),  # tied: also the output head
         ("norm_f.weight", "norm"), ("blocks.*.norm", "norm"), ("blocks.*.mixer.norm", "norm"),
         ("blocks.*.mixer.in_proj.weight", "matrix"), ("blocks.*.mixer.out_proj.weight", "matrix"),

@@ -1,5 +1,5 @@
 """The memory one process of a training run needs, from the model's shapes alone (built on
-the meta device, never allocated): what `train --dry-run` prints (longpack/dry_run.py) and what
+the meta device, never allocated): what `train --dry-run` prints (training/dry_run.py) and what
 refuses a run that cannot fit (`check_memory`).
 
     archs.layout(name, **overrides) -> Layout: every parameter's shape, optimizer role and block
@@ -47,8 +47,8 @@ optimizer + DDP's buckets + the larger of the gradients and that; a run past it 
 
 from dataclasses import dataclass
 
-from archs import Layout
-from archs.activations import CAST_ROLES, activations
+from longpack.archs import Layout
+from longpack.archs.activations import CAST_ROLES, activations
 
 MUON_ROLES = ("matrix", "experts")  # training/optim.py's MUON
 DDP_BUCKET_VIEW = False  # training/step.py's DDP: gradient_as_bucket_view (False: buckets copy)
@@ -154,7 +154,7 @@ def memory_plan(lay: Layout, model_cfg, batch: int, seq: int, precision: str = "
             "activations_full": act.peak, "floor": fixed + max(s["grads"], kept_at_loss)}
 
 
-def size(n: int) -> str:
+def bytes_text(n: int) -> str:
     """Bytes as GiB, or MiB/KiB when small."""
     for unit, scale in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:

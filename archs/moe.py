@@ -174,7 +174,7 @@ class Attention(nn.Module):
         self.rotary = Rotary(self.hd, cfg.rotary_base)
 
     def forward(self, x, pos, doc_starts, cache: dict | None = None):
-        """`cache`: generation's keys and values so far (archs.layers.cached_attention)."""
+        """`cache`: generation's keys and values so far (longpack.archs.layers.cached_attention)."""
         B, T, C = x.shape
         q = self.q(x).view(B, T, self.nh, self.hd).transpose(1, 2)  # (B, nh, T, hd)
         k, v = self.kv(x).view(B, T, 2, self.nkv, self.hd).permute(2, 0, 3, 1, 4)  # (B, nkv, T, hd)
@@ -273,7 +273,7 @@ def top_share_per_document(score: torch.Tensor, doc: torch.Tensor, pos: torch.Te
 
 
 class MoE(nn.Module):
-    PARAM_ROLES = (  # each parameter's optimizer role (archs.layers.OPTIMIZER_ROLES), by name
+    PARAM_ROLES = (  # each parameter's optimizer role (longpack.archs.layers.OPTIMIZER_ROLES), by name
         ("embed.weight", "embedding"),
         ("head.weight", "head"),
         ("norm_f.weight", "norm"), ("blocks.*.norm1.weight", "norm"),
@@ -402,7 +402,7 @@ def mtp_targets(input_ids: torch.Tensor, doc_starts: torch.Tensor | None, j: int
     return out
 
 
-# Sized to the stated totals (500M / 1B / 1.5B / 5B); `python -m archs` prints total and active.
+# Sized to the stated totals (500M / 1B / 1.5B / 5B); `python -m longpack.archs` prints total and active.
 PRESETS = {
     "moe-tiny": dict(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                      n_experts=4, top_k=2, d_expert=128, max_seq=256),

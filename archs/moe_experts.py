@@ -38,7 +38,7 @@ from .layers import segment_ids
 
 
 class Experts(nn.Module):
-    def __init__(self, cfg):  # an archs.moe.MoEConfig
+    def __init__(self, cfg):  # a longpack.archs.moe.MoEConfig
         super().__init__()
         E, d, f = cfg.n_experts, cfg.d_model, cfg.expert_width
         self.cfg = cfg

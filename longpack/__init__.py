@@ -1,28 +1,35 @@
-"""longpack from Python (api.py): build, stats, merge, import_tokens, train, plan, export, with
-the commands' settings and errors: `import longpack; longpack.build(out="./mds", ...)`; and
-what drives the trainer from above, as the API does: `train --dry-run`'s plan (dry_run.py).
+"""longpack from Python: build, stats, merge, import_tokens, train, plan, export (api.py), with
+the errors a caller can catch: `import longpack; longpack.build(out="./mds", ...)`.
 
-Also the kernel both of longpack's stages share: the errors a user can fix (errors.py), settings
-declared once for flags and configs (settings.py), atomic writes and checksums (atomic.py), and
-the one object store every URL goes through (store.py).
+longpack is one installed package, in layers that import only downward (the contract is
+pyproject.toml's [tool.importlinter], checked by `lint-imports` in the test suite):
 
-The data stage is `pipeline/`, the trainer `training/`, the models `archs/`; each takes these
-names from here, never from the other. They load on first use, so that `import longpack` stays
-cheap and pulls in neither torch nor fsspec.
+    longpack (api.py)          the Python API; the console scripts are each stage's cli.py
+    longpack.zoo               what reads a run and its build: `zoo` export, generate, eval,
+                               the model card
+    longpack.training          the trainer and its dry-run planner (one setup for both)
+    longpack.pipeline | longpack.archs
+                               the data stage | the model definitions (each knows nothing
+                               of the other)
+    longpack.core              the kernel: errors, settings, atomic writes, the object store
+
+Each part is entered through its package's names (`from longpack.pipeline import
+read_manifest`), never its modules'. In the repository the stages keep their own top-level
+folders (pipeline/, training/, archs/); longpack/pipeline, longpack/training and
+longpack/archs are links to them, so the package is the same whether installed or edited.
+
+The names load on first use, so that `import longpack` stays cheap and pulls in neither torch
+nor fsspec.
 """
 
 import importlib
 
 _API = {  # name -> the module that defines it
-    "LongpackError": "errors", "SettingsError": "errors", "DataError": "errors",
-    "TrainingError": "errors", "LoaderError": "errors", "StorageError": "errors",
-    "install_hint": "errors",  # how to install an extra, by its packages' names
-    "setting": "settings", "click_options": "settings",  # settings declared once, both CLIs
-    "write_bytes": "atomic", "sha256_file": "atomic",  # atomic writes, file checksums
-    "Store": "store", "is_url": "store", "staging_folder": "store",  # object stores
-    "redact": "store", "refuse_unwritable": "store",
     "build": "api", "stats": "api", "merge": "api", "import_tokens": "api",  # the commands
     "train": "api", "plan": "api", "export": "api",
+    # the errors a caller can catch (the kernel's: longpack.core)
+    "LongpackError": "core", "SettingsError": "core", "DataError": "core",
+    "TrainingError": "core", "LoaderError": "core", "StorageError": "core",
 }
 __all__ = sorted(_API)
 

@@ -17,16 +17,16 @@ An unknown setting is a SettingsError naming the nearest known one, as a config 
 import dataclasses
 from pathlib import Path
 
-from longpack.errors import LongpackError, SettingsError
+from longpack.core import LongpackError, SettingsError
 
 
 def _config(cls, settings: dict, command: str):
-    """cls(**settings), the dataclass checking each value as its flag's (longpack/settings.py);
+    """cls(**settings), the dataclass checking each value as its flag's (longpack/core/settings.py);
     every unknown name refused at once, each with the nearest known one, as a config file's
     keys are. A value is checked first under the keyword the caller wrote (`train:
     val_fraction = '0.1' is not a number`, not the flag's name); text (a path, a URL, a
     size) is text or a Path, never a number cast to text."""
-    from longpack.settings import check_values, kinds, refuse_unknown
+    from longpack.core import check_values, kinds, refuse_unknown
 
     fields = {f.name: f for f in dataclasses.fields(cls)}
     refuse_unknown(settings, fields, command, answers=_answers(cls))
@@ -44,13 +44,13 @@ def _config(cls, settings: dict, command: str):
 
 def _answers(cls) -> dict[str, str]:
     """Other trainers' names for a train keyword, answered with ours (training/names.py)."""
-    from training.config import TrainConfig
+    from longpack.training import TrainConfig
 
     if cls is not TrainConfig:
         return {}
-    from training import names
+    from longpack.training import name_answers
 
-    return names.answers()
+    return name_answers()
 
 
 def _callable(name: str, value):
@@ -72,9 +72,7 @@ def build(progress: bool = False, **settings) -> dict:
     """`pack build`: BuildConfig's settings (what the output is) and LaunchConfig's (where it
     runs: engine, ray_address, ...). Returns the manifest; a build that was complete already
     is returned as it is, nothing written."""
-    from pipeline.config import BuildConfig
-    from pipeline.distribute.launch import LaunchConfig, launch
-    from pipeline.store.destination import Destination
+    from longpack.pipeline import BuildConfig, Destination, LaunchConfig, launch
 
     where = {f.name for f in dataclasses.fields(LaunchConfig)}
     how = _config(LaunchConfig, {k: v for k, v in settings.items() if k in where}, "pack build")
@@ -90,16 +88,16 @@ def build(progress: bool = False, **settings) -> dict:
 def merge(out) -> dict:
     """`pack merge OUT`: finish a build split into tasks once its tasks are done; the
     manifest."""
-    from pipeline.distribute import tasks
+    from longpack.pipeline import merge_tasks
 
-    return tasks.merge(Path(_text("out", out)))
+    return merge_tasks(Path(_text("out", out)))
 
 
 def import_tokens(src, out, **settings) -> dict:
     """`pack import SRC --out OUT`: others' token rows (.npy, .pt, nanoGPT .bin) as a build;
     the manifest. Warnings go to `warn` (a callable; default: none)."""
-    from pipeline.adopt.config import ImportConfig
-    from pipeline.adopt.import_tokens import import_tokens as run_import
+    from longpack.pipeline import ImportConfig
+    from longpack.pipeline import import_tokens as run_import
 
     warn = _callable("warn", settings.pop("warn", lambda line: None))
     cfg = _config(ImportConfig, {"src": src, "out": out, **settings}, "pack import")
@@ -110,21 +108,20 @@ def stats(path, verify: bool = False, throughput: float | None = None,
           budget: float | None = None, eos_id: int | None = None) -> dict:
     """`pack stats PATH --json`: the report as a dict (keys in docs/STATS.md); its
     ["checks"]["ok"] says whether the build is sound."""
-    from pipeline.stats import report
-    from pipeline.stats.config import StatsConfig
+    from longpack.pipeline import StatsConfig, collect_stats
 
     cfg = _config(StatsConfig, {"paths": (_text("path", path),), "verify": verify,
                                 "throughput": throughput, "budget": budget, "eos_id": eos_id},
                   "pack stats")
-    return report.collect(cfg.paths[0], cfg.verify, cfg.throughput, cfg.budget, cfg.eos_id)
+    return collect_stats(cfg.paths[0], cfg.verify, cfg.throughput, cfg.budget, cfg.eos_id)
 
 
 def train(resume: str = "auto", log=print, **settings) -> list[dict]:
     """`train`: TrainConfig's settings; returns the metrics history (one dict a step, as
     metrics.jsonl holds). `log` gets the console's lines, as `train` prints them (default:
     printed; `log=lambda line: None` for none): a run says what it does before its first step."""
-    from training.config import TrainConfig
-    from training.loop import train as run_training
+    from longpack.training import TrainConfig
+    from longpack.training import train as run_training
 
     cfg = _config(TrainConfig, settings, "train")
     return run_training(cfg, resume=_text("resume", resume),
@@ -135,8 +132,8 @@ def plan(world_size: int | None = None, gpu_memory: float = 80.0, log=print,
          **settings) -> dict:
     """`train --dry-run` (TrainConfig's settings; `world_size`, `gpu_memory` in GiB as its
     flags): the plan as `--json` gives it; `log` gets its lines (default: printed)."""
-    from longpack.dry_run import plan as dry_run
-    from training.config import TrainConfig
+    from longpack.training import TrainConfig
+    from longpack.training import plan as dry_run
 
     cfg = _config(TrainConfig, settings, "train")
     return dry_run(cfg, say=_callable("log", log), world_size=world_size,
@@ -146,8 +143,7 @@ def plan(world_size: int | None = None, gpu_memory: float = 80.0, log=print,
 def export(run, out, to: str = "hf", **settings) -> list[str]:
     """`zoo export RUN --to hf|safetensors --out OUT` (step, license, max_shard_size as its
     flags); returns notes for the user (what could not be written)."""
-    from archs.zoo.runs import export_run
-    from archs.zoo.settings import ExportConfig
+    from longpack.zoo import ExportConfig, export_run
 
     cfg = _config(ExportConfig, {"run": run, "out": out, "to": to, **settings}, "zoo export")
     return export_run(cfg)[1]

@@ -35,13 +35,13 @@ share of the inputs and writes its documents; the merge cuts the same rows with 
 and makes OUT the single build's bytes (distribute/; distribute/work_folder: what the tasks
 record, checked). An --out URL stages the build locally and uploads each finished shard
 (store/remote_build, store/uploader). The kernel both stages share
-(errors, settings, atomic writes, the object store) is the `longpack` package.
+(errors, settings, atomic writes, the object store) is `longpack.core`.
 docs/FORMAT.md is the single source of truth for the on-disk format.
 
 What the rest of longpack (the trainer) uses of the data stage is the names below, and only
-those: `from pipeline import get_format, SplitReader, ...`. They load on first use, so that
-`import pipeline` stays cheap (`pack --help`, the trainer's start) and pulls in neither torch
-nor mosaicml-streaming.
+those: `from longpack.pipeline import get_format, SplitReader, ...`. They load on first use,
+so that `import longpack.pipeline` stays cheap (`pack --help`, the trainer's start) and pulls
+in neither torch nor mosaicml-streaming.
 """
 
 import importlib
@@ -61,12 +61,22 @@ _API = {  # name -> the module that defines it
     "open_build": "builds.reader", "Build": "builds.reader",  # a finished build, read back
     "read_manifest": "builds.reader", "dataset_fingerprint": "builds.reader",
     "cache_bytes": "builds.reader",  # --cache-limit's sizes (20gb) in bytes
+    "other_tokenizer": "builds.identity",  # a build of another tokenizer than recorded: why
+    "fetch_kept": "tokenize.kept", "load_build_tokenizer": "tokenize.kept",  # the build's copy
+    "DATASETS": "read.catalog",  # the datasets --dataset names
+    "at_vocab": "stats.recommend", "preset_table": "stats.recommend",  # presets.json's sizes
+    # the commands' settings and work, for longpack's Python API (longpack/api.py)
+    "BuildConfig": "config", "LaunchConfig": "distribute.launch", "launch": "distribute.launch",
+    "Destination": "store.destination", "merge_tasks": "distribute.tasks:merge",
+    "ImportConfig": "adopt.config", "import_tokens": "adopt.import_tokens",
+    "StatsConfig": "stats.config", "collect_stats": "stats.report:collect",
 }
 __all__ = sorted(_API)
 
 
 def __getattr__(name: str):
     if name not in _API:
-        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"pipeline.{_API[name]}"), name)
+        raise AttributeError(f"module 'longpack.pipeline' has no attribute {name!r}")
+    module, _, attr = _API[name].partition(":")  # "module:attr" where the names differ
+    return getattr(importlib.import_module(f"longpack.pipeline.{module}"), attr or name)
 

@@ -1,3 +1,3 @@
-from pipeline.cli import pack
+from longpack.pipeline.cli import pack
 
 pack()

@@ -36,27 +36,26 @@ from typing import Protocol
 
 import numpy as np
 
-from longpack.atomic import writing
-from longpack.errors import InputError, LongpackError, TokenizerError
-from pipeline import manifest as manifest_mod
-from pipeline.build_state import BuildState
-from pipeline.config import SPLITS, BuildConfig
-from pipeline.distribute.plan import share_of
-from pipeline.progress import Progress
-from pipeline.read.batches import read_ahead, read_batches
-from pipeline.read.catalog import file_format, get_dataset
-from pipeline.read.inputs import open_inputs
-from pipeline.read.records import BLANK_LINE, Skip
-from pipeline.tokenize.encode import EngineMismatch, encode_batch
-from pipeline.tokenize.split import Splitter
-from pipeline.tokenize.tokenizer import load_tokenizer
+from longpack.core import InputError, LongpackError, TokenizerError, writing
+from longpack.pipeline import manifest as manifest_mod
+from longpack.pipeline.build_state import BuildState
+from longpack.pipeline.config import SPLITS, BuildConfig
+from longpack.pipeline.distribute.plan import share_of
+from longpack.pipeline.progress import Progress
+from longpack.pipeline.read.batches import read_ahead, read_batches
+from longpack.pipeline.read.catalog import file_format, get_dataset
+from longpack.pipeline.read.inputs import open_inputs
+from longpack.pipeline.read.records import BLANK_LINE, Skip
+from longpack.pipeline.tokenize.encode import EngineMismatch, encode_batch
+from longpack.pipeline.tokenize.split import Splitter
+from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
 CHECKPOINT_SECONDS = 10.0
 
 
 def build(cfg: BuildConfig, hub_client=None, show_progress: bool | None = None) -> dict:
     """A single-machine build of OUT (a local folder); its manifest."""
-    from pipeline.pack.output import ShardOutput
+    from longpack.pipeline.pack.output import ShardOutput
 
     with Build(cfg, hub_client, Progress(enabled=show_progress)) as b:
         return b.run(ShardOutput(cfg))
@@ -130,7 +129,7 @@ class Build:
         self.fingerprint = {"settings": cfg.output_settings(), "tokenizer": tokenizer_id,
                             "inputs": self.inputs, "format_version": manifest_mod.FORMAT_VERSION}
         if cfg.packing == "best-fit":  # its window and rule: another longpack's are another build
-            from pipeline.pack.best_fit import describe
+            from longpack.pipeline.pack.best_fit import describe
 
             self.fingerprint["packing"] = describe(cfg.seq)
         self.splitter = Splitter(cfg.val_fraction, cfg.seed)

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import write_bytes
-from pipeline.config import SPLITS
-from pipeline.manifest import empty_counts
-from pipeline.read.records import REASONS
+from longpack.core import write_bytes
+from longpack.pipeline.config import SPLITS
+from longpack.pipeline.manifest import empty_counts
+from longpack.pipeline.read.records import REASONS
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """`pack`: the data-stage command line. `pack build`'s flags are BuildConfig's fields
-(longpack/settings.py); `pack stats`' are declared here."""
+(longpack/core/settings.py); `pack stats`' are declared here."""
 
 import sys
 
@@ -16,12 +16,11 @@ try:
 
     import click
 
-    from longpack.cli import Command, Group
-    from longpack.settings import click_options
-    from pipeline.adopt.config import ImportConfig
-    from pipeline.config import BuildConfig
-    from pipeline.distribute.launch import LaunchConfig, MergeConfig
-    from pipeline.stats.config import StatsConfig
+    from longpack.core import Command, Group, click_options
+    from longpack.pipeline.adopt.config import ImportConfig
+    from longpack.pipeline.config import BuildConfig
+    from longpack.pipeline.distribute.launch import LaunchConfig, MergeConfig
+    from longpack.pipeline.stats.config import StatsConfig
 except KeyboardInterrupt:
     sys.stderr.write(STARTING + "\n")
     sys.exit(130)
@@ -77,10 +76,10 @@ def pack():
               "finished build does nothing and exits 0; without --quiet it says so.")
 def build(quiet, **settings):
     """Tokenize documents and pack them into rows of exactly --seq tokens."""
-    from pipeline.distribute.launch import launch
-    from pipeline.distribute.tasks import task_index_from_env, tasks_from_env
-    from pipeline.manifest import already_complete, summary
-    from pipeline.store.destination import Destination
+    from longpack.pipeline.distribute.launch import launch
+    from longpack.pipeline.distribute.tasks import task_index_from_env, tasks_from_env
+    from longpack.pipeline.manifest import already_complete, summary
+    from longpack.pipeline.store.destination import Destination
 
     how = {f.name: settings.pop(f.name) for f in dataclasses.fields(LaunchConfig)}
     # the environment is read here only: a Slurm array or LONGPACK_TASK_* give the task
@@ -106,8 +105,8 @@ def build(quiet, **settings):
 @click.option("--quiet", is_flag=True, help="No summary.")
 def merge(quiet, **settings):
     """Finish a build split into tasks (`pack build --tasks N`) once its tasks are done."""
-    from pipeline.distribute import tasks
-    from pipeline.manifest import summary
+    from longpack.pipeline.distribute import tasks
+    from longpack.pipeline.manifest import summary
 
     cfg = MergeConfig(**settings)
     out, task_index = Path(cfg.out), cfg.task_index
@@ -131,8 +130,8 @@ def import_(quiet, **settings):
     """Adopt pretokenized rows (.npy, .npz, .pt, nanoGPT .bin) as a longpack build. Splits come from
     the names below SRC: val.bin, *_val_*.bin, val/ are val; train ones, or all of it when
     nothing is named, train; a test split or an unnamed file beside named ones is refused."""
-    from pipeline.adopt.import_tokens import import_tokens
-    from pipeline.manifest import summary
+    from longpack.pipeline.adopt.import_tokens import import_tokens
+    from longpack.pipeline.manifest import summary
 
     cfg = ImportConfig(**settings)
     m = import_tokens(cfg, warn=lambda line: None if quiet else click.echo(line, err=True))
@@ -148,7 +147,7 @@ def stats(**settings):
     also what their mixture gives."""
     import json
 
-    from pipeline.stats import report as stats_report
+    from longpack.pipeline.stats import report as stats_report
 
     cfg = StatsConfig(**settings)
     paths, verify, as_json, decode, split = cfg.paths, cfg.verify, cfg.as_json, cfg.decode, \
@@ -175,10 +174,10 @@ def _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id,
     """`pack stats A B [--mix ...]`: each build's report, then the mixture's (stats/mix.py)."""
     import json
 
-    from longpack.errors import SettingsError
-    from pipeline.mixture import parse_sources, parse_weights
-    from pipeline.stats import mix as stats_mix
-    from pipeline.stats import report as stats_report
+    from longpack.core import SettingsError
+    from longpack.pipeline.mixture import parse_sources, parse_weights
+    from longpack.pipeline.stats import mix as stats_mix
+    from longpack.pipeline.stats import report as stats_report
 
     for flag, used in (("--decode", decode is not None), ("--plot", plot is not None)):
         if used:
@@ -200,5 +199,5 @@ def _stats_mix(paths, verify, as_json, decode, plot, throughput, budget, eos_id,
         sys.exit(1)
 
 
-if __name__ == "__main__":  # python -m pipeline.cli: the same command without the console script
+if __name__ == "__main__":  # python -m longpack.pipeline.cli: the command without its script
     pack()

@@ -3,11 +3,9 @@
 import os
 from dataclasses import dataclass
 
-from longpack.errors import SettingsError
-from longpack.settings import check, setting, settings_of
-from longpack.store import is_url, refuse_unwritable
-from pipeline.formats import FORMATS
-from pipeline.read.catalog import DATASETS
+from longpack.core import SettingsError, check, is_url, refuse_unwritable, setting, settings_of
+from longpack.pipeline.formats import FORMATS
+from longpack.pipeline.read.catalog import DATASETS
 
 SHARD_BYTES = 1 << 26  # a shard holds as many rows as fit in 64 MiB of tokens (MDS's default size)
 WORK_DIR = ".longpack-build"  # OUT/WORK_DIR exists only while a build is unfinished
@@ -29,7 +27,7 @@ MAX_SHARD_BYTES = 2**40  # 1 TiB of tokens in one file: far past any useful shar
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """The settings of one build; each field is also a `pack build` flag (longpack/settings.py)."""
+    """The settings of one build; each field is also a `pack build` flag (longpack/core/settings.py)."""
 
     out: str = setting(help="Output directory (OUT/train, OUT/val, OUT/manifest.json), or a "
                        "store's URL: s3://BUCKET/PREFIX, gs://... (docs/SCALE.md).",
@@ -124,7 +122,9 @@ class BuildConfig:
         if self.tasks > 1 and (self.max_tokens or self.limit_docs):
             raise SettingsError("--max-tokens and --limit-docs cut the document order at one "
                                 "point, which tasks cannot see: build that subset without --tasks")
-        from pipeline.formats import get_format  # numpy: loaded by a build, not by `pack --help`
+        from longpack.pipeline.formats import (
+            get_format,  # numpy: loaded by a build, not by `pack --help`
+        )
 
         fmt = get_format(self.format)
         if self.compression is None:
@@ -141,7 +141,7 @@ class BuildConfig:
         return None if self.compression == "none" else self.compression
 
     def shard_rows(self, itemsize: int) -> int:
-        from pipeline.formats.base import rows_per_shard
+        from longpack.pipeline.formats.base import rows_per_shard
 
         return rows_per_shard(self.shard_bytes, self.seq, itemsize)
 

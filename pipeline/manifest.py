@@ -11,7 +11,7 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from pipeline.formats import get_format
+from longpack.pipeline.formats import get_format
 
 FORMAT_VERSION = 1
 
@@ -52,7 +52,7 @@ def refuse_nothing_packed(counts: dict, skip_log: Path) -> None:
     """A build whose every record was skipped (a wrong --text-field or --dataset, most often)
     is an error, not an empty build that looks complete. Inputs that hold no record at all
     build an empty dataset, as they describe."""
-    from longpack.errors import InputError
+    from longpack.core import InputError
 
     if counts["documents"] or not counts["records_read"]:
         return
@@ -98,8 +98,8 @@ def keep_tokenizer(tokenizer: dict, out: Path, claim) -> dict:
     claimed in OUT's journal (`claim`: its Journal.claim) and written atomically, the same bytes
     whoever builds (a worker, a task's merge, an engine); the identity with "file" naming it.
     An imported build without a tokenizer keeps none."""
-    from longpack.atomic import write_bytes
-    from pipeline.tokenize.kept import COPY_NAMES, tokenizer_bytes
+    from longpack.core import write_bytes
+    from longpack.pipeline.tokenize.kept import COPY_NAMES, tokenizer_bytes
 
     name = COPY_NAMES.get(tokenizer.get("kind"))
     if name is None:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from longpack.errors import SettingsError
+from longpack.core import SettingsError
 
 # More epochs of a source than this gets a warning (`pack stats --mix --budget`, `train
 # --dry-run`): up to about 4 repeats cost little against fresh data, beyond that the value of

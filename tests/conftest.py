@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from pipeline.formats.shards import open_split
+from longpack.pipeline.formats.shards import open_split
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -40,7 +40,7 @@ def no_streaming_shared_memory_left():
     import atexit
     import gc
 
-    from pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
+    from longpack.pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
 
     shared_memory = import_streaming().base.shared.SharedMemory
     for block in [o for o in gc.get_objects() if type(o) is shared_memory]:
@@ -295,8 +295,8 @@ def small_build(folder: Path, tokenizer, name: str, n_docs: int, seed: int, seq:
                 val_fraction: float = 0.1) -> Path:
     """folder/NAME: n_docs short documents (make_texts) in MDS rows of `seq` tokens, 8 rows a
     shard, a val split."""
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     src = write_jsonl(folder / f"{name}.jsonl", [{"text": t} for t in make_texts(n_docs, seed)])
     build(BuildConfig(out=str(folder / name), dataset="jsonl", inputs=(str(src),),

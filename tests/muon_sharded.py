@@ -17,8 +17,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import distribute_tensor
 
-import archs
-from training.optim import MUON, Muon
+from longpack import archs
+from longpack.training.optim import MUON, Muon
 
 
 def build(name: str, shard: bool):

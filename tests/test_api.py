@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import longpack
 from conftest import make_texts, write_jsonl
 from longpack import LongpackError, SettingsError
-from pipeline.cli import pack
+from longpack.pipeline.cli import pack
 
 
 def corpus(tmp_path):

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import archs
-from archs.layers import attention, chunked_cross_entropy, positions, segment_ids
+from longpack import archs
+from longpack.archs.layers import attention, chunked_cross_entropy, positions, segment_ids
 
 FAMILY_TINY = ["neox-tiny", "resonance-tiny", "moe-tiny", "mamba-tiny", "hybrid-tiny"]
 
@@ -154,7 +154,7 @@ def test_bf16_loss_matches_the_plain_head_under_autocast():
 def test_rotary_rotates_each_feature_pair_and_leaves_the_rest():
     """(x_i, x_{i+dim/2}) turns by pos * base^(-2i/dim); features past dim are unchanged; q and
     k stacked on a leading axis rotate as each would alone."""
-    from archs.layers import Rotary
+    from longpack.archs.layers import Rotary
 
     torch.manual_seed(0)
     B, H, T, D, dim = 2, 3, 5, 12, 8
@@ -197,7 +197,7 @@ def test_resonance_parameter_counts_match_the_formula_on_the_meta_device(name):
 
 
 def test_resonance_kernel_spectrum_is_the_fft_of_the_damped_sinusoids():
-    from archs.resonance import kernel_spectrum
+    from longpack.archs.resonance import kernel_spectrum
 
     torch.manual_seed(0)
     d, n, L = 4, 6, 33
@@ -212,7 +212,7 @@ def test_resonance_kernel_spectrum_is_the_fft_of_the_damped_sinusoids():
 
 
 def test_resonance_long_convolution_is_linear_not_circular():
-    from archs.resonance import fft_causal_conv, kernel_spectrum
+    from longpack.archs.resonance import fft_causal_conv, kernel_spectrum
 
     torch.manual_seed(0)
     d, n, L = 2, 4, 16
@@ -224,7 +224,7 @@ def test_resonance_long_convolution_is_linear_not_circular():
 
 
 def mod_model():
-    from archs.moe import DepthRouted
+    from longpack.archs.moe import DepthRouted
 
     torch.manual_seed(0)
     model = archs.build("moe-tiny", mod_capacity=0.25, n_layers=2, vocab_size=256)
@@ -265,7 +265,7 @@ def test_flex_attention_path_matches_the_cpu_path():
     """The CUDA path (FlexAttention) runs forward on CPU too: check its document mask here."""
     import warnings
 
-    from archs.layers import _flex_document_attention
+    from longpack.archs.layers import _flex_document_attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 128, 16) for _ in range(3))
@@ -283,7 +283,7 @@ def test_compiled_flex_makes_the_block_mask_outside_the_graph_without_gradients(
     here by what dynamo hands the backend: the mask's sort is in a graph or it is not."""
     import warnings
 
-    from archs.layers import _flex_document_attention
+    from longpack.archs.layers import _flex_document_attention
 
     graphs = []
 
@@ -377,17 +377,18 @@ def test_presets_json_is_what_python_m_archs_prints():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "archs", "--json"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "longpack.archs", "--json"], capture_output=True,
                          text=True, check=True).stdout
     table = Path(archs.__file__).with_name("presets.json").read_text()
-    assert json.loads(out) == json.loads(table), "re-run: python -m archs --json > archs/presets.json"
+    assert json.loads(out) == json.loads(table), (
+        "re-run: python -m longpack.archs --json > archs/presets.json")
 
 
 @pytest.mark.slow
 def test_train_list_models_prints_the_presets():
     from click.testing import CliRunner
 
-    from training.cli import train
+    from longpack.training.cli import train
 
     r = CliRunner().invoke(train, ["--list-models"])
     assert r.exit_code == 0 and "neox-1.2b" in r.output and "1,414,455,296" in r.output

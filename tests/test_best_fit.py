@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_texts, write_jsonl
-from longpack.errors import SettingsError
-from pipeline.cli import pack
-from pipeline.manifest import summary
-from pipeline.pack.best_fit import WINDOW_ROWS, BestFitPacker, describe
-from pipeline.tokenize.split import PAD_HASH
+from longpack.core.errors import SettingsError
+from longpack.pipeline.cli import pack
+from longpack.pipeline.manifest import summary
+from longpack.pipeline.pack.best_fit import WINDOW_ROWS, BestFitPacker, describe
+from longpack.pipeline.tokenize.split import PAD_HASH
 
 EOS = 9
 HASH0 = 2**63 + 12345  # document i's hash is HASH0 + i: each needs all 64 bits
@@ -216,7 +216,7 @@ def build_files(out: Path) -> dict[str, bytes]:
 def documents_of(out: Path, split: str, eos_id: int) -> list[tuple[int, bytes]]:
     """(hash, token bytes) of each document of a build's split, read as FORMAT.md says: a row
     whose previous row does not end with EOS opens with that row's last document."""
-    from pipeline.formats.shards import open_split
+    from longpack.pipeline.formats.shards import open_split
 
     docs, last_token = [], eos_id
     for row, starts, hashes in open_split(out / split).rows():
@@ -235,8 +235,8 @@ def documents_of(out: Path, split: str, eos_id: int) -> list[tuple[int, bytes]]:
 
 
 def sample_build(out: Path, seq: int, **kw) -> dict:
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     return build(BuildConfig(out=str(out), dataset="fineweb-edu-sample", tokenizer="gpt2",
                              seq=seq, val_fraction=0.05, shard_bytes=seq * 2 * 64, **kw),
@@ -270,8 +270,8 @@ def test_the_shipped_sample_packed_best_fit_is_the_same_for_any_worker_count(tmp
 
 def test_a_concat_build_records_no_packing(tmp_path, byte_tokenizer):
     """Its manifest and fingerprint are those of the builds made before --packing."""
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(20)])
     m = build(BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=(str(src),),
@@ -287,7 +287,7 @@ def test_a_concat_build_records_no_packing(tmp_path, byte_tokenizer):
 
 
 def test_an_unknown_packing_and_best_fit_with_drop_are_refused_in_one_line(tmp_path):
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.config import BuildConfig
 
     out = tmp_path / "out"
     with pytest.raises(SettingsError, match="--packing 'bogus': choose one of concat, best-fit"):
@@ -312,12 +312,12 @@ def test_an_unknown_packing_and_best_fit_with_drop_are_refused_in_one_line(tmp_p
 KILLED_AFTER_CHECKPOINT = """
 import os, signal, sys
 from pathlib import Path
-import pipeline.build
-import pipeline.read.batches
-from pipeline.cli import pack
+import longpack.pipeline.build
+import longpack.pipeline.read.batches
+from longpack.pipeline.cli import pack
 
-pipeline.build.CHECKPOINT_SECONDS = 0.0
-pipeline.read.batches.BATCH_CHARS = 2000
+longpack.pipeline.build.CHECKPOINT_SECONDS = 0.0
+longpack.pipeline.read.batches.BATCH_CHARS = 2000
 kill_at, real_replace, seen = int(sys.argv[1]), os.replace, []
 
 def replace(src, dst):
@@ -385,7 +385,7 @@ def test_tasks_place_the_single_build_s_shards_each_once(lengths, seq, window_ro
     """Task i, knowing only tasks 0..i, places the full shards whose rows come from windows
     that are whole by then and end in its documents; the merge cuts the rest; together: the
     single build's rows and segments, bit for bit."""
-    from pipeline.distribute.layout import BestFitLayout
+    from longpack.pipeline.distribute.layout import BestFitLayout
 
     docs = make_docs(lengths)
     want_rows, want_segs, padding, _ = pack_all(docs, seq, window_rows)
@@ -410,7 +410,7 @@ def test_tasks_place_the_single_build_s_shards_each_once(lengths, seq, window_ro
 
 
 def tasked(out: Path, src: Path, tokenizer: str, **kw):
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.config import BuildConfig
 
     return BuildConfig(out=str(out), dataset="jsonl", inputs=(str(src),), tokenizer=tokenizer,
                        seq=64, val_fraction=0.1, shard_bytes=64 * 2 * 24, packing="best-fit",
@@ -424,8 +424,8 @@ def test_a_best_fit_build_split_into_tasks_gives_the_single_build_s_bytes(tmp_pa
     import random
 
     from conftest import build_tree
-    from pipeline.build import build
-    from pipeline.distribute import tasks
+    from longpack.pipeline.build import build
+    from longpack.pipeline.distribute import tasks
 
     folder = tmp_path / "corpus"
     folder.mkdir()
@@ -448,7 +448,7 @@ def test_a_best_fit_build_split_into_tasks_gives_the_single_build_s_bytes(tmp_pa
 def test_a_refusal_names_what_differs_between_best_fit_fingerprints():
     """A window's tokens follow from --seq: another --seq is named as itself alone; another
     window or rule as another longpack's; a fingerprint without `packing` is concat's."""
-    from pipeline.store.output_dir import differences
+    from longpack.pipeline.store.output_dir import differences
 
     def fingerprint(seq, packing=None):
         found = {"settings": {"seq": seq}}
@@ -470,10 +470,10 @@ def test_the_tasks_of_a_longpack_before_packing_merge_as_concat(tmp_path, byte_t
     """Their tasks.json (unsealed, as records were then) has no `packing`: the merge reads it as
     the concat build it is, not as the default's, and gives the single concat build's bytes."""
     from conftest import build_tree
-    from pipeline.build import build
-    from pipeline.config import WORK_DIR, BuildConfig
-    from pipeline.distribute import tasks
-    from pipeline.distribute.work_folder import SEAL
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import WORK_DIR, BuildConfig
+    from longpack.pipeline.distribute import tasks
+    from longpack.pipeline.distribute.work_folder import SEAL
 
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200, seed=2)])
 

@@ -6,13 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import pipeline.build as build_mod
+import longpack.pipeline.build as build_mod
 from conftest import make_texts, split_documents, write_jsonl, write_parquet
-from longpack.errors import InputError, SettingsError
-from pipeline.build import build
-from pipeline.config import WORK_DIR, BuildConfig
-from pipeline.formats.shards import open_split
-from pipeline.tokenize.split import Splitter, doc_hash
+from longpack.core.errors import InputError, SettingsError
+from longpack.pipeline.build import build
+from longpack.pipeline.config import WORK_DIR, BuildConfig
+from longpack.pipeline.formats.shards import open_split
+from longpack.pipeline.tokenize.split import Splitter, doc_hash
 
 EOS = 50256
 
@@ -140,10 +140,10 @@ def crash_on_call(monkeypatch, owner, name, k):
 def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_tokenizer,
                                                        monkeypatch, fmt, where, k):
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
+    monkeypatch.setattr("longpack.pipeline.read.batches.BATCH_CHARS", 2000)
     clean, _ = run(tmp_path, corpus[0], "clean", format=fmt)
-    owner = {"finish_shard": "pipeline.pack.writers.ShardSink",
-             "write_bytes": "pipeline.pack.writers"}.get(where, "pipeline.build.Build")
+    owner = {"finish_shard": "longpack.pipeline.pack.writers.ShardSink",
+             "write_bytes": "longpack.pipeline.pack.writers"}.get(where, "longpack.pipeline.build.Build")
     module, _, cls = owner.rpartition(".")
     import importlib
     target = (getattr(importlib.import_module(module), cls) if where != "write_bytes"
@@ -167,7 +167,7 @@ def test_interrupted_build_resumes_to_identical_output(tmp_path, corpus, byte_to
 
 def test_resume_does_not_redo_finished_work(tmp_path, corpus, byte_tokenizer, monkeypatch):
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
+    monkeypatch.setattr("longpack.pipeline.read.batches.BATCH_CHARS", 2000)
     with monkeypatch.context() as mp:
         crash_on_call(mp, build_mod.Build, "_consume", 20)
         with pytest.raises(Crash):
@@ -249,7 +249,7 @@ def test_on_error_fail_stops_with_one_clear_message(tmp_path, byte_tokenizer):
 
 
 def test_bos_needs_a_tokenizer_with_one(tmp_path, corpus, byte_tokenizer):
-    from longpack.errors import TokenizerError
+    from longpack.core.errors import TokenizerError
     with pytest.raises(TokenizerError, match="no beginning-of-document token"):
         run(tmp_path, corpus[0], bos=True)
 
@@ -265,7 +265,7 @@ def test_inputs_that_match_nothing_are_named(tmp_path, byte_tokenizer):
 def test_a_missing_tokenizer_and_missing_inputs_are_said_at_once(tmp_path, byte_tokenizer):
     """Offline, a first run meets both: one line names each, not one run at a time (issue 44);
     either alone is its own line, as before."""
-    from longpack.errors import TokenizerError
+    from longpack.core.errors import TokenizerError
 
     def cfg(tokenizer, inputs):
         return BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=(inputs,),

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_texts, signals_as_from_a_shell, write_jsonl
-from longpack.errors import SettingsError
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import WORK_DIR, BuildConfig
+from longpack.core.errors import SettingsError
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import WORK_DIR, BuildConfig
 
 
 @pytest.fixture
@@ -88,9 +88,9 @@ def test_overwrite_replaces_a_previous_build_but_never_a_foreign_file(tmp_path, 
 
 
 def test_an_unfinished_build_with_a_foreign_file_is_not_resumed(tmp_path, corpus, monkeypatch):
-    import pipeline.build as build_mod
+    import longpack.pipeline.build as build_mod
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
+    monkeypatch.setattr("longpack.pipeline.read.batches.BATCH_CHARS", 2000)
     with monkeypatch.context() as mp:
         mp.setattr(build_mod.Build, "_finish", lambda self: 1 / 0)
         with pytest.raises(ZeroDivisionError):
@@ -113,9 +113,9 @@ def test_an_unfinished_build_with_a_foreign_file_is_not_resumed(tmp_path, corpus
 PAUSING_BUILD = """
 import sys, time
 from pathlib import Path
-import pipeline.build as build_mod
-import pipeline.pack.output as output_mod
-from pipeline.cli import pack
+import longpack.pipeline.build as build_mod
+import longpack.pipeline.pack.output as output_mod
+from longpack.pipeline.cli import pack
 
 ready, go, where = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 owner = build_mod.Build if where == "_consume" else output_mod
@@ -159,7 +159,7 @@ def test_a_second_writer_is_refused_at_once_naming_the_first(tmp_path, corpus, w
     first = start_paused(tmp_path, args, where)
     try:
         t0 = time.monotonic()
-        second = subprocess.run([sys.executable, "-m", "pipeline", *args], capture_output=True,
+        second = subprocess.run([sys.executable, "-m", "longpack.pipeline", *args], capture_output=True,
                                 text=True, timeout=120)
         assert time.monotonic() - t0 < 30
         assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
@@ -192,7 +192,7 @@ def test_the_lock_of_a_killed_build_is_not_stale(tmp_path, corpus):
 KILLED_WHILE_WRITING = """
 import os, signal, sys
 from pathlib import Path
-from pipeline.cli import pack
+from longpack.pipeline.cli import pack
 
 target, real_replace = sys.argv[1], os.replace
 
@@ -320,7 +320,7 @@ def test_a_write_failing_at_any_step_is_one_line_and_the_build_resumes(
 # -- 5. Ctrl+C at any moment, the first second included ----------------------------------------
 
 @pytest.mark.parametrize("after_import", [pytest.param("click", marks=SLOW), "numpy",
-                                          pytest.param("pipeline.build", marks=SLOW),
+                                          pytest.param("longpack.pipeline.build", marks=SLOW),
                                           pytest.param("tiktoken", marks=SLOW)])
 @pytest.mark.slow
 def test_ctrl_c_in_the_first_second_exits_130_with_the_resume_hint(tmp_path, byte_tokenizer,
@@ -330,7 +330,7 @@ def test_ctrl_c_in_the_first_second_exits_130_with_the_resume_hint(tmp_path, byt
     tokenizer. Each time: exit 130, one hint, no traceback, and the same command then builds."""
     corpus = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(300)])
     args = cli_args(tmp_path, corpus)
-    child = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "pipeline", *args],
+    child = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "longpack.pipeline", *args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              preexec_fn=signals_as_from_a_shell)
     seen = []
@@ -375,7 +375,7 @@ def worst_mds_shard(seq: int, itemsize: int, rows: int, shard_bytes: int) -> int
     doc_hashes and doc_starts vectors (a dtype byte, the length, the values) and the tokens."""
     import json
 
-    from pipeline.formats.mds_write import shard_config
+    from longpack.pipeline.formats.mds_write import shard_config
     config = json.dumps(shard_config(seq, f"uint{8 * itemsize}", "zstd", shard_bytes),
                         sort_keys=True)
     width = 1 if seq < 256 else 2 if seq < 65536 else 4
@@ -386,7 +386,7 @@ def worst_mds_shard(seq: int, itemsize: int, rows: int, shard_bytes: int) -> int
 def test_the_worst_case_bound_is_what_the_encoder_writes():
     import numpy as np
 
-    from pipeline.formats.mds_write import encode_raw_shard, max_raw_shard_bytes, shard_config
+    from longpack.pipeline.formats.mds_write import encode_raw_shard, max_raw_shard_bytes, shard_config
     for seq in (40, 300):
         rows = np.arange(3 * seq, dtype=np.uint32).reshape(3, seq)
         segments = np.array([(r, p, 7) for r in range(3) for p in range(seq)], np.uint64)

@@ -11,11 +11,11 @@ import shutil
 import pytest
 
 from conftest import make_texts, write_byte_ranks, write_byte_tokenizer_json, write_jsonl
-from longpack.errors import SettingsError
-from pipeline.build import build
-from pipeline.config import BuildConfig
-from pipeline.manifest import summary
-from pipeline.tokenize.kept import load_build_tokenizer
+from longpack.core.errors import SettingsError
+from longpack.pipeline.build import build
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.manifest import summary
+from longpack.pipeline.tokenize.kept import load_build_tokenizer
 
 
 def tiny_build(tmp_path, tokenizer: str, out="out", seq=16, **kw) -> dict:
@@ -52,7 +52,7 @@ def test_a_build_killed_before_its_manifest_resumes_with_its_copy(tmp_path, monk
                                                                   byte_tokenizer):
     """The copy is claimed in the journal before it is written: after a kill between the copy
     and the manifest it is the build's own file, not a foreign one, and the re-run finishes."""
-    import pipeline.pack.output as output
+    import longpack.pipeline.pack.output as output
 
     def killed(path, *a, **kw):
         raise KeyboardInterrupt
@@ -79,7 +79,7 @@ def test_a_file_named_like_the_copy_is_foreign_to_a_new_build(tmp_path, byte_tok
 
 
 def test_a_tokenizer_changed_during_the_build_is_refused(tmp_path, monkeypatch, byte_tokenizer):
-    import pipeline.manifest as manifest_mod
+    import longpack.pipeline.manifest as manifest_mod
 
     real = manifest_mod.keep_tokenizer
 
@@ -89,7 +89,7 @@ def test_a_tokenizer_changed_during_the_build_is_refused(tmp_path, monkeypatch, 
         return real(tokenizer, out, claim)
 
     monkeypatch.setattr(manifest_mod, "keep_tokenizer", changed)
-    from longpack.errors import TokenizerError
+    from longpack.core.errors import TokenizerError
 
     with pytest.raises(TokenizerError, match="changed since it was loaded"):
         tiny_build(tmp_path, byte_tokenizer)
@@ -97,7 +97,7 @@ def test_a_tokenizer_changed_during_the_build_is_refused(tmp_path, monkeypatch, 
 
 
 def test_the_zoo_loads_the_builds_copy_first_then_its_source(tmp_path, byte_tokenizer):
-    """archs/zoo/runs.py's (and any reader's) load_build_tokenizer."""
+    """longpack/zoo/runs.py's (and any reader's) load_build_tokenizer."""
 
     m = tiny_build(tmp_path, byte_tokenizer)
     out = tmp_path / "out"
@@ -140,8 +140,8 @@ def test_an_import_keeps_its_tokenizer_and_records_absolute_paths(tmp_path, monk
                                                                   byte_tokenizer):
     import numpy as np
 
-    from pipeline.adopt.config import ImportConfig
-    from pipeline.adopt.import_tokens import import_tokens
+    from longpack.pipeline.adopt.config import ImportConfig
+    from longpack.pipeline.adopt.import_tokens import import_tokens
 
     (tmp_path / "src").mkdir()
     np.save(tmp_path / "src" / "train.npy", np.arange(64, dtype=np.uint16).reshape(4, 16))
@@ -163,9 +163,9 @@ def test_an_import_keeps_its_tokenizer_and_records_absolute_paths(tmp_path, monk
 @pytest.mark.slow  # an S3 server, and torch (archs)
 def test_a_build_in_a_bucket_keeps_its_tokenizer_and_the_zoo_fetches_it(tmp_path, monkeypatch,
                                                                        s3, byte_tokenizer):
-    from archs.zoo.runs import _build
-    from longpack.store import Store
-    from pipeline.distribute.launch import LaunchConfig, launch
+    from longpack.core.store import Store
+    from longpack.pipeline.distribute.launch import LaunchConfig, launch
+    from longpack.zoo.runs import _build
 
     src = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in make_texts(20)])
     cfg = BuildConfig(out=s3.url("ds"), dataset="jsonl", inputs=(str(src),),
@@ -183,7 +183,7 @@ def test_a_build_in_a_bucket_keeps_its_tokenizer_and_the_zoo_fetches_it(tmp_path
 
 def test_pack_stats_reads_token_texts_through_the_builds_copy(tmp_path):
     """The file the build read is gone: pack stats still shows token texts, from the copy."""
-    from pipeline.stats.report import collect
+    from longpack.pipeline.stats.report import collect
 
     ranks = write_byte_ranks(tmp_path / "gpt2.tiktoken")
     tiny_build(tmp_path, str(ranks))

@@ -8,10 +8,10 @@ import pytest
 from click.testing import CliRunner
 from test_train import config
 
-from archs.zoo.cli import zoo
-from longpack import sha256_file
-from training.cli import train as train_cli
-from training.loop import train
+from longpack.core import sha256_file
+from longpack.training.cli import train as train_cli
+from longpack.training.loop import train
+from longpack.zoo.cli import zoo
 
 
 class Planted:
@@ -72,7 +72,7 @@ def test_a_sharded_checkpoint_through_a_bucket_and_damaged_parts(tmp_path, shard
     """A --fsdp run (one process) uploads every file of its sharded checkpoints, COMPLETE last;
     a fresh machine resumes from the bucket bitwise; a flipped byte in a part is caught by
     COMPLETE and the checkpoint before it is used."""
-    from training.checkpoints import checkpoint
+    from longpack.training.checkpoints import checkpoint
 
     straight = train(config(shards, tmp_path / "straight", max_steps=6, save_every=2,
                             warmup=0, workers=0, fsdp=True), log=lambda m: None)
@@ -102,7 +102,7 @@ def test_a_sharded_checkpoint_through_a_bucket_and_damaged_parts(tmp_path, shard
 
 
 def test_a_damaged_only_checkpoint_is_not_said_to_fall_back_to_one_before_it(tmp_path, shards):
-    from training.checkpoints import checkpoint
+    from longpack.training.checkpoints import checkpoint
 
     run = tmp_path / "run"
     train(config(shards, run, max_steps=2, save_every=2, workers=0), log=lambda m: None)
@@ -158,7 +158,7 @@ def test_a_sharded_checkpoint_holds_no_pickled_item_and_a_planted_one_is_never_r
     import torch
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from training.checkpoints import checkpoint
+    from longpack.training.checkpoints import checkpoint
 
     run = sharded_run(tmp_path, shards)
     step = run / "step-00000002"
@@ -208,7 +208,7 @@ def test_a_sharded_checkpoint_damaged_past_its_complete_falls_back_to_the_one_be
     in one line, and the checkpoint before it is used."""
     import shutil
 
-    from training.checkpoints import checkpoint
+    from longpack.training.checkpoints import checkpoint
 
     made = sharded_run(tmp_path, shards)
     pristine = {p.name: p.read_bytes() for p in (made / "step-00000002").iterdir()}

@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_texts, write_jsonl
-from pipeline.cli import pack
-from pipeline.formats.shards import open_split
+from longpack.pipeline.cli import pack
+from longpack.pipeline.formats.shards import open_split
 
 
 def test_build_prints_a_summary_and_writes_the_layout(tmp_path, byte_tokenizer):
@@ -46,7 +46,7 @@ def test_mds_output_reads_back_with_plain_streaming_dataset(tmp_path, byte_token
     # In a child process: StreamingDataset keeps shared memory and worker state per process.
     script = f"""
 import numpy as np, sys
-from pipeline.formats.streaming_compat import import_streaming
+from longpack.pipeline.formats.streaming_compat import import_streaming
 streaming = import_streaming()
 ds = streaming.StreamingDataset(local={str(out / 'train')!r}, batch_size=1, shuffle=False)
 rows = [ds[i] for i in range(len(ds))]
@@ -65,7 +65,8 @@ np.savez({str(tmp_path / 'sd.npz')!r},
 
 
 def test_importing_the_pipeline_pulls_in_neither_torch_nor_torchvision():
-    code = ("import sys, pipeline.build, pipeline.cli, pipeline.formats.shards; "
+    code = ("import sys, longpack.pipeline.build, longpack.pipeline.cli, "
+            "longpack.pipeline.formats.shards; "
             "print(sorted(m for m in ('torch', 'torchvision', 'streaming') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"

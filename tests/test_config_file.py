@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import archs
-from longpack import SettingsError
-from training import config_file, names
-from training.cli import train
-from training.config import TrainConfig
+from longpack import SettingsError, archs
+from longpack.training import config_file, names
+from longpack.training.cli import train
+from longpack.training.config import TrainConfig
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "TRAIN.md"
 
@@ -157,7 +156,7 @@ def test_every_name_of_ours_in_the_table_is_a_setting_or_a_models_field():
 
 def test_docs_train_md_has_the_table_of_names_as_training_names_makes_it():
     text = DOCS.read_text()
-    start = "<!-- names: `python -m training.names` writes this table -->\n"
+    start = "<!-- names: `python -m longpack.training.names` writes this table -->\n"
     assert start in text
     assert text.split(start, 1)[1].startswith(names.markdown() + "\n\n")
 

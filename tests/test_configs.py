@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from archs.zoo.cli import zoo
-from training import names
-from training.cli import train as train_cli
+from longpack.training import names
+from longpack.training.cli import train as train_cli
+from longpack.zoo.cli import zoo
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 FILES = sorted([*CONFIGS.glob("*.toml"), *CONFIGS.glob("*.yaml")])
@@ -29,8 +29,8 @@ def build_32k(tmp_path_factory):
     GPT-2's vocabulary (the shipped ranks: the files' memory lines are at a real tokenizer's),
     memmap."""
     from conftest import make_texts, write_jsonl
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     tmp = tmp_path_factory.mktemp("b32k")
     write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(2000)])

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from conftest import signals_as_from_a_shell
-from training.console import Console
+from longpack.training.console import Console
 
-TRAIN = "from training.cli import train; train()"
+TRAIN = "from longpack.training.cli import train; train()"
 
 
 def test_a_console_that_fails_drops_its_lines_and_the_run_goes_on(capsys):

@@ -14,11 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_jsonl
-from longpack.errors import LongpackError, SettingsError
-from longpack.settings import to_flags
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import WORK_DIR, BuildConfig
+from longpack.core.errors import LongpackError, SettingsError
+from longpack.core.settings import to_flags
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import WORK_DIR, BuildConfig
 
 pytest.importorskip("ray")
 RAY = str(Path(sys.executable).parent / "ray")
@@ -69,7 +69,7 @@ def ray_cluster():
 @pytest.mark.parametrize("packing", ["concat", "best-fit"])
 def test_a_ray_build_on_an_existing_cluster_is_byte_identical(tmp_path, byte_tokenizer,
                                                               ray_cluster, capsys, packing):
-    from pipeline.distribute.engine_ray import build_with_ray
+    from longpack.pipeline.distribute.engine_ray import build_with_ray
 
     inputs = corpus(tmp_path, docs=1000, repeat=4)
     build(settings(tmp_path, inputs, byte_tokenizer, "single", rows_per_shard=64,
@@ -100,7 +100,7 @@ def test_the_command_line_starts_a_local_cluster_and_stops_it(tmp_path, byte_tok
 @pytest.mark.slow
 def test_a_worker_killed_mid_task_is_retried_and_the_bytes_are_the_same(tmp_path, byte_tokenizer,
                                                                         ray_cluster):
-    from pipeline.distribute.engine_ray import build_with_ray
+    from longpack.pipeline.distribute.engine_ray import build_with_ray
 
     # Long tasks (a window to kill one in), in large shards: ~40,000 shards of 6 rows would
     # take ~1 ms each to write, 45 s of a single build, and as long to place.
@@ -141,7 +141,7 @@ def _worker_running(function: str) -> int | None:
 @pytest.mark.slow
 def test_a_task_error_is_one_line_naming_the_task_and_not_retried(tmp_path, byte_tokenizer,
                                                                   ray_cluster):
-    from pipeline.distribute.engine_ray import build_with_ray
+    from longpack.pipeline.distribute.engine_ray import build_with_ray
 
     inputs = corpus(tmp_path)
     cfg = settings(tmp_path, inputs, byte_tokenizer, "ray", tasks=2, on_error="fail")
@@ -153,7 +153,7 @@ def test_a_task_error_is_one_line_naming_the_task_and_not_retried(tmp_path, byte
 
 
 def test_an_address_where_no_cluster_answers_is_one_line(tmp_path, byte_tokenizer):
-    from pipeline.distribute.engine_ray import build_with_ray
+    from longpack.pipeline.distribute.engine_ray import build_with_ray
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from conftest import make_texts, write_jsonl
-from longpack.errors import SettingsError
-from pipeline.build import build
-from pipeline.config import BuildConfig
-from pipeline.distribute.engine_slurm import build_with_slurm, slurm_folder
-from pipeline.distribute.slurm_wait import queue, queued_jobs
+from longpack.core.errors import SettingsError
+from longpack.pipeline.build import build
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.distribute.engine_slurm import build_with_slurm, slurm_folder
+from longpack.pipeline.distribute.slurm_wait import queue, queued_jobs
 
 POLL_S = 0.3
 
@@ -31,7 +31,7 @@ def settle_briefly(monkeypatch):
     """For a build that fails for good (no task requeued): the second look before the failure
     is named (slurm_wait.SETTLE_S, 5 s, for a requeued task Slurm shows as FAILED for a
     moment) still happens, sooner."""
-    monkeypatch.setattr("pipeline.distribute.slurm_wait.SETTLE_S", POLL_S)
+    monkeypatch.setattr("longpack.pipeline.distribute.slurm_wait.SETTLE_S", POLL_S)
 
 
 def settings(tmp_path: Path, tokenizer: str, files: int = 6, docs: int = 400, repeat: int = 1,
@@ -134,7 +134,7 @@ def test_dry_run_prints_both_scripts_and_writes_nothing(tmp_path, byte_tokenizer
     assert Path(args[0]).name == "pack" and args[1] == "build"
     assert args[-5:] == ["--tasks", "3", "--task-index", "$SLURM_ARRAY_TASK_ID", "--no-merge"]
     assert "--overwrite" not in args
-    from pipeline.cli import pack
+    from longpack.pipeline.cli import pack
 
     params = pack.commands["build"].make_context("build", args[2:-3] + ["--task-index", "1"]
                                                  ).params
@@ -168,7 +168,7 @@ def test_no_sbatch_is_one_line_and_writes_nothing(tmp_path, byte_tokenizer, monk
 def test_pack_build_engine_slurm_from_the_command_line(tmp_path, byte_tokenizer, monkeypatch):
     from click.testing import CliRunner
 
-    from pipeline.cli import pack
+    from longpack.pipeline.cli import pack
 
     kw = settings(tmp_path, byte_tokenizer)
     args = ["build", "--out", str(tmp_path / "out"), "--dataset", "jsonl", "--input",

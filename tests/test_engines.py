@@ -2,9 +2,9 @@
 run(cfg, how, dest, show_progress) -> Outcome and one line there; `pack build --engine` offers
 exactly the registered ones. This file is such a module itself."""
 
-from pipeline.config import BuildConfig
-from pipeline.distribute import launch as launch_mod
-from pipeline.distribute.launch import LaunchConfig, Outcome, launch
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.distribute import launch as launch_mod
+from longpack.pipeline.distribute.launch import LaunchConfig, Outcome, launch
 
 CALLS = []
 
@@ -23,7 +23,7 @@ def test_an_engine_is_a_module_and_one_registry_line(tmp_path, monkeypatch):
 
 
 def test_the_engine_flag_offers_exactly_the_registered_engines():
-    from pipeline.cli import pack
+    from longpack.pipeline.cli import pack
 
     option = next(o for o in pack.commands["build"].params if o.name == "engine")
     assert list(option.type.choices) == list(launch_mod.ENGINES)

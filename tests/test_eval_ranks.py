@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-import archs
-from pipeline import PAD_HASH
-from training.evaluate import split_loss
+from longpack import archs
+from longpack.pipeline import PAD_HASH
+from longpack.training.evaluate import split_loss
 
 
 class Rows:
@@ -90,8 +90,8 @@ def evaluated(tmp_path_factory, shards_once):
         small_build,
         write_byte_tokenizer_json,
     )
-    from training.config import TrainConfig
-    from training.loop import train
+    from longpack.training.config import TrainConfig
+    from longpack.training.loop import train
 
     tmp = tmp_path_factory.mktemp("eval-ranks")
     tokenizer = str(write_byte_tokenizer_json(tmp / "bytes-tokenizer.json"))
@@ -144,8 +144,8 @@ def one_process_val_loss(run: Path, shards, n: int) -> float:
     process."""
     import tempfile
 
-    from archs.zoo.runs import load_run
-    from pipeline.builds.reader import open_build
+    from longpack.pipeline.builds.reader import open_build
+    from longpack.zoo.runs import load_run
 
     model = load_run(run).model
     with tempfile.TemporaryDirectory() as cache:

@@ -9,10 +9,10 @@ import torch
 from click.testing import CliRunner
 from test_train import config
 
-import archs
-from archs.zoo.cli import zoo
-from archs.zoo.transformers_compat import import_transformers
-from training.loop import train
+from longpack import archs
+from longpack.archs.hf.transformers_compat import import_transformers
+from longpack.training.loop import train
+from longpack.zoo.cli import zoo
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_a_trained_gpt_neox_loads_in_transformers_with_the_same_logits(tmp_path,
     assert result.exit_code == 0, result.output
     hf, info = transformers.GPTNeoXForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not any(info.values()), info  # no missing, unexpected or mismatched keys
-    from archs.zoo.runs import load_run
+    from longpack.zoo.runs import load_run
 
     ours = load_run(neox_run).model
     ids = torch.randint(0, ours.cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
@@ -44,7 +44,7 @@ def test_a_trained_gpt_neox_loads_in_transformers_with_the_same_logits(tmp_path,
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert tok.decode(tok.encode("hello world")) == "hello world"
     assert tok.eos_token_id == json.loads((out / "config.json").read_text())["eos_token_id"]
-    from pipeline.tokenize.tokenizer import load_tokenizer
+    from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
     ref = load_tokenizer(json.loads((shards / "manifest.json").read_text())["tokenizer"]["source"])
     text = "pack it: ünïcode 123,\n\tdone"  # (a literal <|endoftext|> is text to pack build)
@@ -101,8 +101,8 @@ def test_the_exported_tokenizer_gives_the_builds_ids(tmp_path, real_text, name):
     included."""
     pytest.importorskip("transformers")
     transformers = import_transformers()
-    from archs.zoo.hf_folder import write_tokenizer
-    from pipeline.tokenize.tokenizer import load_tokenizer
+    from longpack.archs.hf.hf_folder import write_tokenizer
+    from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
     ref = load_tokenizer(str(real_text.tokenizer(name)))
     write_tokenizer(ref, tmp_path, 2048)
@@ -160,7 +160,7 @@ def test_the_key_value_cache_gives_the_full_forwards_logits(preset, args):
 
 
 def test_capacity_bound_moe_generates_by_recomputation():
-    from archs.zoo.generate import generate
+    from longpack.archs.generate import generate
 
     torch.manual_seed(0)
     model = archs.build("moe-tiny", vocab_size=300, capacity_factor=1.0).eval()
@@ -176,8 +176,8 @@ def test_capacity_bound_moe_generates_by_recomputation():
 def test_greedy_generation_is_transformers_greedy_generation(tmp_path, neox_run):
     pytest.importorskip("transformers")
     transformers = import_transformers()
-    from archs.zoo.generate import generate
-    from archs.zoo.runs import load_run
+    from longpack.archs.generate import generate
+    from longpack.zoo.runs import load_run
 
     out = tmp_path / "hf"
     assert CliRunner().invoke(zoo, ["export", str(neox_run), "--to", "hf", "--out",
@@ -200,7 +200,7 @@ def test_zoo_generate_samples_reproducibly(neox_run):
     sampled = [runner.invoke(zoo, [*args, "--temperature", "1.0", "--top-k", "50", "--top-p",
                                    "0.9", "--seed", str(s)]).output for s in (1, 1, 2)]
     assert sampled[0] == sampled[1]  # the same seed, the same text
-    from archs.zoo.generate import next_token
+    from longpack.archs.generate import next_token
 
     logits = torch.tensor([0.0, 5.0, 4.9, -3.0])
     picks = {next_token(logits, 1.0, 2, None, torch.Generator().manual_seed(s)) for s in range(50)}
@@ -211,8 +211,8 @@ def test_zoo_generate_samples_reproducibly(neox_run):
 
 
 def test_generation_samples_only_ids_the_tokenizer_decodes(byte_tokenizer):
-    from archs.zoo.generate import generate
-    from pipeline import load_tokenizer
+    from longpack.archs.generate import generate
+    from longpack.pipeline import load_tokenizer
 
     tokenizer = load_tokenizer(byte_tokenizer)  # 256 bytes and <|endoftext|> = 50256: holes
     allowed = torch.from_numpy(tokenizer.decodable())
@@ -270,7 +270,7 @@ def test_a_half_precision_export_holds_half_the_bytes_and_loads_as_it_says(
 def _moved_build(monkeypatch, keep_copy: bool):
     """The run's build as zoo would find it after `cd elsewhere`: its manifest's source is the
     relative path a user typed (not here); the build's copy of the tokenizer is kept or not."""
-    import archs.zoo.runs as runs
+    import longpack.zoo.runs as runs
 
     real = runs._build
 

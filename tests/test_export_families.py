@@ -3,7 +3,7 @@ its Mamba2ForCausalLM (no remote code), MoE (and its hybrids, MTP, Mixture-of-De
 capacity-bound routing) and resonance with archs' own files under a thin PreTrainedModel. Each
 folder is loaded by a Python process that cannot import longpack (one process for all of them;
 the native ones without trust_remote_code), which gives archs' logits (1e-4; Mamba's 1e-5, on
-rows of several chunks) and `archs.zoo.generate.generate`'s greedy tokens, alone and in a
+rows of several chunks) and `longpack.archs.generate.generate`'s greedy tokens, alone and in a
 left-padded batch; the folders are what the hub takes (modes, no hidden files, every named file
 present, a model card)."""
 
@@ -19,14 +19,14 @@ import torch
 from click.testing import CliRunner
 from test_train import config
 
-import archs
-from archs.zoo.cli import zoo
-from archs.zoo.generate import generate
-from archs.zoo.hf_export import export_hf
-from archs.zoo.hf_folder import layout_problems
-from archs.zoo.hf_remote import shipped_files
-from archs.zoo.runs import TrainedRun, load_run
-from archs.zoo.transformers_compat import import_transformers
+from longpack import archs
+from longpack.archs.generate import generate
+from longpack.archs.hf.hf_folder import layout_problems
+from longpack.archs.hf.hf_remote import shipped_files
+from longpack.archs.hf.transformers_compat import import_transformers
+from longpack.zoo.cli import zoo
+from longpack.zoo.hf_export import export_hf
+from longpack.zoo.runs import TrainedRun, load_run
 
 pytest.importorskip("transformers")
 
@@ -52,7 +52,7 @@ for name in ("archs", "training", "pipeline", "longpack"):
     except ImportError:
         continue
     raise SystemExit(f"{name} imports in the child: the folder is not shown to stand alone")
-# This environment's broken torchvision (see archs/zoo/transformers_compat.py); these two lines
+# This environment's broken torchvision (see archs/hf/transformers_compat.py); these two lines
 # can go once the environment fix lands.
 import transformers.utils.import_utils as available
 available._torchvision_available = False
@@ -160,7 +160,7 @@ def families(tmp_path_factory, build):
 
 
 def train(cfg):
-    from training.loop import train as run
+    from longpack.training.loop import train as run
 
     run(cfg, log=lambda m: None)
 
@@ -275,7 +275,7 @@ def test_the_folder_is_what_the_hub_takes(families, name):
 
 @pytest.fixture
 def byte_run(tmp_path, byte_tokenizer):
-    from pipeline import load_tokenizer
+    from longpack.pipeline import load_tokenizer
 
     tokenizer = load_tokenizer(byte_tokenizer)
 
@@ -395,12 +395,13 @@ def test_export_refusals_and_a_failure_leaves_nothing(tmp_path, byte_run, monkey
     trained = byte_run("resonance-tiny")
     with pytest.raises(TrainingError, match="--license 'Apache 2.0': give a license id"):
         export_hf(trained, tmp_path / "a", license="Apache 2.0")
-    import archs.zoo.hf_export
+
+    import longpack.zoo.hf_export
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(archs.zoo.hf_export, "write_weights", broken)
+    monkeypatch.setattr(longpack.zoo.hf_export, "write_weights", broken)
     with pytest.raises(TrainingError, match="could not be written .*disk full.*nothing was left"):
         export_hf(trained, tmp_path / "b")
     assert not any(p.name.startswith((".b.", "b")) for p in tmp_path.iterdir())

@@ -12,8 +12,8 @@ import pytest
 WORKER = textwrap.dedent("""
     import os, sys
     import torch.distributed as dist
-    from longpack.errors import LongpackError, OutputError
-    from training.parallel import distributed
+    from longpack.core.errors import LongpackError, OutputError
+    from longpack.training.parallel import distributed
 
     dist.init_process_group("gloo")
     procs = distributed.launched()

@@ -22,13 +22,13 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import archs
-from archs import flops
-from archs.gpt_neox import GPTNeoX
-from archs.mamba import Mamba, MambaMixer
-from archs.moe import MoE
-from archs.moe_experts import Experts
-from archs.resonance import Resonance
+from longpack import archs
+from longpack.archs import flops
+from longpack.archs.gpt_neox import GPTNeoX
+from longpack.archs.mamba import Mamba, MambaMixer
+from longpack.archs.moe import MoE
+from longpack.archs.moe_experts import Experts
+from longpack.archs.resonance import Resonance
 
 # ---- the formulas before the measurement, as each family's flops_per_token wrote them ----
 
@@ -224,7 +224,7 @@ def test_a_row_has_at_least_one_token():
 
 def test_the_model_files_alone_carry_no_measurement(monkeypatch):
     # an exported folder ships archs' model files without archs/flops.py (zoo/hf_remote.py)
-    from archs import layers
+    from longpack.archs import layers
 
     monkeypatch.setattr(layers, "MEASURE_FLOPS", None)
     with pytest.raises(RuntimeError, match="longpack's measurement"):

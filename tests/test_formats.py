@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import make_texts, write_jsonl
-from longpack.errors import SettingsError
-from pipeline.formats import FORMATS, get_format, open_format
-from pipeline.formats.shards import open_split
+from longpack.core.errors import SettingsError
+from longpack.pipeline.formats import FORMATS, get_format, open_format
+from longpack.pipeline.formats.shards import open_split
 
 SEQ = 16
 
@@ -63,8 +63,8 @@ def test_an_unknown_format_name_lists_the_known_ones():
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_the_manifest_counts_the_bytes_and_rows_its_format_records(tmp_path, byte_tokenizer,
                                                                    fmt):
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(60, seed=3)])
     build(BuildConfig(out=str(tmp_path / "out"), dataset="jsonl", inputs=(str(tmp_path / "d.jsonl"),),
@@ -113,9 +113,9 @@ def test_a_format_added_in_one_class_is_built_read_and_counted(tmp_path, byte_to
                                                                monkeypatch):
     """ShardSink, the manifest and the reader find a new format by its name and its index: one
     registry line (formats.FORMATS), no other code changes."""
-    from pipeline import formats
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline import formats
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     monkeypatch.setitem(formats.FORMATS, "raw", RawFormat)
     texts = make_texts(40, seed=9)
@@ -135,7 +135,7 @@ def test_a_format_added_in_one_class_is_built_read_and_counted(tmp_path, byte_to
 
 
 def test_the_format_flag_offers_exactly_the_registered_formats():
-    from pipeline.cli import pack
+    from longpack.pipeline.cli import pack
 
     for command in ("build", "import"):
         option = next(o for o in pack.commands[command].params if o.name == "format")

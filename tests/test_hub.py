@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import make_texts, write_parquet
-from longpack.errors import SettingsError
-from pipeline.build import build
-from pipeline.config import BuildConfig
-from pipeline.read.catalog import DATASETS
-from pipeline.read.hub import hub_prefix, select_hub_files
+from longpack.core.errors import SettingsError
+from longpack.pipeline.build import build
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.read.catalog import DATASETS
+from longpack.pipeline.read.hub import hub_prefix, select_hub_files
 
 LISTING = [("README.md", 10), ("sample/10BT/001_00000.parquet", 300),
            ("sample/10BT/000_00000.parquet", 200), ("sample/100BT/000_00000.parquet", 900),

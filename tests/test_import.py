@@ -8,9 +8,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from pipeline.cli import pack
-from pipeline.formats.shards import open_split
-from training.cli import train as train_cli
+from longpack.pipeline.cli import pack
+from longpack.pipeline.formats.shards import open_split
+from longpack.training.cli import train as train_cli
 
 EOS = 50256
 
@@ -118,7 +118,7 @@ def test_without_a_tokenizer_the_vocabulary_is_the_largest_id_and_it_says_so(tmp
 def test_an_llm_foundry_mds_dataset_is_imported(tmp_path, byte_tokenizer, encoding):
     """llm-foundry's convert scripts write `tokens` as ndarray:int32, or (older ones) as the
     bytes of int64 ids: streaming's own MDSWriter writes both here."""
-    from pipeline import import_streaming
+    from longpack.pipeline import import_streaming
 
     streaming = import_streaming()
     rows = documents(np.random.default_rng(2), 50, 64)

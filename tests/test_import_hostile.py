@@ -13,10 +13,10 @@ import torch
 from click.testing import CliRunner
 
 from conftest import build_tree, small_build
-from longpack.errors import SettingsError
-from pipeline.adopt.config import ImportConfig
-from pipeline.adopt.readers import at_least
-from pipeline.cli import pack
+from longpack.core.errors import SettingsError
+from longpack.pipeline.adopt.config import ImportConfig
+from longpack.pipeline.adopt.readers import at_least
+from longpack.pipeline.cli import pack
 
 EOS = 50256
 
@@ -38,7 +38,7 @@ def refused(tmp_path, src, *flags, says: str | list[str], code: int = 1) -> str:
 
 
 def imported(tmp_path, src, *flags) -> tuple[dict, np.ndarray, list[dict], str]:
-    from pipeline.formats.shards import open_split
+    from longpack.pipeline.formats.shards import open_split
 
     out = tmp_path / "out"
     result = CliRunner().invoke(pack, ["import", str(src), "--out", str(out),
@@ -101,7 +101,7 @@ def test_at_least_is_exact_for_64_bit_ids():
 
 @pytest.mark.slow
 def test_an_mds_tokens_column_of_huge_int64_is_refused_naming_its_row(tmp_path):
-    from pipeline import import_streaming
+    from longpack.pipeline import import_streaming
 
     rows = np.zeros((30, 8), np.int64)
     rows[17, 3] = 2**40
@@ -115,7 +115,7 @@ def test_an_mds_tokens_column_of_huge_int64_is_refused_naming_its_row(tmp_path):
 
 
 def test_an_mds_tokens_column_of_floats_is_refused(tmp_path):
-    from pipeline import import_streaming
+    from longpack.pipeline import import_streaming
 
     with import_streaming().MDSWriter(out=str(tmp_path / "src"),
                                       columns={"tokens": "ndarray:float32"}) as writer:

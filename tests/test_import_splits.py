@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from test_import import EOS, documents, rows_of, run
 from test_import_hostile import refused
 
-from longpack.errors import SettingsError
-from pipeline.adopt.config import ImportConfig
-from pipeline.cli import pack
-from training.cli import train as train_cli
+from longpack.core.errors import SettingsError
+from longpack.pipeline.adopt.config import ImportConfig
+from longpack.pipeline.cli import pack
+from longpack.training.cli import train as train_cli
 
 
 def manifest_of(out) -> dict:

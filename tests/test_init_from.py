@@ -1,4 +1,4 @@
-"""train --init-from SOURCE (training/init_from.py, archs/zoo/hf_import.py): a run starts from
+"""train --init-from SOURCE (training/init_from.py, archs/hf/hf_import.py): a run starts from
 a run's checkpoint, or a transformers folder, with the source's weights (the same val loss
 and logits), a new optimizer and step 0, and records where it began; a resume never reads
 SOURCE again. Every hostile SOURCE is one line before anything is written: a missing folder,
@@ -21,14 +21,13 @@ import torch
 from click.testing import CliRunner
 from test_train import config
 
-import archs
-from archs.zoo.hf_export import hf_state_dict
 from conftest import small_build, write_byte_tokenizer_json
-from longpack import TrainingError
-from training.checkpoints import checkpoint
-from training.cli import train as train_cli
-from training.init_from import begin
-from training.loop import train
+from longpack import TrainingError, archs
+from longpack.archs.hf.native import hf_state_dict
+from longpack.training.checkpoints import checkpoint
+from longpack.training.cli import train as train_cli
+from longpack.training.init_from import begin
+from longpack.training.loop import train
 
 
 class Planted:
@@ -208,8 +207,8 @@ def test_a_reformatted_tokenizer_and_a_larger_vocabulary_are_accepted_and_said(
 def test_a_tiktoken_build_is_held_to_a_folders_tokenizer_json(tmp_path, gpt2_vocab_shards_once):
     """A build of tiktoken ranks against an export's tokenizer.json (its ranks as transformers
     converts them): the same tokens at every id, another file."""
-    from archs.zoo.hf_folder import converted_tiktoken
-    from pipeline.tokenize.kept import load_build_tokenizer
+    from longpack.archs.hf.hf_folder import converted_tiktoken
+    from longpack.pipeline.tokenize.kept import load_build_tokenizer
 
     build = gpt2_vocab_shards_once
     recorded = json.loads((build / "manifest.json").read_text())["tokenizer"]
@@ -273,8 +272,8 @@ def test_a_run_starts_from_a_runs_checkpoint_and_records_it(tmp_path, shards_onc
     assert began["name"] == "source/step-00000004" and "the one it trained with" in \
         began["tokenizer"]
     # the model card says it, by name only; the command names the folder
-    from archs.zoo.model_card import model_card
-    from archs.zoo.runs import load_run
+    from longpack.zoo.model_card import model_card
+    from longpack.zoo.runs import load_run
 
     card = model_card(load_run(tmp_path / "new"), "x", "other", 256, [])
     assert "| started from | `source/step-00000004` (longpack checkpoint, step 4;" in card
@@ -382,9 +381,9 @@ def test_hostile_checkpoints_are_one_line(tmp_path, shards, source_run, byte_tok
 
 @pytest.mark.slow
 def test_context_extension_runs_and_exports_its_rotary_base(tmp_path):
-    from archs.zoo.cli import zoo
-    from archs.zoo.runs import load_run
-    from archs.zoo.transformers_compat import import_transformers
+    from longpack.archs.hf.transformers_compat import import_transformers
+    from longpack.zoo.cli import zoo
+    from longpack.zoo.runs import load_run
 
     transformers = import_transformers()
     tok = write_byte_tokenizer_json(tmp_path / "bytes.json")
@@ -475,8 +474,8 @@ def transformers_child(tmp: Path, folder: Path, make: str | None, ids: list) -> 
                                                ("mamba", "mamba-tiny", "Mamba2ForCausalLM")])
 def test_a_transformers_model_starts_a_run_and_exports_back(tmp_path, shards_once, family,
                                                             preset, cls):
-    from archs.zoo.cli import zoo
-    from archs.zoo.runs import load_run
+    from longpack.zoo.cli import zoo
+    from longpack.zoo.runs import load_run
 
     pytest.importorskip("transformers")
     ids = torch.randint(0, 257, (2, 48), generator=torch.Generator().manual_seed(0)).tolist()
@@ -504,9 +503,9 @@ def test_every_familys_export_starts_a_run_with_its_logits(tmp_path, shards_once
     """zoo export's folders back in (their weights in shards): GPT-NeoX and Mamba under
     transformers' names, MoE, a hybrid and resonance under LongpackForCausalLM's, and --to
     safetensors' folder."""
-    from archs.zoo.hf_export import export_hf
-    from archs.zoo.runs import TrainedRun
-    from pipeline.tokenize.kept import load_build_tokenizer
+    from longpack.pipeline.tokenize.kept import load_build_tokenizer
+    from longpack.zoo.hf_export import export_hf
+    from longpack.zoo.runs import TrainedRun
 
     manifest = json.loads((shards_once / "manifest.json").read_text())["tokenizer"]
     tokenizer, _ = load_build_tokenizer(manifest, shards_once)
@@ -547,7 +546,7 @@ def test_a_config_file_and_python_take_it_as_the_flag(tmp_path, shards_once):
 def test_wandbs_run_config_says_where_the_run_began(tmp_path, shards_once):
     from types import SimpleNamespace
 
-    from training.loop import resolved_config
+    from longpack.training.loop import resolved_config
 
     tok = json.loads((shards_once / "manifest.json").read_text())["tokenizer"]
     began = {"source": "/x/hf", "name": "hf", "kind": "GPTNeoXForCausalLM"}
@@ -565,7 +564,7 @@ def test_begin_is_nothing_without_init_from(tmp_path, shards_once):
 @pytest.mark.slow
 def test_sources_in_a_bucket_are_copied_once_and_read_as_here(tmp_path, shards_once,
                                                               source_run, s3, monkeypatch):
-    from longpack.store import Store
+    from longpack.core.store import Store
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     run_url = s3.upload_tree(source_run, "runs/source")

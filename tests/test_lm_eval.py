@@ -32,11 +32,11 @@ import pytest
 from click.testing import CliRunner
 from test_train import config
 
-from archs.zoo.cli import zoo
-from archs.zoo.transformers_compat import import_transformers
 from conftest import write_jsonl
-from pipeline.formats.shards import open_split
-from training.loop import train
+from longpack.archs.hf.transformers_compat import import_transformers
+from longpack.pipeline.formats.shards import open_split
+from longpack.training.loop import train
+from longpack.zoo.cli import zoo
 
 EOS_TEXT = "<|endoftext|>"
 
@@ -55,8 +55,8 @@ def test_lm_eval_on_an_export_gives_zoo_evals_bits_per_byte(tmp_path, byte_token
     pytest.importorskip("transformers")
     from lm_eval.tasks import TaskManager
 
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(key, "1")  # a local task: nothing from the hub

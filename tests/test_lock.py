@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from longpack.errors import SettingsError
-from pipeline.store.lock import LOCK_NAME, FolderGone, OutputLock
+from longpack.core.errors import SettingsError
+from longpack.pipeline.store.lock import LOCK_NAME, FolderGone, OutputLock
 
 ME = f"PID {os.getpid()} on {socket.gethostname()}"
 
@@ -63,7 +63,7 @@ def test_a_folder_whose_parent_must_exist_is_gone_without_it(tmp_path):
 
 HOLD = """
 import sys, time
-from pipeline.store.lock import OutputLock
+from longpack.pipeline.store.lock import OutputLock
 lock = OutputLock(sys.argv[1]).__enter__()  # kept: a lock let go of is unlocked
 print("held", flush=True)
 time.sleep(600)

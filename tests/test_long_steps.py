@@ -8,9 +8,9 @@ import signal
 import pytest
 import torch
 
-import archs
-from training.config import TrainConfig
-from training.loop import long_steps, step_floor, stop_requested
+from longpack import archs
+from longpack.training.config import TrainConfig
+from longpack.training.loop import long_steps, step_floor, stop_requested
 
 CPU = torch.device("cpu")
 

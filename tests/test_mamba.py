@@ -5,8 +5,8 @@ Causality, packed rows, bf16, compile and learning are tests/test_archs.py's (FA
 import pytest
 import torch
 
-import archs
-from archs.mamba import MambaMixer, ssd_chunked, ssd_recurrent
+from longpack import archs
+from longpack.archs.mamba import MambaMixer, ssd_chunked, ssd_recurrent
 
 
 def scan_inputs(b=2, T=37, G=2, R=3, P=4, N=5, seed=0):
@@ -57,7 +57,7 @@ def test_decoding_recurrently_gives_the_full_forwards_logits(args):
 
 
 def test_zoo_generates_with_the_recurrent_form(tmp_path):
-    from archs.zoo.generate import generate
+    from longpack.archs.generate import generate
 
     torch.manual_seed(0)
     model = archs.build("mamba-tiny").eval()

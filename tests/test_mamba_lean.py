@@ -6,9 +6,9 @@ plain autograd path's, the memory plan follows it, and the scan that runs is cho
 import pytest
 import torch
 
-import archs
-from archs import activations, mamba, memory
-from archs.mamba import Block, MambaConfig, MambaMixer, ssd_chunked
+from longpack import archs
+from longpack.archs import activations, mamba, memory
+from longpack.archs.mamba import Block, MambaConfig, MambaMixer, ssd_chunked
 
 
 def saved_bytes(module, run) -> int:
@@ -158,7 +158,7 @@ def test_the_scan_goes_to_the_kernel_with_rows_and_documents_as_cu_seqlens(monke
 def test_the_dry_run_says_which_scan_runs(shards):
     from click.testing import CliRunner
 
-    from training.cli import train
+    from longpack.training.cli import train
 
     def dry_run(*args):
         r = CliRunner().invoke(train, ["--shards", str(shards), "--dry-run", "--batch-size", "2",

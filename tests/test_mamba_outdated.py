@@ -1,6 +1,6 @@
 """A Mamba trained before its final norm became Mamba-2's RMSNorm (`norm_f.weight`) ends in a
 LayerNorm (`ln_f.weight`, `ln_f.bias`): no weights make one the other, so its checkpoints are
-refused in one line, by the model's own load (archs.mamba: `zoo export`, `generate`, `eval`,
+refused in one line, by the model's own load (longpack.archs.mamba: `zoo export`, `generate`, `eval`,
 `archs.load`) and by `train --resume`, whichever format holds them (DCP files, or state.pt of
 format 2). Other families' `ln_f` is untouched."""
 
@@ -14,12 +14,11 @@ import torch.distributed.checkpoint as dcp
 from click.testing import CliRunner
 from test_train import config
 
-import archs
-from archs.mamba import OutdatedWeights, refuse_layernorm_weights
-from archs.zoo.cli import zoo
-from longpack import TrainingError
-from training.checkpoints import checkpoint
-from training.loop import train
+from longpack import TrainingError, archs
+from longpack.archs.mamba import OutdatedWeights, refuse_layernorm_weights
+from longpack.training.checkpoints import checkpoint
+from longpack.training.loop import train
+from longpack.zoo.cli import zoo
 
 WHAT = ("a Mamba that ends in a LayerNorm (ln_f.weight and ln_f.bias): it was trained before "
         "Mamba's final norm became Mamba-2's RMSNorm (norm_f.weight), and no weights make one "

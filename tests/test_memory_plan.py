@@ -12,12 +12,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import archs
-from archs import activations, memory
-from longpack import SettingsError
-from training.cli import train as train_cli
-from training.config import TrainConfig
-from training.parallel.distributed import Processes
+from longpack import SettingsError, archs
+from longpack.archs import activations, memory
+from longpack.training.cli import train as train_cli
+from longpack.training.config import TrainConfig
+from longpack.training.parallel.distributed import Processes
 
 FAMILIES = ["neox-tiny", "moe-tiny", "mamba-tiny", "resonance-tiny", "hybrid-tiny"]
 VOCAB = 37  # odd: FSDP pads the embedding's and head's rows
@@ -35,7 +34,7 @@ def storage_bytes(tensors) -> int:
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 @pytest.mark.parametrize("name", FAMILIES)
 def test_states_are_the_bytes_of_the_tensors_after_a_step(name, optimizer):
-    from training.step import prepare
+    from longpack.training.step import prepare
 
     torch.manual_seed(0)
     model = archs.build(name, vocab_size=VOCAB)
@@ -54,10 +53,10 @@ def test_states_are_the_bytes_of_the_tensors_after_a_step(name, optimizer):
 
 SHARDED = r"""
 import json, sys, torch, torch.distributed as dist
-import archs
-from training.config import TrainConfig
-from training.parallel.distributed import Processes
-from training.step import prepare
+from longpack import archs
+from longpack.training.config import TrainConfig
+from longpack.training.parallel.distributed import Processes
+from longpack.training.step import prepare
 
 def storage_bytes(tensors):
     seen = {}
@@ -230,7 +229,7 @@ def test_the_activation_peak_is_the_measured_one(name, precision, checkpointing)
 
 
 def test_the_loss_keeps_its_log_probabilities_within_the_budget_else_a_chunk():
-    from archs.layers import LOGITS_BUDGET_BYTES
+    from longpack.archs.layers import LOGITS_BUDGET_BYTES
 
     small, large = activations.Tokens(4, 64), activations.Tokens(8, 32767)
     assert activations.loss(small, 50257) == (4 * 256 * 50257 + 9 * 256, 4 * 256 * 50257)
@@ -268,7 +267,7 @@ def test_the_plan_shards_states_under_fsdp_and_recomputes_under_checkpointing():
 
 
 def test_a_run_is_refused_by_its_floor_per_process_world_size_aware(monkeypatch):
-    from training.fits import check_memory
+    from longpack.training.fits import check_memory
 
     cfg = TrainConfig(shards="x", model="neox-125m", batch_size=1, precision="bf16")
     fsdp = TrainConfig(shards="x", model="neox-125m", batch_size=1, precision="bf16", fsdp=True)
@@ -350,7 +349,7 @@ def test_the_dry_run_flags_are_refused_without_dry_run_or_under_torchrun(shards,
     assert r.exit_code == 2 and "--world-size: only with --dry-run" in r.output
     r = dry_run(shards, "--world-size", 3, "--fsdp", "--fsdp-replicas", 2)
     assert r.exit_code == 1 and "--fsdp-replicas 2 must divide the 3 processes" in r.output
-    from longpack.dry_run import plan
+    from longpack.training.dry_run import plan
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SettingsError, match="run the dry run without torchrun"):
@@ -372,7 +371,7 @@ def test_the_table_in_train_md_is_the_planners(monkeypatch, capsys):
 
 
 def test_a_world_size_past_any_cluster_is_one_line():
-    from longpack.dry_run import plan
+    from longpack.training.dry_run import plan
 
     with pytest.raises(SettingsError, match=r"--world-size must be at most 1,048,576 \(got "
                                             r"1073741824\)"):
@@ -382,7 +381,7 @@ def test_a_world_size_past_any_cluster_is_one_line():
 def test_the_dry_run_says_mamba_layers_run_their_plain_path_under_compile(shards):
     """MambaMixer.forward skips LeanMix while torch.compile traces it: the plan's activations
     are LeanMix's, so the dry run says they are not what a compiled run keeps."""
-    from longpack.dry_run import render
+    from longpack.training.dry_run import render
 
     said = "  compile     Mamba layers run their plain path under --compile"
     r = dry_run(shards, "--model", "hybrid-tiny", "--compile", "--world-size", 1, "--json")

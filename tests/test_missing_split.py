@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 from test_train import config
 
-from archs.zoo.cli import zoo
-from pipeline.cli import pack
-from training.cli import train as train_cli
-from training.loop import train
+from longpack.pipeline.cli import pack
+from longpack.training.cli import train as train_cli
+from longpack.training.loop import train
+from longpack.zoo.cli import zoo
 
 
 @pytest.fixture(params=["mds", "memmap"])
@@ -77,8 +77,8 @@ def test_a_build_without_train_rows_is_refused_in_one_line(tmp_path, train_only)
 @pytest.mark.slow
 def test_a_build_whose_val_split_has_no_rows(tmp_path, byte_tokenizer):
     from conftest import make_texts, write_jsonl
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(40)])
     out = tmp_path / "no-val"
@@ -100,8 +100,8 @@ def test_a_build_whose_val_split_has_no_rows(tmp_path, byte_tokenizer):
 def test_pack_stats_says_when_val_is_too_small_to_measure(tmp_path, byte_tokenizer):
     """A val split of a row or two gives a val loss of noise: pack stats says so (issue 44)."""
     from conftest import write_jsonl
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     write_jsonl(tmp_path / "d.jsonl", [{"text": f"document {i}: a few words."} for i in range(400)])
     out = tmp_path / "small-val"

@@ -11,20 +11,20 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import small_build, write_byte_tokenizer_json
-from longpack.errors import DataError, SettingsError, TrainingError
-from pipeline.mixture import parse_sources, parse_stage, parse_weights
-from training.cli import train as train_cli
-from training.config import TrainConfig
-from training.data.mixture import GlobalOrder, MixedOrder, batch_hash
+from longpack.core.errors import DataError, SettingsError, TrainingError
+from longpack.pipeline.mixture import parse_sources, parse_stage, parse_weights
+from longpack.training.cli import train as train_cli
+from longpack.training.config import TrainConfig
+from longpack.training.data.mixture import GlobalOrder, MixedOrder, batch_hash
 
 FP = ["a" * 16, "b" * 16, "c" * 16]
 
 
 # The sampler and the settings are pure units: this module imports torch only for the tests
-# that train (training.loop and test_train import it).
+# that train (longpack.training.loop and test_train import it).
 
 def train(*args, **kw):
-    from training.loop import train
+    from longpack.training.loop import train
 
     return train(*args, **kw)
 

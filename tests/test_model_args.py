@@ -8,10 +8,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import archs
-from archs.zoo.cli import zoo
-from training.checkpoints import checkpoint
-from training.cli import train as train_cli
+from longpack import archs
+from longpack.training.checkpoints import checkpoint
+from longpack.training.cli import train as train_cli
+from longpack.zoo.cli import zoo
 
 
 def args(shards, out, model, *extra):

@@ -1,4 +1,4 @@
-"""archs/zoo/model_card.py: an exported folder's README.md, read back with huggingface_hub's
+"""longpack/zoo/model_card.py: an exported folder's README.md, read back with huggingface_hub's
 ModelCard, for a run whose builds and files lived at paths of the machine that trained it."""
 
 import json
@@ -7,13 +7,13 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard
 
-import archs
-from archs.zoo.model_card import model_card
-from archs.zoo.runs import TrainedRun
 from conftest import vocab_of
-from pipeline.builds.reader import dataset_fingerprint
-from pipeline.read.catalog import DATASETS
-from pipeline.read.hub import HubFiles
+from longpack import archs
+from longpack.pipeline.builds.reader import dataset_fingerprint
+from longpack.pipeline.read.catalog import DATASETS
+from longpack.pipeline.read.hub import HubFiles
+from longpack.zoo.model_card import model_card
+from longpack.zoo.runs import TrainedRun
 
 
 def trained(tmp_path: Path, builds: list[str], steps: int = 2) -> TrainedRun:

@@ -11,9 +11,9 @@ from dataclasses import fields
 import pytest
 from click.testing import CliRunner
 
-import archs
-from training.cli import train as train_cli
-from training.config import TrainConfig
+from longpack import archs
+from longpack.training.cli import train as train_cli
+from longpack.training.config import TrainConfig
 
 FAMILIES = list(archs.FAMILIES)
 
@@ -144,7 +144,7 @@ def test_build_holds_the_weights_against_the_devices_memory(monkeypatch):
 
 
 def test_python_m_archs_refuses_a_vocabulary_no_tensor_holds(capsys):
-    from archs.__main__ import main
+    from longpack.archs.__main__ import main
 
     with pytest.raises(SystemExit):
         main(["--vocab", str(10**17)])
@@ -153,7 +153,7 @@ def test_python_m_archs_refuses_a_vocabulary_no_tensor_holds(capsys):
 
 
 def test_device_memory_is_the_machines():
-    from archs.limits import device_memory
+    from longpack.archs.limits import device_memory
 
     ram = device_memory("cpu")
     assert ram is not None and 2**28 < ram < 2**50
@@ -290,7 +290,7 @@ def test_a_run_whose_estimate_passes_the_memory_while_its_floor_fits_is_warned(
     """Refused only past the floor (a run that fits is never refused), a run between the floor
     and the plan's estimate used to start without a word, then the kernel killed it (gpt-neox
     at batch 2 on this 23.5 GiB machine: signal 9 after 69 s)."""
-    from training.fits import plan_memory
+    from longpack.training.fits import plan_memory
 
     cfg = TrainConfig(shards=str(gpt2_vocab_shards_once), model="neox-tiny", batch_size=4)
     mem = plan_memory(cfg, 50257, 64, 1)

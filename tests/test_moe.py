@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import archs
-from archs.moe import MoEConfig, mtp_targets, top_share_per_document
-from archs.moe_experts import Experts, grouped_swiglu
+from longpack import archs
+from longpack.archs.moe import MoEConfig, mtp_targets, top_share_per_document
+from longpack.archs.moe_experts import Experts, grouped_swiglu
 
 STARTS = torch.tensor([[0, 5, 17, -1], [0, 11, -1, -1]])  # documents of two 24-token rows
 
@@ -171,8 +171,8 @@ def test_the_documents_top_share_is_chosen_within_each_document():
     score = torch.tensor([[0.1, 0.9, 0.3, 0.8, 0.2, 5.0, 4.0, 3.0],
                           [8.0, 1.0, 7.0, 2.0, 6.0, 3.0, 5.0, 4.0]])
     starts = torch.tensor([[0, 5], [0, -1]])
-    from archs.layers import positions
-    from archs.moe_experts import document_ids
+    from longpack.archs.layers import positions
+    from longpack.archs.moe_experts import document_ids
 
     doc = document_ids(starts, 2, 8, score.device)
     chosen = top_share_per_document(score, doc, positions(starts, 2, 8, score.device), 0.5)
@@ -266,7 +266,7 @@ def test_capacity_factor_must_be_positive():
 def test_dispatch_and_combine_gradients_are_exact():
     """The two row moves are each other's adjoint: gradcheck in float64 against finite
     differences, and the routed output of every token equals its weighted experts' sum."""
-    from archs.moe_experts import combine_rows, dispatch_rows
+    from longpack.archs.moe_experts import combine_rows, dispatch_rows
 
     torch.manual_seed(0)
     n, k, d = 7, 2, 3

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-import archs
-from longpack.errors import TrainingError
-from training.config import TrainConfig
-from training.parallel.distributed import launched
-from training.step import prepare, train_step
+from longpack import archs
+from longpack.core.errors import TrainingError
+from longpack.training.config import TrainConfig
+from longpack.training.parallel.distributed import launched
+from longpack.training.step import prepare, train_step
 
 
 def poisoned_embedding(model, steps: set, calls: list):
@@ -105,7 +105,7 @@ def run_with_nan_at(monkeypatch, steps: set):
 
 def test_a_skipped_step_is_counted_and_said_and_the_run_carries_on(tmp_path, build_dir,
                                                                    monkeypatch):
-    from training.loop import train
+    from longpack.training.loop import train
 
     run_with_nan_at(monkeypatch, {2})
     said = []
@@ -119,14 +119,14 @@ def test_a_skipped_step_is_counted_and_said_and_the_run_carries_on(tmp_path, bui
     assert "NaN" not in "".join(lines)
     assert any(line.startswith("step 2: the loss") and "update was skipped (1 in a row, 1 in "
                "this run; --max-skipped-steps 3)" in line for line in said), said
-    from training.checkpoints import checkpoint
+    from longpack.training.checkpoints import checkpoint
 
     weights = checkpoint.model_state(checkpoint.load_latest(tmp_path / "r"))
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
 def test_max_skipped_steps_in_a_row_stop_the_run_in_one_line(tmp_path, build_dir, monkeypatch):
-    from training.loop import train
+    from longpack.training.loop import train
 
     run_with_nan_at(monkeypatch, {1, 2, 3, 4, 5})
     cfg = run_config(build_dir, tmp_path, max_steps=8, log_every=1, max_skipped_steps=2)
@@ -140,7 +140,7 @@ def test_max_skipped_steps_in_a_row_stop_the_run_in_one_line(tmp_path, build_dir
 def test_weights_that_are_not_finite_are_never_saved(tmp_path, build_dir, monkeypatch):
     """A poisoned parameter (its update skipped, it stays NaN): the save is refused in one line
     and no checkpoint folder is written."""
-    from training.loop import train
+    from longpack.training.loop import train
 
     real = archs.build
 
@@ -162,7 +162,7 @@ def test_weights_that_are_not_finite_are_never_saved(tmp_path, build_dir, monkey
 def test_under_fp16_both_optimizers_skip_together_and_the_scale_is_lowered():
     """Before: fp16's scaler replaced the trainer's flag with its own, per optimizer (Muon could
     update while AdamW skipped), and read it to the host for Muon at every step."""
-    from training.loop import SkippedSteps
+    from longpack.training.loop import SkippedSteps
 
     torch.manual_seed(0)
     model = archs.build("neox-tiny", vocab_size=300)
@@ -191,7 +191,7 @@ def test_a_signal_ignored_at_start_stays_ignored_nohup():
     import os
     import signal
 
-    from training.loop import stop_requested
+    from longpack.training.loop import stop_requested
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # put back by conftest's fixture
     with stop_requested(lambda _: None) as stop:

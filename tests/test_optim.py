@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-import archs
-from training.config import TrainConfig
-from training.optim import Muon, make_optimizers
+from longpack import archs
+from longpack.training.config import TrainConfig
+from longpack.training.optim import Muon, make_optimizers
 
 # Written from the model files' layouts, independently of their PARAM_ROLES tables: each
 # parameter name must match exactly one pattern of its family.
@@ -173,8 +173,8 @@ def test_onecycle_and_cosine_with_warm_restarts_shapes():
     import pytest
 
     from longpack import SettingsError
-    from training.config import TrainConfig
-    from training.optim import lr_at
+    from longpack.training.config import TrainConfig
+    from longpack.training.optim import lr_at
 
     one = TrainConfig(shards="x", max_steps=100, warmup=0, lr=1.0, min_lr=0.01,
                       schedule="onecycle")
@@ -192,7 +192,7 @@ def test_onecycle_and_cosine_with_warm_restarts_shapes():
 
 
 def test_adamw_s_betas_and_epsilon_are_settings():
-    from longpack.errors import SettingsError
+    from longpack.core.errors import SettingsError
 
     model = archs.build("neox-tiny", vocab_size=300)
     cfg = TrainConfig(shards="x", adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6)

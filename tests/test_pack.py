@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import make_texts, write_jsonl
-from pipeline.pack.packer import RowPacker
-from pipeline.tokenize.split import PAD_HASH, Splitter, doc_hash
+from longpack.pipeline.pack.packer import RowPacker
+from longpack.pipeline.tokenize.split import PAD_HASH, Splitter, doc_hash
 
 EOS = 9
 
@@ -139,10 +139,10 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
     seq 8192 val is that one row alone), and after a crash and resume, whose checkpoint carries
     the unfinished row's hashes. concat's: a segment's document is found by its offset in
     the split's stream (best-fit's hashes: test_best_fit.py, against this packing's)."""
-    import pipeline.build as build_mod
-    from pipeline.build import build
-    from pipeline.config import WORK_DIR, BuildConfig
-    from pipeline.formats.shards import open_split
+    import longpack.pipeline.build as build_mod
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import WORK_DIR, BuildConfig
+    from longpack.pipeline.formats.shards import open_split
 
     texts = make_texts(150, seed=5)
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts])
@@ -156,7 +156,7 @@ def test_every_segment_of_a_build_has_its_documents_64_bit_hash(tmp_path, byte_t
 
     if interrupted:
         monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-        monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
+        monkeypatch.setattr("longpack.pipeline.read.batches.BATCH_CHARS", 2000)
         consume = build_mod.Build._consume
         calls = []
 

@@ -1,4 +1,4 @@
-"""Preset sizes at the vocabulary a build trains with: archs.list_models, `python -m archs`,
+"""Preset sizes at the vocabulary a build trains with: archs.list_models, `python -m longpack.archs`,
 and the torch-free formula `pack stats` applies to archs/presets.json."""
 
 import json
@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-from pipeline.stats.recommend import at_vocab, preset_table, recommendations
+from longpack.pipeline.stats.recommend import at_vocab, preset_table, recommendations
 
 torch = pytest.importorskip("torch")
-import archs  # noqa: E402  (after the skip: archs imports torch)
-from archs.__main__ import gflops, table  # noqa: E402
+from longpack import archs  # noqa: E402  (after the skip: archs imports torch)
+from longpack.archs.preset_table import gflops, presets_table  # noqa: E402
 
 VOCABS = (256, 100_277)  # bytes; cl100k_base (neither a preset's own vocabulary)
 
@@ -39,7 +39,7 @@ def test_presets_json_gives_every_presets_true_size_at_any_vocabulary(vocab_size
 @pytest.fixture(scope="module")
 def own_models() -> list[dict]:
     """What `zoo list` shows: presets.json's sizes (held to measured ones by the slow tests)."""
-    from archs.zoo.cli import sized_presets
+    from longpack.training.presets import sized_presets
 
     return sized_presets(None)
 
@@ -50,7 +50,7 @@ def test_tiny_presets_are_sized_at_their_own_512_and_others_at_gpt2s_vocabulary(
         "neox-tiny": 512, "moe-tiny": 512, "resonance-tiny": 512, "mamba-tiny": 512,
         "hybrid-tiny": 512}
     assert all(m["vocab_size"] == 50257 for n, m in own.items() if not n.endswith("-tiny"))
-    from archs.zoo.cli import sized_presets
+    from longpack.training.presets import sized_presets
 
     at_gpt2 = {m["name"]: m for m in sized_presets(50257)}
     assert at_gpt2["neox-tiny"]["params"] == built_sizes("neox-tiny", 50257)["params"] == 6_532_992
@@ -70,13 +70,13 @@ def test_stats_recommends_presets_at_the_builds_vocabulary():
 
 @pytest.mark.slow
 def test_archs_main_vocab_prints_the_sizes_at_that_vocabulary(capsys):
-    from archs.__main__ import main
+    from longpack.archs.__main__ import main
 
     main(["--vocab", "100277", "--json"])
     models = archs.list_models(vocab_size=100277)
     assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(models))
     tiny = built_sizes("neox-tiny", 100277)
-    row = next(line for line in table(models).splitlines() if line.startswith("neox-tiny "))
+    row = next(line for line in presets_table(models).splitlines() if line.startswith("neox-tiny "))
     assert row.split() == ["neox-tiny", "gpt-neox", "100,277", f"{tiny['params']:,}",
                            f"{tiny['params']:,}", gflops(tiny["flops_per_token"])]
     for bad, says in (("0", "--vocab: 0 is not a vocabulary size"),
@@ -88,10 +88,10 @@ def test_archs_main_vocab_prints_the_sizes_at_that_vocabulary(capsys):
 
 @pytest.mark.slow
 def test_python_m_archs_reads_its_flags():
-    """`python -m archs` passes its own argv to main (runpy from `train --list-models` not)."""
-    out = subprocess.run([sys.executable, "-m", "archs", "--vocab", "300"], capture_output=True,
+    """`python -m longpack.archs` passes its own argv to main (runpy from `train --list-models` not)."""
+    out = subprocess.run([sys.executable, "-m", "longpack.archs", "--vocab", "300"], capture_output=True,
                          text=True, check=True).stdout
-    assert out == table(archs.list_models(vocab_size=300)) + "\n"
+    assert out == presets_table(archs.list_models(vocab_size=300)) + "\n"
 
 
 @pytest.mark.parametrize("flops,shown", [(4_139_520, "0.00414"), (9_694_691_328, "9.69"),
@@ -102,7 +102,7 @@ def test_gflops_keep_three_significant_digits(flops, shown):
 
 
 def test_the_table_shows_tiny_presets_flops_not_zero(own_models):
-    text = table(own_models)
+    text = presets_table(own_models)
     tiny = next(line for line in text.splitlines() if line.startswith("neox-tiny "))
     flops = next(m for m in own_models if m["name"] == "neox-tiny")["flops_per_token"]
     assert 1e6 < flops < 1e7 and tiny.split()[-1] == gflops(flops) != "0.00"

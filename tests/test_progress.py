@@ -1,6 +1,6 @@
 
-from pipeline.manifest import summary
-from pipeline.progress import Progress
+from longpack.pipeline.manifest import summary
+from longpack.pipeline.progress import Progress
 
 
 def test_progress_line_shows_rates_and_eta(capsys):
@@ -50,10 +50,10 @@ def test_a_resumed_build_times_only_this_runs_work(capsys):
 def test_one_big_file_moves_the_progress_before_it_ends(tmp_path, monkeypatch, byte_tokenizer):
     import numpy as np
 
-    import pipeline.build as build_mod
-    import pipeline.read.batches as batches
+    import longpack.pipeline.build as build_mod
+    import longpack.pipeline.read.batches as batches
     from conftest import make_texts, write_jsonl
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.config import BuildConfig
 
     seen = []
 

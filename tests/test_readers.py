@@ -5,9 +5,9 @@ import pytest
 import zstandard
 
 from conftest import write_jsonl, write_parquet
-from pipeline.read.jsonl import read_jsonl
-from pipeline.read.parquet import read_parquet
-from pipeline.read.records import (
+from longpack.pipeline.read.jsonl import read_jsonl
+from longpack.pipeline.read.parquet import read_parquet
+from longpack.pipeline.read.records import (
     BAD_JSON,
     BLANK_LINE,
     CORRUPT_FILE,
@@ -152,8 +152,8 @@ def test_a_damaged_row_group_loses_only_its_own_rows(tmp_path, checksums):
 
 def test_a_damaged_row_group_in_a_build_is_counted_and_the_rest_is_built(tmp_path,
                                                                           byte_tokenizer):
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     texts = _damage_row_group(tmp_path / "a.parquet", 1, checksums=True)
     m = build(BuildConfig(out=str(tmp_path / "out"), dataset="parquet",
@@ -194,9 +194,9 @@ def test_a_deeply_nested_json_line_is_a_bad_json_skip_and_the_next_line_is_read(
 
 
 def test_a_broken_symlink_in_an_input_folder_is_counted_and_logged(tmp_path, byte_tokenizer):
-    from longpack.errors import SettingsError
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.core.errors import SettingsError
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -230,12 +230,12 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
     were read, rising to the file's size at its end."""
     import numpy as np
 
-    import pipeline.read.batches as batches_mod
-    import pipeline.read.inputs as inputs
+    import longpack.pipeline.read.batches as batches_mod
+    import longpack.pipeline.read.inputs as inputs
     from conftest import make_texts
 
     monkeypatch.setattr(batches_mod, "BATCH_DOCS", 50)
-    monkeypatch.setattr("pipeline.read.jsonl.CHUNK", 1 << 14)  # zstd is read a chunk at a time
+    monkeypatch.setattr("longpack.pipeline.read.jsonl.CHUNK", 1 << 14)  # zstd is read a chunk at a time
     rng = np.random.default_rng(0)  # text that does not compress away: stored bytes track reading
     texts = [t + " " + rng.bytes(300).hex() for t in make_texts(1000)]
     path = tmp_path / name
@@ -257,7 +257,7 @@ def test_batches_report_how_far_into_their_file_they_are(tmp_path, monkeypatch, 
 def test_read_ahead_gives_the_same_batches_raises_where_reading_failed_and_stops_when_closed():
     import threading
 
-    from pipeline.read.batches import read_ahead
+    from longpack.pipeline.read.batches import read_ahead
 
     def source(fail_at=None):
         for i in range(50):

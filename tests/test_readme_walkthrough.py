@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.read.catalog import DATASETS, SAMPLES
-from pipeline.read.inputs import expand_inputs, open_inputs
+from longpack.pipeline.read.catalog import DATASETS, SAMPLES
+from longpack.pipeline.read.inputs import expand_inputs, open_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)

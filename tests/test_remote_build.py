@@ -16,15 +16,15 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_jsonl
-from longpack.errors import SettingsError
-from longpack.settings import to_flags
-from longpack.store import StorageError, Store
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import BuildConfig
-from pipeline.distribute.launch import LaunchConfig, launch
-from pipeline.store.remote_build import MARKER, RemoteOut
-from pipeline.store.uploader import MAX_STAGED
+from longpack.core.errors import SettingsError
+from longpack.core.settings import to_flags
+from longpack.core.store import StorageError, Store
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.distribute.launch import LaunchConfig, launch
+from longpack.pipeline.store.remote_build import MARKER, RemoteOut
+from longpack.pipeline.store.uploader import MAX_STAGED
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def test_kill_9_mid_upload_resumes_to_the_same_bytes_without_sending_again(tmp_p
           show_progress=False)
     cfg = settings(s3.url("killed"), corpus, byte_tokenizer, staging=str(tmp_path / "stg"),
                    **small_shards)
-    args = [sys.executable, "-m", "pipeline.cli", "build", "--quiet", *to_flags(cfg)]
+    args = [sys.executable, "-m", "longpack.pipeline.cli", "build", "--quiet", *to_flags(cfg)]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
@@ -285,7 +285,7 @@ def test_a_build_split_into_tasks_lands_in_s3_as_the_single_build(tmp_path, s3, 
                                                                   byte_tokenizer, order):
     """Tasks stage in --staging (every task sees it); each places its shards straight into the
     bucket; the last one merges and uploads the rest, the manifest last."""
-    from pipeline.distribute import tasks
+    from longpack.pipeline.distribute import tasks
 
     build(settings(tmp_path / "local", corpus, byte_tokenizer), show_progress=False)
     cfg = settings(s3.url("tasked"), corpus, byte_tokenizer, tasks=3,

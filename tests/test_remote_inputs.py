@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_jsonl, write_parquet
-from longpack.errors import SettingsError
-from pipeline.build import Build, build
-from pipeline.cli import pack
-from pipeline.config import BuildConfig
-from pipeline.distribute import tasks
+from longpack.core.errors import SettingsError
+from longpack.pipeline.build import Build, build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.distribute import tasks
 
 
 def settings(out, inputs, tokenizer: str, dataset: str, **kw) -> BuildConfig:

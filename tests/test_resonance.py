@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-import archs
-from archs.resonance import kernel_spectrum
+from longpack import archs
+from longpack.archs.resonance import kernel_spectrum
 
 
 def closed_form_spectrum(log_alpha, omega, amp, phase, L: int) -> torch.Tensor:

@@ -13,9 +13,9 @@ from click.testing import CliRunner
 from test_train_cli import one_line_error
 
 from conftest import run_train_jobs
-from longpack.errors import TrainingError
-from training.checkpoints import checkpoint, saving
-from training.cli import train as train_cli
+from longpack.core.errors import TrainingError
+from longpack.training.checkpoints import checkpoint, saving
+from longpack.training.cli import train as train_cli
 
 
 def run_cli(shards, run, *more):

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import archs
-from longpack.settings import read_settings_file
-from training.cli import train
+from longpack import archs
+from longpack.core.settings import read_settings_file
+from longpack.training.cli import train
 
 # The seeds' configs as their users have them. 000 and 004 show flags and a Python dict: here
 # as the file a user writes from them. Values a seed leaves open are marked.
@@ -224,8 +224,8 @@ def build(tmp_path_factory):
     """A small build of 32k-token rows in GPT-2's vocabulary: the seeds' models at their own
     sizes (the rows are cut into the seeds' shorter lengths)."""
     from conftest import make_texts, write_jsonl
-    from pipeline.build import build as run_build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build as run_build
+    from longpack.pipeline.config import BuildConfig
 
     tmp = tmp_path_factory.mktemp("seeds")
     write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(300)])

@@ -5,13 +5,13 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from longpack.errors import SettingsError
-from longpack.settings import to_flags
-from pipeline.cli import pack
-from pipeline.config import BuildConfig
-from pipeline.distribute.launch import LaunchConfig
-from training.cli import train
-from training.config import TrainConfig
+from longpack.core.errors import SettingsError
+from longpack.core.settings import to_flags
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.distribute.launch import LaunchConfig
+from longpack.training.cli import train
+from longpack.training.config import TrainConfig
 
 
 @pytest.mark.parametrize("config_classes,command", [
@@ -166,11 +166,11 @@ def test_a_config_file_value_of_the_wrong_type_is_one_line_not_cast(tmp_path, te
 
 def test_the_models_copy_of_the_checker_agrees_with_the_settings_one():
     """archs/limits.py ships inside exported model folders, where longpack is not installed, so
-    it keeps its own Range and typed: held here to the same answers as longpack/settings.py's."""
+    it keeps its own Range and typed: held here to the same answers as longpack/core/settings.py's."""
     import math
 
-    from archs import limits
-    from longpack import settings
+    from longpack.archs import limits
+    from longpack.core import settings
 
     ranges = [dict(low=1), dict(low=0, low_open=True), dict(low=0, high=1),
               dict(low=0, high=1, high_open=True), dict(low=1, high=1024)]

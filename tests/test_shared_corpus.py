@@ -16,10 +16,10 @@ import pytest
 import zstandard
 
 from conftest import Corpus, split_documents
-from longpack.errors import InputError
-from pipeline.build import build
-from pipeline.config import WORK_DIR, BuildConfig
-from pipeline.tokenize.tokenizer import load_tokenizer
+from longpack.core.errors import InputError
+from longpack.pipeline.build import build
+from longpack.pipeline.config import WORK_DIR, BuildConfig
+from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
 EOS = 50256
 
@@ -169,8 +169,8 @@ def test_damaged_real_files_are_counted_and_the_rest_is_kept(tmp_path, shared):
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["neox-tiny", "mamba-tiny"])
 def test_loss_falls_training_on_the_real_corpus(tmp_path, real_text, model):
-    from training.config import TrainConfig
-    from training.loop import train
+    from longpack.training.config import TrainConfig
+    from longpack.training.loop import train
 
     out = tmp_path / "mds"
     build(BuildConfig(out=str(out), dataset="fineweb-edu",

@@ -10,12 +10,12 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_texts, write_byte_ranks, write_jsonl
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import BuildConfig
-from pipeline.stats.report import collect
-from pipeline.stats.scan import find_rare
-from pipeline.tokenize.split import Splitter, doc_hash
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.stats.report import collect
+from longpack.pipeline.stats.scan import find_rare
+from longpack.pipeline.tokenize.split import Splitter, doc_hash
 
 EOS = 50256
 SEQ = 64
@@ -140,7 +140,7 @@ def first_shard(out, split="train", suffix=".mds.zstd"):
 
 
 def test_recommended_presets_come_from_the_zoo():
-    from pipeline.stats.recommend import recommendations
+    from longpack.pipeline.stats.recommend import recommendations
 
     tiny = 165_632  # neox-tiny's parameters (archs/presets.json)
     presets = recommendations(20 * tiny, None, None)["presets"]
@@ -439,7 +439,7 @@ def test_json_keys_are_stable(tmp_path, byte_tokenizer, texts):
 
 
 def test_decode_marks_document_boundaries(tmp_path, byte_tokenizer, texts):
-    from pipeline.formats.shards import open_split
+    from longpack.pipeline.formats.shards import open_split
 
     out = make_build(tmp_path, texts)
     rows = list(open_split(out / "train").rows())
@@ -496,7 +496,7 @@ def test_plain_npy_directory_is_read_and_says_what_it_could_not_check(tmp_path):
 
 def test_other_tools_mds_with_byte_tokens(tmp_path):
     """llm-foundry's older converter writes `tokens` as raw int64 bytes and nothing else."""
-    from pipeline.formats.streaming_compat import import_streaming
+    from longpack.pipeline.formats.streaming_compat import import_streaming
 
     streaming = import_streaming()
     out = tmp_path / "foundry"
@@ -513,8 +513,8 @@ def test_mds_columns_decode_as_mosaicml_streaming_wrote_them(tmp_path):
     """Every sample at once from the offsets table: variable-length arrays whose shape header
     takes 1, 2 or 4 bytes (lengths 1, 300, 70,000), at unaligned positions, beside a string
     column this reader ignores, read back as MDSWriter was given them."""
-    from pipeline.formats.shards import open_split
-    from pipeline.formats.streaming_compat import import_streaming
+    from longpack.pipeline.formats.shards import open_split
+    from longpack.pipeline.formats.streaming_compat import import_streaming
 
     streaming = import_streaming()
     rng = np.random.default_rng(0)
@@ -538,8 +538,8 @@ def test_mds_columns_decode_as_mosaicml_streaming_wrote_them(tmp_path):
 
 
 def test_mds_rows_of_different_lengths_are_a_shard_problem(tmp_path):
-    from pipeline.formats.shards import ShardError, open_split
-    from pipeline.formats.streaming_compat import import_streaming
+    from longpack.pipeline.formats.shards import ShardError, open_split
+    from longpack.pipeline.formats.streaming_compat import import_streaming
 
     streaming = import_streaming()
     out = tmp_path / "ragged"
@@ -554,8 +554,8 @@ def test_mds_rows_of_different_lengths_are_a_shard_problem(tmp_path):
 
 
 def test_mds_arrays_of_two_dimensions_are_named_not_flattened(tmp_path):
-    from pipeline.formats.shards import ShardError, open_split
-    from pipeline.formats.streaming_compat import import_streaming
+    from longpack.pipeline.formats.shards import ShardError, open_split
+    from longpack.pipeline.formats.streaming_compat import import_streaming
 
     streaming = import_streaming()
     out = tmp_path / "2d"
@@ -566,8 +566,8 @@ def test_mds_arrays_of_two_dimensions_are_named_not_flattened(tmp_path):
 
 
 def test_an_mds_shard_whose_header_disagrees_with_its_index_is_named(tmp_path):
-    from pipeline.formats.shards import ShardError, open_split
-    from pipeline.formats.streaming_compat import import_streaming
+    from longpack.pipeline.formats.shards import ShardError, open_split
+    from longpack.pipeline.formats.streaming_compat import import_streaming
 
     streaming = import_streaming()
     out = tmp_path / "edited"
@@ -586,8 +586,8 @@ def test_shards_read_one_after_another_on_a_thread_keep_their_own_rows(
         tmp_path, byte_tokenizer, texts, compression, no_streaming_shared_memory_left):
     """Each thread decodes its shards in one reused buffer: what a read returns must not change
     when the same thread reads the next shard into that buffer."""
-    from pipeline.formats.shards import open_split
-    from pipeline.formats.streaming_compat import import_streaming
+    from longpack.pipeline.formats.shards import open_split
+    from longpack.pipeline.formats.streaming_compat import import_streaming
 
     out = make_build(tmp_path, texts, compression=compression)
     reader = open_split(out / "train")
@@ -605,7 +605,7 @@ def test_shards_read_one_after_another_on_a_thread_keep_their_own_rows(
 @pytest.mark.parametrize("fmt,compression", [("mds", "zstd"), ("mds", "none"), ("memmap", "none")])
 def test_read_blocks_gives_the_rows_of_read_shard_block_by_block(tmp_path, byte_tokenizer, texts,
                                                                  fmt, compression):
-    from pipeline.formats.shards import open_split
+    from longpack.pipeline.formats.shards import open_split
 
     reader = open_split(make_build(tmp_path, texts, fmt, compression=compression) / "train")
     for i in range(len(reader.shard_files())):
@@ -621,7 +621,7 @@ def test_read_blocks_gives_the_rows_of_read_shard_block_by_block(tmp_path, byte_
 def test_npy_read_whole_takes_any_layout_and_names_a_short_file(tmp_path):
     """Other tools' .npy files: C or Fortran order, format 1.0 or 2.0, read into the thread's
     buffer as np.load reads them; a file cut short or holding objects is a named problem."""
-    from pipeline.formats.shards import ShardError, open_split
+    from longpack.pipeline.formats.shards import ShardError, open_split
 
     rows = np.arange(6 * 40, dtype=np.uint32).reshape(6, 40) % 97
     np.save(tmp_path / "a.npy", rows)
@@ -650,8 +650,8 @@ def test_npy_read_whole_takes_any_layout_and_names_a_short_file(tmp_path):
 def test_digest_block_by_block_is_the_digest_of_the_whole(pad_at, count_every, block_rows):
     """Blocks of any size, padding from any (row, offset) on, any row sample: the figures are
     those of the shard's real tokens taken whole."""
-    from pipeline.formats.shards import ShardBlocks
-    from pipeline.stats.scan import digest
+    from longpack.pipeline.formats.shards import ShardBlocks
+    from longpack.pipeline.stats.scan import digest
 
     rng = np.random.default_rng(block_rows * 100 + count_every)
     n, seq, vocab = 7, SEQ, 300
@@ -684,7 +684,7 @@ def test_digest_block_by_block_is_the_digest_of_the_whole(pad_at, count_every, b
 @pytest.mark.parametrize("change", [-1, 1])
 def test_an_mds_shard_of_other_than_its_indexed_size_is_named(
         tmp_path, byte_tokenizer, texts, compression, says, change):
-    from pipeline.formats.shards import ShardError, open_split
+    from longpack.pipeline.formats.shards import ShardError, open_split
 
     out = make_build(tmp_path, texts, compression=compression)
     index_path = out / "train" / "index.json"
@@ -737,7 +737,7 @@ def test_every_format_is_read_one_thread_per_core_and_the_report_does_not_depend
     """One read plan for compressed and raw shards alike (item 7 of issue 14: the per-format
     plans measured within noise), at most MAX_READ_THREADS; the figures are the same with one
     thread as with several."""
-    from pipeline.stats import report as stats_report
+    from longpack.pipeline.stats import report as stats_report
 
     out = make_build(tmp_path, texts, compression=compression)
     reports = []
@@ -756,8 +756,8 @@ def test_read_ahead_closed_early_cancels_the_shards_not_started(tmp_path, byte_t
     start only once they are let go, which is after the close."""
     import threading
 
-    from pipeline.formats.shards import SplitReader
-    from pipeline.stats import report as stats_report
+    from longpack.pipeline.formats.shards import SplitReader
+    from longpack.pipeline.stats import report as stats_report
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     reader = SplitReader(make_build(tmp_path, texts) / "train", EOS)
@@ -789,7 +789,7 @@ def test_train_keeps_no_document_hashes_with_or_without_val(tmp_path, byte_token
     (Train without a val split used to keep 8 bytes per document: RSS grew with the data.)"""
     import shutil
 
-    from pipeline.stats import report as stats_report
+    from longpack.pipeline.stats import report as stats_report
 
     scans, real_scan = [], stats_report.SplitScan
 

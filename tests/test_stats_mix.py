@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import small_build, write_byte_ranks
-from pipeline.cli import pack
-from pipeline.mixture import REPEAT_WARNING_EPOCHS
-from pipeline.stats import mix as stats_mix
-from pipeline.stats.recommend import TOKENS_PER_PARAM, recommendations
-from pipeline.stats.report import collect, render
+from longpack.pipeline.cli import pack
+from longpack.pipeline.mixture import REPEAT_WARNING_EPOCHS
+from longpack.pipeline.stats import mix as stats_mix
+from longpack.pipeline.stats.recommend import TOKENS_PER_PARAM, recommendations
+from longpack.pipeline.stats.report import collect, render
 
 ROOT = Path(__file__).resolve().parent.parent
 

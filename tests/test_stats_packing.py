@@ -14,15 +14,15 @@ import zstandard
 from click.testing import CliRunner
 
 from conftest import write_byte_ranks, write_jsonl
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import BuildConfig
-from pipeline.formats.base import ShardBlocks
-from pipeline.pack.best_fit import BestFitPacker
-from pipeline.pack.packer import RowPacker
-from pipeline.stats.digest import digest
-from pipeline.stats.scan import SplitScan
-from pipeline.tokenize.split import Splitter, doc_hash
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.formats.base import ShardBlocks
+from longpack.pipeline.pack.best_fit import BestFitPacker
+from longpack.pipeline.pack.packer import RowPacker
+from longpack.pipeline.stats.digest import digest
+from longpack.pipeline.stats.scan import SplitScan
+from longpack.pipeline.tokenize.split import Splitter, doc_hash
 
 EOS = 50256
 SEQ = 64

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_texts, write_jsonl
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import BuildConfig
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import BuildConfig
 
 
 def make_build(tmp_path: Path, tokenizer: str, fmt: str) -> Path:

@@ -1,8 +1,8 @@
-"""longpack/store.py against a real S3 server (moto's, on 127.0.0.1) and fsspec's memory://."""
+"""longpack/core/store.py against a real S3 server (moto's, on 127.0.0.1) and fsspec's memory://."""
 
 import pytest
 
-from longpack.store import StorageError, Store, is_url, redact, refuse_unwritable
+from longpack.core.store import StorageError, Store, is_url, redact, refuse_unwritable
 
 
 def test_a_store_writes_lists_reads_and_removes(s3, tmp_path):

@@ -12,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_byte_ranks, write_jsonl
-from longpack.errors import SettingsError
-from longpack.settings import to_flags
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import WORK_DIR, BuildConfig
-from pipeline.distribute import tasks
-from pipeline.distribute.work_folder import SEAL, seal
+from longpack.core.errors import SettingsError
+from longpack.core.settings import to_flags
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import WORK_DIR, BuildConfig
+from longpack.pipeline.distribute import tasks
+from longpack.pipeline.distribute.work_folder import SEAL, seal
 
 TASKS = 3
 

@@ -12,15 +12,15 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import build_tree, make_texts, write_byte_ranks, write_jsonl, write_parquet
-from longpack.errors import SettingsError
-from longpack.settings import to_flags
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import WORK_DIR, BuildConfig
-from pipeline.distribute import tasks
-from pipeline.distribute.layout import SplitLayout
-from pipeline.distribute.plan import plan_shares
-from pipeline.distribute.work_folder import owned_shards
+from longpack.core.errors import SettingsError
+from longpack.core.settings import to_flags
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import WORK_DIR, BuildConfig
+from longpack.pipeline.distribute import tasks
+from longpack.pipeline.distribute.layout import SplitLayout
+from longpack.pipeline.distribute.plan import plan_shares
+from longpack.pipeline.distribute.work_folder import owned_shards
 
 # The corpora and tokenizers are made once for the module (no test changes them), so the
 # single-machine builds the tasked ones are compared with are made once too (`single`).
@@ -142,7 +142,7 @@ def test_tasks_run_as_separate_processes_through_the_command_line(single, tmp_pa
                                                                   byte_tokenizer):
     flags = to_flags(settings(tmp_path / "t", jsonl_corpus, byte_tokenizer, tasks=3),
                      skip=("task_index",))
-    procs = [subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", *flags,
+    procs = [subprocess.Popen([sys.executable, "-m", "longpack.pipeline.cli", "build", *flags,
                                "--task-index", str(i), "--quiet"], env={
         **os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}) for i in range(3)]
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
@@ -224,8 +224,8 @@ def test_merge_per_task_places_in_parallel_and_the_last_one_merges(single, tmp_p
 KILLED_AT = """
 import os, signal, sys
 from pathlib import Path
-from pipeline import build as build_mod
-from pipeline.cli import pack
+from longpack.pipeline import build as build_mod
+from longpack.pipeline.cli import pack
 
 target, nth, real_replace = sys.argv[1], int(sys.argv[2]), os.replace
 build_mod.CHECKPOINT_SECONDS = 0.0  # a checkpoint after every batch
@@ -356,7 +356,7 @@ def test_a_task_resumed_after_reading_its_whole_share_reports_the_share_done(
         tmp_path, jsonl_corpus, byte_tokenizer, monkeypatch):
     """A launcher sums its tasks' last reports: a task resumed from a checkpoint taken after
     all its input was read reads nothing more, and still reports its whole share behind it."""
-    import pipeline.build as build_mod
+    import longpack.pipeline.build as build_mod
 
     cfg = settings(tmp_path / "out", jsonl_corpus, byte_tokenizer, tasks=2)
     with monkeypatch.context() as mp:
@@ -372,8 +372,8 @@ def test_placing_a_task_of_a_build_merged_meanwhile_does_nothing(tmp_path, jsonl
                                                                  byte_tokenizer, monkeypatch):
     """A task reads the work folder, another process merges (the work folder goes), then the
     task places: nothing to do, not a traceback."""
-    from pipeline.distribute import merge as merge_mod
-    from pipeline.distribute.work_folder import TaskedBuild
+    from longpack.pipeline.distribute import merge as merge_mod
+    from longpack.pipeline.distribute.work_folder import TaskedBuild
 
     cfg = settings(tmp_path / "out", jsonl_corpus, byte_tokenizer, tasks=2)
     for i in range(2):

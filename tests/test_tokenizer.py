@@ -5,8 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from longpack.errors import TokenizerError
-from pipeline.tokenize.tokenizer import load_tokenizer
+from longpack.core.errors import TokenizerError
+from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
 
 def test_byte_ranks_file_takes_the_encoding_named_by_the_file(byte_tokenizer):
@@ -102,8 +102,8 @@ def test_a_lone_surrogate_is_an_invalid_utf8_skip_for_every_tokenizer(tmp_path, 
     """JSON text may hold "\\ud800": a str no tokenizer can take (Hugging Face's raises a
     TypeError). The document is a counted skip, its neighbours are built."""
     from conftest import write_jsonl
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     if kind == "huggingface":
         pytest.importorskip("tokenizers")
@@ -122,7 +122,7 @@ def test_a_lone_surrogate_is_an_invalid_utf8_skip_for_every_tokenizer(tmp_path, 
 
 def _registered(monkeypatch, name: str, path) -> str:
     """The byte ranks file's sha256 made the official one of `name` (hermetic: no real file)."""
-    import pipeline.tokenize.tokenizer as tokenizer_mod
+    import longpack.pipeline.tokenize.tokenizer as tokenizer_mod
 
     sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
     _, pattern, specials = tokenizer_mod.TIKTOKEN_ENCODINGS[name]
@@ -162,7 +162,7 @@ def test_offline_gpt2_falls_back_to_the_shipped_ranks_file(tmp_path, monkeypatch
     it is there with the official sha256; the build's identity is the downloaded one's."""
     import tiktoken
 
-    import pipeline.tokenize.tokenizer as tokenizer_mod
+    import longpack.pipeline.tokenize.tokenizer as tokenizer_mod
     from conftest import write_byte_ranks
 
     def offline(name):

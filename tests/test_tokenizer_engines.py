@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import write_byte_ranks
-from longpack.errors import TokenizerError
-from pipeline.tokenize.engines import HARD_TEXTS, FastEngine
-from pipeline.tokenize.tokenizer import load_tokenizer
+from longpack.core.errors import TokenizerError
+from longpack.pipeline.tokenize.engines import HARD_TEXTS, FastEngine
+from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
 pytest.importorskip("fastokens")
 
@@ -57,7 +57,7 @@ def ranks_with_a_merge(path):
 def test_the_load_check_refuses_a_fast_engine_that_disagrees(tmp_path, monkeypatch):
     """A real fastokens engine given GPT-2's ranks with cl100k's pattern: wrong ids on
     "DON'T", one of the texts checked at load."""
-    import pipeline.tokenize.tokenizer as tokenizer_mod
+    import longpack.pipeline.tokenize.tokenizer as tokenizer_mod
 
     path = ranks_with_a_merge(tmp_path / "gpt2.tiktoken")
     real_load = FastEngine.load
@@ -116,8 +116,8 @@ def ranks_with_merges(path):
 
 
 def build_with(tmp_path, corpus, tokenizer, engine, name, **kw):
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     settings = {"seq": 64, "val_fraction": 0.2, "shard_bytes": 64 * 2 * 8} | kw
     return build(BuildConfig(out=str(tmp_path / name), dataset="jsonl", inputs=(str(corpus),),
@@ -132,13 +132,13 @@ def tree(out) -> dict:
 
 @pytest.mark.slow
 def test_a_build_resumed_under_the_other_engine_is_byte_identical(tmp_path, monkeypatch):
-    import pipeline.build as build_mod
+    import longpack.pipeline.build as build_mod
     from conftest import make_texts, write_jsonl
 
     tok = ranks_with_merges(tmp_path / "gpt2.tiktoken")
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(400)])
     monkeypatch.setattr(build_mod, "CHECKPOINT_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.read.batches.BATCH_CHARS", 2000)
+    monkeypatch.setattr("longpack.pipeline.read.batches.BATCH_CHARS", 2000)
     clean = {e: build_with(tmp_path, corpus, tok, e, f"clean-{e}") for e in ("reference", "fast")}
     assert clean["fast"]["tokenizer_engine"]["library"] == "fastokens"
     assert clean["reference"]["tokenizer_engine"]["library"] == "tiktoken"
@@ -169,8 +169,8 @@ def test_the_sample_check_stops_a_build_whose_fast_engine_disagrees(tmp_path, mo
     """A fast engine right on every load-time text but wrong on one document: the build stops
     at that document, if it is one of the sampled ones (hash % 128 == 0 with tiktoken), naming it."""
     from conftest import write_jsonl
-    from pipeline.tokenize.engines import SAMPLE_EVERY
-    from pipeline.tokenize.split import doc_hash
+    from longpack.pipeline.tokenize.engines import SAMPLE_EVERY
+    from longpack.pipeline.tokenize.split import doc_hash
 
     texts = [f"document number {i}" for i in range(2000)]
     sampled = next(t for t in texts if doc_hash(t) % SAMPLE_EVERY["tiktoken"] == 0)
@@ -234,7 +234,7 @@ def test_ranks_the_fast_engine_cannot_load_are_built_by_the_reference_with_a_not
     from click.testing import CliRunner
 
     from conftest import make_texts, write_jsonl
-    from pipeline.cli import pack
+    from longpack.pipeline.cli import pack
 
     tok = ranks_with_merges(tmp_path / "gpt2.tiktoken")
     ranks = len(tok.read_bytes().splitlines())

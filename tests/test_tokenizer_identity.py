@@ -17,13 +17,13 @@ import pytest
 from click.testing import CliRunner
 from test_train import config
 
-from archs.zoo.cli import zoo
 from conftest import SAMPLES, make_texts, small_build, write_byte_tokenizer_json, write_jsonl
-from pipeline.build import build
-from pipeline.cli import pack
-from pipeline.config import BuildConfig
-from training.cli import train as train_cli
-from training.loop import train
+from longpack.pipeline.build import build
+from longpack.pipeline.cli import pack
+from longpack.pipeline.config import BuildConfig
+from longpack.training.cli import train as train_cli
+from longpack.training.loop import train
+from longpack.zoo.cli import zoo
 
 GPT2 = SAMPLES / "gpt2.tiktoken"  # GPT-2's own ranks file, shipped with the package
 
@@ -161,8 +161,8 @@ def test_a_run_records_the_sha256_of_its_tokenizer(trained):
     (W&B's run config)."""
     import torch
 
-    import archs
-    from training.loop import resolved_config
+    from longpack import archs
+    from longpack.training.loop import resolved_config
 
     want = json.loads((trained.build / "manifest.json").read_text())["tokenizer"]
     state = torch.load(trained.run / "step-00000002" / "state.pt", weights_only=False)
@@ -250,7 +250,7 @@ def test_no_tokenizer_and_old_checkpoints_still_export(tmp_path, replaced):
     pytest.importorskip("transformers")
     import torch
 
-    from training.checkpoints import checkpoint
+    from longpack.training.checkpoints import checkpoint
 
     runner = CliRunner()
     r = runner.invoke(zoo, ["export", str(replaced.run), "--to", "hf", "--out",

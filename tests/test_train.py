@@ -9,17 +9,17 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import archs
 from conftest import vocab_of, write_jsonl
-from longpack.errors import SettingsError, TrainingError
-from pipeline.builds.reader import open_build
-from training.checkpoints import checkpoint
-from training.cli import train as train_cli
-from training.config import TrainConfig
-from training.data.mixture import Sources
-from training.loop import evaluate, train
-from training.optim import lr_at
-from training.parallel.distributed import launched
+from longpack import archs
+from longpack.core.errors import SettingsError, TrainingError
+from longpack.pipeline.builds.reader import open_build
+from longpack.training.checkpoints import checkpoint
+from longpack.training.cli import train as train_cli
+from longpack.training.config import TrainConfig
+from longpack.training.data.mixture import Sources
+from longpack.training.loop import evaluate, train
+from longpack.training.optim import lr_at
+from longpack.training.parallel.distributed import launched
 
 
 def config(shards, out, **kw):
@@ -38,9 +38,9 @@ def padded_build(tmp_path, byte_tokenizer, val_text_bytes=20):
     train: one document of 70 tokens -> a full 65-token row and a row of 5 real tokens (4 real
     targets of 64). val: one document of val_text_bytes + 1 tokens in one padded row. The texts
     are picked by the build's own splitter (val_fraction 0.5)."""
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
-    from pipeline.tokenize.split import Splitter, doc_hash
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
+    from longpack.pipeline.tokenize.split import Splitter, doc_hash
 
     splitter = Splitter(0.5, 0)
     texts = (f"{i:04d}" + "v" * (val_text_bytes - 4) for i in range(100))
@@ -65,7 +65,7 @@ def test_val_loss_is_the_mean_over_real_targets_whatever_the_batching(tmp_path, 
     model = archs.build("neox-tiny", vocab_size=50257, device=device)
     rows = [build.val.get(i) for i in range(len(build.val))]
     assert len(rows) == 5
-    from training.data.loader import make_batch
+    from longpack.training.data.loader import make_batch
 
     batch = make_batch(rows, device)
     with torch.no_grad():
@@ -143,7 +143,7 @@ def test_loss_falls_and_val_loss_follows(tmp_path, shards):
 
 def test_a_warmup_longer_than_the_run_is_cut_to_the_run_and_said():
     """The default --warmup 10 refused every run of fewer steps (a smoke test)."""
-    from training.loop import resolve_steps
+    from longpack.training.setup import resolve_steps
 
     said = []
     cfg = resolve_steps(TrainConfig(shards="x", max_steps=4, lr=1.0), seq=65, log=said.append)
@@ -174,7 +174,7 @@ def test_a_muon_step_orthogonalizes_the_hidden_matrices_and_adamw_moves_the_rest
     """Our grouping, through the trainer's own step: each parameter moves as the optimizer of
     its role alone would move it: a hidden matrix as torch.optim.Muon, anything else by
     AdamW's first step, exactly lr * g / (|g| + eps) after its decay (if its role has one)."""
-    from training.step import prepare, train_step
+    from longpack.training.step import prepare, train_step
 
     torch.manual_seed(0)
     model = archs.build(name, vocab_size=300)
@@ -276,7 +276,7 @@ def test_a_missing_logger_is_refused_saying_what_to_install(tmp_path, shards, mo
         train(config(shards, tmp_path / "t", max_steps=2, report_to=("jsonl", kind)),
               log=lambda m: None)
     assert not (tmp_path / "t").exists()  # refused before the run made anything
-    from longpack.dry_run import plan  # and by the dry run, which passed it before
+    from longpack.training.dry_run import plan  # and by the dry run, which passed it before
 
     with pytest.raises(SettingsError, match=f"--report-to {kind} needs the {kind} package"):
         plan(config(shards, tmp_path / "t", max_steps=2, report_to=("jsonl", kind)),
@@ -348,7 +348,7 @@ def test_models_draw_no_random_numbers_while_training(name):
     (b"[1]", "not a longpack manifest (no everything: it is not a JSON object)"),  # TypeError
 ])
 def test_a_damaged_manifest_is_one_line_for_train_and_zoo_eval(tmp_path, shards, content, says):
-    from archs.zoo.cli import zoo
+    from longpack.zoo.cli import zoo
 
     (shards / "manifest.json").write_bytes(content)
     r = CliRunner().invoke(train_cli, ["--shards", str(shards), "--out", str(tmp_path / "r")])
@@ -364,7 +364,7 @@ def test_a_step_reads_nothing_back_to_the_host_between_logged_steps(tmp_path, by
     """The step's numbers stay on the device (the CPU can queue the next step on a GPU): over
     12 steps logged every 4, the trainer copies numbers to the host at steps 0, 4 and 8 and at
     the last (its evaluation and checkpoint), once each, and nowhere else."""
-    import training
+    from longpack import training
 
     package = str(Path(training.__file__).parent)
     reads = []
@@ -388,7 +388,7 @@ def test_a_step_reads_nothing_back_to_the_host_between_logged_steps(tmp_path, by
 
 
 def test_a_failed_evaluation_leaves_the_model_in_training_mode():
-    from training.evaluate import split_loss
+    from longpack.training.evaluate import split_loss
 
     class Damaged:  # a val split whose second row cannot be read
         def get(self, i):
@@ -407,7 +407,7 @@ def test_ctrl_c_says_it_stops_after_the_step_and_a_second_stops_at_once():
     import os
     import signal
 
-    from training.loop import stop_requested
+    from longpack.training.loop import stop_requested
 
     said = []
     with pytest.raises(KeyboardInterrupt):

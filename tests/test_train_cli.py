@@ -4,9 +4,9 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import vocab_of
-from training.cli import train as train_cli
-from training.config import TrainConfig
-from training.loop import train
+from longpack.training.cli import train as train_cli
+from longpack.training.config import TrainConfig
+from longpack.training.loop import train
 
 
 def run_cli(*args):
@@ -128,7 +128,7 @@ def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path, shards):
 
 
 def test_dry_run_says_the_plan_at_once_then_each_probe_step(tmp_path, shards):
-    from longpack.dry_run import PROBE_STEPS, plan
+    from longpack.training.dry_run import PROBE_STEPS, plan
 
     said = []
     plan(TrainConfig(shards=str(shards), batch_size=4, max_steps=10), say=said.append)
@@ -147,7 +147,7 @@ def test_the_dry_run_probes_the_step_training_takes(shards):
     """The probe runs the trainer's step (clipping, grad scaler, optimizers), not a forward and
     backward of its own: with the gradient clipped to almost nothing the probe's loss stands
     still; unclipped, three steps on the same batch bring it down."""
-    from longpack.dry_run import plan
+    from longpack.training.dry_run import plan
 
     def probe_losses(clip):
         cfg = TrainConfig(shards=str(shards), batch_size=4, max_steps=10, lr=3e-3, warmup=0,
@@ -163,8 +163,8 @@ def test_the_dry_run_probes_the_step_training_takes(shards):
 def test_a_cpu_probe_is_cut_to_a_few_seconds_and_scaled(tmp_path):
     import torch
 
-    import archs
-    from longpack.dry_run import CPU_PROBE_FLOPS, probe_shape
+    from longpack import archs
+    from longpack.training.dry_run import CPU_PROBE_FLOPS, probe_shape
 
     fpt = archs.build("neox-tiny", device="meta", vocab_size=50257).flops_per_token
     # the issue's run: seq 32768, batch 8 -- 23 TFLOPs a step; the CPU probe does ~3e10
@@ -209,8 +209,8 @@ def test_console_and_records_say_progress_and_eta(tmp_path, shards):
 def test_eta_is_the_pace_after_the_first_step_times_the_steps_left(monkeypatch):
     import types
 
-    from training import loop
-    from training.loop import Eta
+    from longpack.training import loop
+    from longpack.training.loop import Eta
 
     now = [100.0]  # a clock the test moves: no sleep, no dependence on the machine's load
     monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
@@ -224,7 +224,7 @@ def test_eta_is_the_pace_after_the_first_step_times_the_steps_left(monkeypatch):
 
 @pytest.mark.slow
 def test_list_models_sizes_presets_at_the_build_vocabulary(shards):
-    import archs
+    from longpack import archs
 
     def row(output, name):
         return next(line.split() for line in output.splitlines() if line.startswith(name + " "))
@@ -243,8 +243,8 @@ def test_list_models_sizes_presets_at_the_build_vocabulary(shards):
 
 
 def test_the_memory_estimate_counts_the_logits_the_loss_keeps():
-    from archs.activations import CE_CHUNK, loss_bytes
-    from archs.layers import LOGITS_BUDGET_BYTES
+    from longpack.archs.activations import CE_CHUNK, loss_bytes
+    from longpack.archs.layers import LOGITS_BUDGET_BYTES
 
     assert loss_bytes(4 * 64, 50257) == 8 * 4 * 64 * 50257  # all kept, with their gradient
     assert 8 * 32767 * 50257 * 4 > LOGITS_BUDGET_BYTES  # seq 32k: chunked and recomputed
@@ -260,7 +260,7 @@ def test_gpu_memory_must_be_a_positive_finite_number(value):
 
 
 def test_a_weight_decay_that_would_flip_every_weight_is_refused():
-    from longpack.errors import SettingsError
+    from longpack.core.errors import SettingsError
 
     for wd, lr in ((1e300, 3e-4), (2.0, 0.5)):
         with pytest.raises(SettingsError, match="lr x weight decay must be below 1"):
@@ -285,7 +285,7 @@ def test_help_comes_in_sections_holding_every_flag_once():
     import dataclasses
     import re
 
-    from training.cli import HELP_SECTIONS
+    from longpack.training.cli import HELP_SECTIONS
 
     text = run_cli("--help").output
     headings = [line[:-1] for line in text.splitlines() if re.fullmatch(r"[A-Z][\w ]*:", line)]

@@ -4,11 +4,11 @@ full_width, model_inputs(..., full=True)), and the padding changes no number of 
 import pytest
 import torch
 
-import archs
-from training.config import TrainConfig
-from training.data.loader import full_width, make_batch
-from training.parallel.distributed import Processes
-from training.step import prepare, train_step
+from longpack import archs
+from longpack.training.config import TrainConfig
+from longpack.training.data.loader import full_width, make_batch
+from longpack.training.parallel.distributed import Processes
+from longpack.training.step import prepare, train_step
 
 CPU = Processes(0, 1, torch.device("cpu"))
 TINY = ["neox-tiny", "moe-tiny", "mamba-tiny", "hybrid-tiny", "resonance-tiny"]

@@ -16,16 +16,16 @@ import zstandard
 from click.testing import CliRunner
 
 from conftest import make_texts, write_byte_tokenizer_json, write_jsonl
-from longpack.atomic import sha256_file
-from longpack.errors import DataError
-from pipeline.build import build
-from pipeline.builds.reader import open_build
-from pipeline.builds.verify import ShardChecks
-from pipeline.config import BuildConfig
-from pipeline.formats.mds import MdsColumns
-from training.cli import train as train_cli
-from training.data.loader import StepBatches, batches
-from training.data.mixture import GlobalOrder
+from longpack.core.atomic import sha256_file
+from longpack.core.errors import DataError
+from longpack.pipeline.build import build
+from longpack.pipeline.builds.reader import open_build
+from longpack.pipeline.builds.verify import ShardChecks
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.formats.mds import MdsColumns
+from longpack.training.cli import train as train_cli
+from longpack.training.data.loader import StepBatches, batches
+from longpack.training.data.mixture import GlobalOrder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -112,7 +112,7 @@ def test_train_from_s3_in_a_fresh_process_matches_the_local_folder(tmp_path, s3)
     runs = {}
     for name, shards in (("s3", url), ("local", str(out))):
         run = tmp_path / f"run-{name}"
-        proc = subprocess.run([sys.executable, "-c", "from training.cli import train; train()",
+        proc = subprocess.run([sys.executable, "-c", "from longpack.training.cli import train; train()",
                                *train_args(shards, run, 5)], cwd=REPO, capture_output=True,
                               text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -288,7 +288,7 @@ def test_workers_check_the_shards_of_their_next_items_ahead(tmp_path, byte_token
     shards are checked than the rows they could have read."""
     import time
 
-    from training.data.loader import CHECK_AHEAD, PREFETCH
+    from longpack.training.data.loader import CHECK_AHEAD, PREFETCH
 
     out = make_build(tmp_path, byte_tokenizer, fmt="memmap", docs=60, rows_per_shard=1)
     b = open_build(str(out), tmp_path / "cache", "1gb")

@@ -13,9 +13,9 @@ import torch
 from test_train import padded_build
 
 from conftest import one_thread_as_under_torchrun, run_train_jobs
-from training.checkpoints import checkpoint
-from training.config import TrainConfig
-from training.loop import train
+from longpack.training.checkpoints import checkpoint
+from longpack.training.config import TrainConfig
+from longpack.training.loop import train
 
 pytestmark = pytest.mark.slow
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 from test_checkpoint_safety import plant_bytes_items
 
-from archs.zoo.runs import load_run
 from conftest import one_thread_as_under_torchrun, run_train_jobs
-from training.checkpoints import checkpoint
-from training.config import TrainConfig
-from training.loop import train
+from longpack.training.checkpoints import checkpoint
+from longpack.training.config import TrainConfig
+from longpack.training.loop import train
+from longpack.zoo.runs import load_run
 
 pytestmark = pytest.mark.slow
 

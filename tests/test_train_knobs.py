@@ -15,15 +15,15 @@ import torch
 from click.testing import CliRunner
 from test_train import padded_build
 
-import archs
-from archs.zoo.cli import zoo
 from conftest import vocab_of
-from longpack.errors import SettingsError
-from training.cli import train as train_cli
-from training.config import TrainConfig
-from training.data.loader import make_batch
-from training.loop import train
-from training.parallel.distributed import launched
+from longpack import archs
+from longpack.core.errors import SettingsError
+from longpack.training.cli import train as train_cli
+from longpack.training.config import TrainConfig
+from longpack.training.data.loader import make_batch
+from longpack.training.loop import train
+from longpack.training.parallel.distributed import launched
+from longpack.zoo.cli import zoo
 
 MOE = ("n_pred_tokens=2", "mod_capacity=0.5")  # MTP and a depth-routed block: every aux term
 
@@ -53,7 +53,7 @@ def test_lm_loss_is_the_next_token_loss_over_the_steps_real_targets(tmp_path, by
     first = history[0]
     torch.manual_seed(0)  # the run's seed: its initial weights
     model = archs.build("moe-tiny", vocab_size=50257, **archs.parse_args("moe-tiny", list(MOE)))
-    from pipeline.builds.reader import open_build
+    from longpack.pipeline.builds.reader import open_build
 
     build = open_build(str(shards), tmp_path / "cache", "1gb")
     batch = make_batch([build.train.get(i) for i in range(len(build.train))])
@@ -175,7 +175,7 @@ def test_wandb_gets_the_run_settings_and_its_resolved_config(tmp_path, shards, m
     assert [step for step, _ in fake.logged] == [0, 1, 2]
     assert "lm_loss" in fake.logged[0][1] and fake.finished == 1
     # the defaults: project longpack, the run folder's name; tags from the comma form
-    from training.metrics import wandb_settings
+    from longpack.training.metrics import wandb_settings
 
     assert wandb_settings(TrainConfig(shards="x", out="runs/plain/", wandb_tags="a, b")) == {
         "project": "longpack", "name": "plain", "entity": None, "group": None,
@@ -204,7 +204,7 @@ def test_wandb_without_a_login_is_one_line_before_anything_is_made(tmp_path, sha
     assert "not logged in to W&B; run `wandb login` or set WANDB_API_KEY" in r.output
     assert not out.exists()
     monkeypatch.setenv("WANDB_MODE", "offline")  # records kept locally: no login needed
-    from training.metrics import check_installed
+    from longpack.training.metrics import check_installed
 
     check_installed(("console", "wandb"))
 
@@ -212,8 +212,8 @@ def test_wandb_without_a_login_is_one_line_before_anything_is_made(tmp_path, sha
 # -- Muon's settings ------------------------------------------------------------------------
 
 def test_muon_takes_its_own_lr_momentum_and_newton_schulz_steps():
-    from training.optim import lr_at, make_optimizers, set_lr
-    from training.step import prepare, train_step
+    from longpack.training.optim import lr_at, make_optimizers, set_lr
+    from longpack.training.step import prepare, train_step
 
     torch.manual_seed(0)
     model = archs.build("neox-tiny", vocab_size=300)
@@ -289,8 +289,8 @@ class CountedRows:
 
 @pytest.mark.parametrize("prefetch", [1, 3])
 def test_prefetch_is_how_many_batches_a_worker_builds_ahead(prefetch):
-    from training.data.loader import StepBatches, batches
-    from training.data.mixture import GlobalOrder
+    from longpack.training.data.loader import StepBatches, batches
+    from longpack.training.data.mixture import GlobalOrder
 
     rows = CountedRows(64)
     order = GlobalOrder(len(rows), 1, seed=0, fingerprint="f")
@@ -315,7 +315,7 @@ def test_prefetch_is_how_many_batches_a_worker_builds_ahead(prefetch):
     # file answers it from training/names.py)
 ])
 def test_an_unknown_setting_names_the_nearest_known_one(theirs, ours):
-    from longpack.settings import refuse_unknown
+    from longpack.core.settings import refuse_unknown
 
     known = [f.name for f in dataclasses.fields(TrainConfig)]
     with pytest.raises(SettingsError) as e:
@@ -350,7 +350,7 @@ def test_clipping_does_not_depend_on_how_the_gradients_are_split():
     """The clip coefficient from a float64 norm: the same float32 update whether a gradient is
     one tensor or shards of it (FSDP's), which float32 sums are not; torch's arithmetic
     otherwise."""
-    from training.step import clip_gradients
+    from longpack.training.step import clip_gradients
 
     def clipped(pieces, max_norm):
         params = [torch.nn.Parameter(torch.zeros_like(g)) for g in pieces]

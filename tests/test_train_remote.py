@@ -19,11 +19,11 @@ from click.testing import CliRunner
 from test_train import config, weights
 
 from conftest import make_texts, write_byte_tokenizer_json, write_jsonl
-from longpack import StorageError, Store, TrainingError
-from training.checkpoints import checkpoint
-from training.checkpoints.upload import RemoteRun
-from training.cli import train as train_cli
-from training.loop import train
+from longpack.core import StorageError, Store, TrainingError
+from longpack.training.checkpoints import checkpoint
+from longpack.training.checkpoints.upload import RemoteRun
+from longpack.training.cli import train as train_cli
+from longpack.training.loop import train
 
 QUIET = dict(log=lambda m: None)
 
@@ -188,7 +188,7 @@ def test_kill_9_mid_upload_resumes_from_the_newest_complete_checkpoint(tmp_path,
             "--batch-size", "4", "--max-steps", "12", "--warmup", "2", "--lr", "3e-3",
             "--save-every", "2", "--log-every", "100", "--workers", "0",
             "--upload", s3.url("k")]
-    proc = subprocess.Popen([sys.executable, "-c", "from training.cli import train; train()",
+    proc = subprocess.Popen([sys.executable, "-c", "from longpack.training.cli import train; train()",
                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline, killed_step = time.monotonic() + 240, None
     while time.monotonic() < deadline and proc.poll() is None:
@@ -265,8 +265,8 @@ def memmap_shards(tmp_path) -> Path:
     """A memmap build: two processes of one run on this machine that each take themselves for
     the first of their machine (LOCAL_RANK 0) would share mosaicml-streaming's shared memory
     names over an MDS build; machines of their own would not."""
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])
     out = tmp_path / "memmap"
@@ -282,7 +282,7 @@ def test_a_memmap_build_in_a_bucket_gives_the_rows_of_the_local_folder(tmp_path,
                                                                        s3):
     """Any format trains from a URL: a memmap build on S3 gives the rows of the same build read
     locally, and a run over it (its loader workers fetching) the same losses."""
-    from pipeline.builds.reader import open_build
+    from longpack.pipeline.builds.reader import open_build
 
     url = s3.upload_tree(memmap_shards, "memmap")
     remote = open_build(url, tmp_path / "cache", "1gb")

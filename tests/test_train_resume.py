@@ -9,10 +9,10 @@ import torch
 from click.testing import CliRunner
 from test_train import config, records, weights
 
-from longpack.errors import TrainingError
-from training.checkpoints import checkpoint
-from training.cli import train as train_cli
-from training.loop import train
+from longpack.core.errors import TrainingError
+from longpack.training.checkpoints import checkpoint
+from longpack.training.cli import train as train_cli
+from longpack.training.loop import train
 
 
 @pytest.mark.slow
@@ -39,10 +39,10 @@ def as_previous_format(path, run, cfg):
     """Rewrite the one-process checkpoint in `path` as longpack wrote them before FORMAT 2: the
     model and the optimizers in state.pt (torch.save, the optimizer state by position), no
     "format", and the metrics records of every step before it in "history"."""
-    import archs
-    from longpack.atomic import sha256_file
-    from training.checkpoints.checkpoint import load_into
-    from training.optim import make_optimizers
+    from longpack import archs
+    from longpack.core.atomic import sha256_file
+    from longpack.training.checkpoints.checkpoint import load_into
+    from longpack.training.optim import make_optimizers
 
     state = torch.load(path / "state.pt", weights_only=False)
     model = archs.build(cfg.model, **state["model_config"])
@@ -80,7 +80,7 @@ def test_a_checkpoint_of_a_newer_format_is_refused_not_skipped(tmp_path, shards)
     newest = run / "step-00000002"
     state = torch.load(newest / "state.pt", weights_only=False)
     torch.save({**state, "format": checkpoint.FORMAT + 1}, newest / "state.pt")
-    from longpack.atomic import sha256_file
+    from longpack.core.atomic import sha256_file
 
     (newest / "COMPLETE").write_text(sha256_file(newest / "state.pt") + "\n")
     # the one before is sound, but falling back to it would quietly undo a step
@@ -153,7 +153,7 @@ def test_a_signal_finishes_the_step_saves_and_the_resumed_run_matches(tmp_path, 
     # suite's machine) the same command through the interpreter
     installed = Path(sys.executable).parent / "train"
     run = ([str(installed)] if installed.exists()
-           else [sys.executable, "-c", "from training.cli import train; train()"])
+           else [sys.executable, "-c", "from longpack.training.cli import train; train()"])
     straight = subprocess.run([*run, *args, "--out", str(tmp_path / "a")], check=True,
                               capture_output=True, text=True, timeout=300)
     assert "done: step 60" in straight.stdout

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-import archs
 from conftest import make_texts, write_jsonl
-from longpack.errors import DataError, LoaderError
-from pipeline.build import build
-from pipeline.builds.reader import Rows, open_build
-from pipeline.config import BuildConfig
-from pipeline.formats.shards import open_split
-from pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
-from training.data.loader import StepBatches, batches, make_batch
-from training.data.mixture import GlobalOrder, batch_hash
+from longpack import archs
+from longpack.core.errors import DataError, LoaderError
+from longpack.pipeline.build import build
+from longpack.pipeline.builds.reader import Rows, open_build
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.formats.shards import open_split
+from longpack.pipeline.formats.streaming_compat import clear_stale_locks, import_streaming
+from longpack.training.data.loader import StepBatches, batches, make_batch
+from longpack.training.data.mixture import GlobalOrder, batch_hash
 
 
 def test_every_row_once_per_epoch_and_epochs_reshuffle():
@@ -152,7 +152,7 @@ def test_seq_windows_cut_rows_and_keep_document_starts(tmp_path, byte_tokenizer)
 @pytest.fixture
 def memory_store():
     """fsspec's in-memory store (what the gs:// tests use), emptied after the test."""
-    from longpack import Store
+    from longpack.core import Store
 
     yield "memory://builds"
     store = Store("memory://builds")
@@ -160,7 +160,7 @@ def memory_store():
 
 
 def _upload(local: Path, url: str) -> str:
-    from longpack import Store
+    from longpack.core import Store
 
     store = Store(url)
     for path in sorted(local.rglob("*")):
@@ -192,7 +192,7 @@ def test_a_remote_build_streams_into_a_bounded_cache(tmp_path, byte_tokenizer, m
 @pytest.mark.parametrize("fmt", ["memmap", "mds"])
 def test_a_shard_missing_from_the_store_is_named_by_its_url(tmp_path, byte_tokenizer,
                                                             memory_store, fmt):
-    from longpack import Store
+    from longpack.core import Store
 
     out = _build(tmp_path, byte_tokenizer, fmt, val=0.0)
     url = _upload(out, f"{memory_store}/{fmt}")
@@ -206,7 +206,7 @@ def test_a_shard_missing_from_the_store_is_named_by_its_url(tmp_path, byte_token
 
 
 def test_the_cache_never_removes_a_shard_in_use_and_drops_the_least_recent(tmp_path):
-    from pipeline.builds.cache import ShardCache
+    from longpack.pipeline.builds.cache import ShardCache
 
     folder = tmp_path / "c"
     folder.mkdir()
@@ -249,9 +249,9 @@ def test_a_format_of_one_class_trains_with_no_change_to_the_trainer(
     import gzip
     import shutil
 
-    from pipeline import formats
-    from pipeline.formats.base import StoredFile
-    from pipeline.formats.memmap import MemmapFormat
+    from longpack.pipeline import formats
+    from longpack.pipeline.formats.base import StoredFile
+    from longpack.pipeline.formats.memmap import MemmapFormat
 
     class GzipTokens(MemmapFormat):
         name, compressed = "gzip-test", True
@@ -348,9 +348,9 @@ def test_a_batch_kept_after_the_stream_ends_stays_readable(tmp_path, byte_tokeni
 _TRAINER = """
 import sys, time, multiprocessing
 from pathlib import Path
-from pipeline.builds.reader import open_build
-from training.data.loader import StepBatches, batches
-from training.data.mixture import GlobalOrder
+from longpack.pipeline.builds.reader import open_build
+from longpack.training.data.loader import StepBatches, batches
+from longpack.training.data.mixture import GlobalOrder
 b = open_build(sys.argv[1], Path(sys.argv[2]), "1gb")
 order = GlobalOrder(len(b.train), global_batch=2, seed=0, fingerprint=b.fingerprint)
 stream = batches(StepBatches(order, b.train, 0, 1, 2, 1), 0, 10**6, 2)

@@ -1,5 +1,5 @@
 """The user's environment works: after the README's install, a Python process that imports nothing
-of longpack (so none of pipeline/formats/streaming_compat.py's or archs/zoo/transformers_compat.py's
+of longpack (so none of pipeline/formats/streaming_compat.py's or archs/hf/transformers_compat.py's
 work-arounds) imports mosaicml-streaming, and loads and runs an exported GPT-NeoX with plain
 transformers, `from_pretrained` and `pipeline("text-generation")`.
 
@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 from test_train import config
 
-from archs.zoo.cli import zoo
-from training.loop import train
+from longpack.training.loop import train
+from longpack.zoo.cli import zoo
 
 NOTHING_OF_LONGPACK = (
     "\nleaked = sorted({m.split('.')[0] for m in sys.modules} & {'longpack', 'pipeline', 'training',"

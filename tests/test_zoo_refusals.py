@@ -16,11 +16,11 @@ import torch
 from click.testing import CliRunner
 from test_train import config
 
-from archs.zoo.cli import zoo
 from conftest import signals_as_from_a_shell
-from pipeline.cli import pack
-from training.checkpoints import checkpoint
-from training.loop import train
+from longpack.pipeline.cli import pack
+from longpack.training.checkpoints import checkpoint
+from longpack.training.loop import train
+from longpack.zoo.cli import zoo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,8 +70,8 @@ def test_zoo_eval_refuses_a_build_of_another_tokenizer(tmp_path, shards, neox_ru
 
 
 def test_an_empty_prompt_starts_a_new_document(neox_run):
-    from archs.zoo.generate import generate
-    from archs.zoo.runs import load_run
+    from longpack.archs.generate import generate
+    from longpack.zoo.runs import load_run
 
     result = CliRunner().invoke(zoo, ["generate", str(neox_run), "--prompt", "",
                                       "--max-new-tokens", "8"])
@@ -84,7 +84,7 @@ def test_an_empty_prompt_starts_a_new_document(neox_run):
 
 
 def test_max_new_tokens_is_bounded_by_the_models_context(neox_run):
-    from archs.zoo.runs import load_run
+    from longpack.zoo.runs import load_run
 
     trained = load_run(neox_run)
     limit = max(trained.model.cfg.max_seq, trained.seq)  # neox-tiny: max_seq 256, rows of 65
@@ -101,8 +101,8 @@ def test_max_new_tokens_is_bounded_by_the_models_context(neox_run):
 
 
 def test_text_is_streamed_whole_characters_at_a_time(byte_tokenizer):
-    from archs.zoo.generate import TextStream
-    from pipeline import load_tokenizer
+    from longpack.archs.generate import TextStream
+    from longpack.pipeline import load_tokenizer
 
     tok = load_tokenizer(byte_tokenizer)  # one token a byte: characters split over tokens
     ids = tok.reference.encode_flat(["δέλτα € long-context 🚀 end"])[0].tolist()
@@ -148,7 +148,7 @@ def test_ctrl_c_stops_an_unbounded_generation_cleanly(tmp_path, shards):
     torch.save({**state, "format": 2, "model": weights}, latest / "state.pt")
     (latest / "COMPLETE").write_text(checkpoint.sha256_file(latest / "state.pt") + "\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "archs.zoo.cli", "generate", str(run), "--prompt", "alpha",
+        [sys.executable, "-m", "longpack.zoo.cli", "generate", str(run), "--prompt", "alpha",
          "--max-new-tokens", str(10**12)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

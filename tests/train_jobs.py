@@ -17,9 +17,9 @@ from pathlib import Path
 import click
 import torch.distributed as dist
 
-from training.config import TrainConfig
-from training.loop import train
-from training.parallel.distributed import launched
+from longpack.training.config import TrainConfig
+from longpack.training.loop import train
+from longpack.training.parallel.distributed import launched
 
 
 def main(path: str) -> None:
@@ -28,7 +28,7 @@ def main(path: str) -> None:
     try:
         for job in json.loads(Path(path).read_text()):
             if "argv" in job:
-                from training.cli import train as train_cli
+                from longpack.training.cli import train as train_cli
 
                 with open(f"{job['stdout']}.rank{procs.rank}", "w") as out, \
                         contextlib.redirect_stdout(out):

@@ -55,7 +55,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import archs
+from longpack import archs
 
 
 def step_time(model, batch: int, seq: int, device, doc_len: int | None, repeat: int,
@@ -155,7 +155,7 @@ def scan_section(repeat: int, rounds: int, seqs: list[int]):
 def lean_section(repeat: int, rounds: int, names: list[str], seq: int):
     """The lean scan against the plain autograd path, the same weights and rows; each round
     times both (best step each). ratio = plain's seconds / lean's (>= 1: lean no slower)."""
-    from archs.mamba import MambaMixer
+    from longpack.archs.mamba import MambaMixer
 
     cpu = torch.device("cpu")
     print(f"\n== CPU ({torch.get_num_threads()} threads), Mamba's lean scan vs the plain autograd "
@@ -314,12 +314,12 @@ TOY_SCAN_EXTRA = {"gpt-neox": dict(n_heads=4, d_ff=256), "resonance": {}, "mamba
 
 
 class CompiledLoss:
-    """The model with its loss compiled as the trainer compiles it (training.step.LossOf: the
+    """The model with its loss compiled as the trainer compiles it (longpack.training.step.LossOf: the
     loss as a module's forward). torch.compile(model) alone would compile forward only, and
     model.loss, reached through it, would run eager."""
 
     def __init__(self, model):
-        from training.step import LossOf
+        from longpack.training.step import LossOf
 
         self.cfg, self.zero_grad = model.cfg, model.zero_grad
         self.loss = torch.compile(LossOf(model))
@@ -382,7 +382,7 @@ def gpu_section(repeat: int, peak_tflops: float, doc_len: int, device: str = "cu
 def gpu_scan(dev, repeat: int, seqs, toy: bool, json_path) -> None:
     """Resonance and Mamba against gpt-neox at equal width and depth, eager, batch 1."""
     shape, extra = (TOY_SCAN_SHAPE, TOY_SCAN_EXTRA) if toy else (GPU_SCAN_SHAPE, GPU_SCAN_EXTRA)
-    from archs.mamba import scan_name
+    from longpack.archs.mamba import scan_name
 
     print(f"  scan, eager, batch 1, {shape}: tokens/s (Mamba's scan: {scan_name(dev)})",
           flush=True)

@@ -38,8 +38,8 @@ def floor_child(corpus: Path, workers: int) -> None:
 
     import pyarrow.parquet as pq
 
-    from pipeline.tokenize.engines import FastEngine
-    from pipeline.tokenize.tokenizer import TIKTOKEN_ENCODINGS
+    from longpack.pipeline.tokenize.engines import FastEngine
+    from longpack.pipeline.tokenize.tokenizer import TIKTOKEN_ENCODINGS
 
     _, pattern, special = TIKTOKEN_ENCODINGS["gpt2"]
     engine = FastEngine.load("tiktoken", bench_pack.GPT2_TIKTOKEN, None, pattern, special)

@@ -90,8 +90,8 @@ def clean_work(work: Path, made_here: bool, keep: bool, names) -> None:
 def build_shared_corpus(work: Path, seq: int, formats=("mds", "memmap")) -> dict[str, Path]:
     """The shared FineWeb-Edu sample, gpt2.tiktoken, rows of `seq`, no val split, per format
     (kept in `work` and reused when already built)."""
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     tokenizer = SHARED / "tokenizers/gpt2.tiktoken"
     data = SHARED / "data/fineweb-edu-sample"

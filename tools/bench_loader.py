@@ -3,7 +3,7 @@
 
 What it measures, in one run:
 
-1. Corpus. `pipeline.build` of the shared FineWeb-Edu sample with the shared gpt2.tiktoken at
+1. Corpus. `longpack.pipeline.build` of the shared FineWeb-Edu sample with the shared gpt2.tiktoken at
    --seq (2048), val fraction 0, once as MDS (zstd) and once as memmap (~3,550 rows of real
    GPT-2 tokens at 2048). Every reader below reads the train split for --epochs epochs in a
    shuffled order, --batch rows per batch, and is run --repeat times; the best run counts.
@@ -20,7 +20,7 @@ What it measures, in one run:
 3. MDS (shards decompressed into each reader's own cache by one untimed warm-up epoch first):
    - streaming: a plain `streaming.StreamingDataset(shuffle=True)` in a torch DataLoader with the
      same --workers and --batch, collating only the `tokens` column;
-   - loader: training.data.loader as above, reading rows through StreamingDataset.get_item (the
+   - loader: longpack.training.data.loader as above, reading rows through StreamingDataset.get_item (the
      check hashes each decompressed shard in the cache once per run).
 Rates are rows (and tokens) delivered per second of wall clock.
 
@@ -32,7 +32,7 @@ Rates are rows (and tokens) delivered per second of wall clock.
 
 5. --mix (instead of 2-4): the same documents as one build or as a mixture of two. The one
    build is the FineWeb-Edu sample's; the mixture is of its two parquet files built apart, as
-   `train --shards a=... --shards b=... --mix a=0.5,b=0.5` draws them (training.data.mixture:
+   `train --shards a=... --shards b=... --mix a=0.5,b=0.5` draws them (longpack.training.data.mixture:
    MixedOrder over MixedRows, every batch from both, shuffled). Same format, steps and batch;
    rates in rows per second. (Same documents on both sides: what it costs to turn a row into a
    batch depends on the documents in it, e.g. how many start there.)
@@ -110,7 +110,7 @@ def raw_memmap(out: Path, order, steps: int):
 
 def our_loader(open_rows, order, steps: int, batch: int, workers: int):
     """open_rows() opens the build's train rows: a run starts with no shard checked."""
-    from training.data.loader import StepBatches, batches
+    from longpack.training.data.loader import StepBatches, batches
 
     def run():
         data = StepBatches(order, open_rows(), rank=0, world=1, batch_size=batch, grad_accum=1)
@@ -122,7 +122,7 @@ def plain_streaming(out: Path, cache: Path, epochs: int, batch: int, workers: in
     import torch
     from torch.utils.data import DataLoader
 
-    from pipeline.formats.streaming_compat import import_streaming
+    from longpack.pipeline.formats.streaming_compat import import_streaming
 
     streaming = import_streaming()
     dataset = streaming.StreamingDataset(remote=str(out / "train"), local=str(cache),
@@ -166,8 +166,8 @@ MIX = {"a": 0.5, "b": 0.5}  # the sources: the FineWeb-Edu sample's parquet file
 def build_sources(work: Path, seq: int, fmt: str) -> dict[str, Path]:
     """The mixture's builds (kept in `work` and reused): each FineWeb-Edu parquet file apart,
     tokenized as build_shared_corpus's."""
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     parquet = sorted((SHARED / "data/fineweb-edu-sample").glob("*.parquet"))
     outs = {}
@@ -182,8 +182,8 @@ def build_sources(work: Path, seq: int, fmt: str) -> dict[str, Path]:
 
 
 def measure_mix(args, work: Path) -> None:
-    from pipeline.builds.reader import open_build
-    from training.data.mixture import MixedOrder, MixedRows
+    from longpack.pipeline.builds.reader import open_build
+    from longpack.training.data.mixture import MixedOrder, MixedRows
 
     single = build_shared_corpus(work, args.seq)
     runs, rows_of, ratios = {}, {}, {}
@@ -233,7 +233,7 @@ def measure_mix(args, work: Path) -> None:
 
 
 def upload(out: Path, url: str) -> None:
-    from longpack import Store
+    from longpack.core import Store
 
     store = Store(url)
     for path in sorted(out.rglob("*")):
@@ -242,8 +242,8 @@ def upload(out: Path, url: str) -> None:
 
 
 def measure(args, work: Path) -> None:
-    from pipeline.builds.reader import open_build
-    from training.data.mixture import GlobalOrder
+    from longpack.pipeline.builds.reader import open_build
+    from longpack.training.data.mixture import GlobalOrder
 
     outs = build_shared_corpus(work, args.seq)
 

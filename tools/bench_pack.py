@@ -227,8 +227,8 @@ def sample_check_encoder(workers: int):
     """What the fast engine's build adds to check itself: the reference re-encodes the sampled
     documents (doc_hash % SAMPLE_EVERY["tiktoken"] == 0), as tokenize/encode.py does, on the same
     threads."""
-    from pipeline.tokenize.engines import SAMPLE_EVERY
-    from pipeline.tokenize.split import doc_hash
+    from longpack.pipeline.tokenize.engines import SAMPLE_EVERY
+    from longpack.pipeline.tokenize.split import doc_hash
 
     encode = tiktoken_encoder(workers)
     return lambda texts: encode([t for t in texts if doc_hash(t) % SAMPLE_EVERY["tiktoken"] == 0])
@@ -239,7 +239,7 @@ def fast_encoder(tokenizer: Path, workers: int):
     a batch of texts each, one flat array of ids back."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.tokenize.tokenizer import load_tokenizer
+    from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
     engine = load_tokenizer(str(tokenizer), engine="fast").engine
     pool = ThreadPoolExecutor(workers)

@@ -59,9 +59,9 @@ import pyarrow.parquet as pq  # noqa: E402
 from bench_common import SHARED, CpuWatch, describe_checkout, pack_executable  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pipeline.tokenize.engines import HARD_TEXTS, concat_ids, first_mismatch  # noqa: E402
-from pipeline.tokenize.split import doc_hash  # noqa: E402
-from pipeline.tokenize.tokenizer import load_tokenizer  # noqa: E402
+from longpack.pipeline.tokenize.engines import HARD_TEXTS, concat_ids, first_mismatch  # noqa: E402
+from longpack.pipeline.tokenize.split import doc_hash  # noqa: E402
+from longpack.pipeline.tokenize.tokenizer import load_tokenizer  # noqa: E402
 
 FINEWEB = SHARED / "data" / "fineweb-edu-sample"
 DOLMA = SHARED / "data" / "dolma-sample"
@@ -446,7 +446,7 @@ def measure_cost(texts, hashes, copies: int, repeat: int, hf: bool) -> list[dict
     """The sample check's CPU at each N against the build's CPU, on `copies` copies of the
     FineWeb-Edu sample (a longer build: start-up weighs less; the copies' documents repeat, so
     the hash picks the same ones in each)."""
-    from pipeline.tokenize.engines import SAMPLE_EVERY as CURRENT_BY_LIBRARY
+    from longpack.pipeline.tokenize.engines import SAMPLE_EVERY as CURRENT_BY_LIBRARY
 
     print(f"\nCPU of the sample check against pack build's: the FineWeb-Edu sample x {copies} "
           f"({copies * len(texts)} docs), --workers 2, fast engine, best of {repeat} by CPU")

@@ -26,7 +26,7 @@ What it measures, in one run:
      sequentially in one thread: the least any reader of zstd shards has to do.
    - pack stats: `pack stats BIG-FMT --eos-id 50256 --json > /dev/null` as a subprocess, wall
      clock with start-up included; its peak RSS (VmHWM, read every 10 ms until it exits). Also
-     `pipeline.stats.report.collect(BIG-FMT, eos_id=50256)` in this process (start-up excluded).
+     `longpack.pipeline.stats.report.collect(BIG-FMT, eos_id=50256)` in this process (start-up excluded).
    Rates are bytes on disk of the split (all its files, index.json included) per second.
 3. Page cache. Warm: every file was read once before the round (not timed). Cold (--cold, on by
    default when this process can write /proc/sys/vm/drop_caches, i.e. runs as root): `sync;
@@ -79,8 +79,8 @@ from bench_common import (  # noqa: E402
     work_dir,
 )
 
-from pipeline.formats import open_format  # noqa: E402  (the checkout's code)
-from pipeline.stats.report import collect  # noqa: E402
+from longpack.pipeline.formats import open_format  # noqa: E402  (the checkout's code)
+from longpack.pipeline.stats.report import collect  # noqa: E402
 
 FINEWEB_SAMPLE = SHARED / "data" / "fineweb-edu-sample"
 GPT2_TIKTOKEN = SHARED / "tokenizers" / "gpt2.tiktoken"

@@ -5,10 +5,10 @@ What it measures, in one run, per model:
 
 1. Corpus: the shared FineWeb-Edu sample built with gpt2.tiktoken at --seq, memmap and MDS
    (tools/bench_common.build_shared_corpus).
-2. real: `training.loop.train` (the trainer itself: loader worker processes, model_inputs,
+2. real: `longpack.training.loop.train` (the trainer itself: loader worker processes, model_inputs,
    forward, loss, backward, clipping, optimizer) for --steps steps on the build, checkpoints and
    evaluation pushed past the end; each step's wall time comes from the run's own history.
-3. synthetic: the same call with `training.loop.batches` replaced by the same batches built
+3. synthetic: the same call with `longpack.training.loop.batches` replaced by the same batches built
    beforehand and held in memory, so nothing is read or assembled while training (and a
    model whose work depends on the data, as MoE routing does, does the same work): the step
    time a perfect loader would give.
@@ -17,7 +17,7 @@ is a run's step time; real and synthetic alternate --repeat times and the best o
 The real runs also give the loader's share of a step directly: the median over steps of the time
 the trainer spent waiting for and moving its batches (`data_seconds` of metrics.jsonl) divided by
 the step time. tokens/s = global batch x (seq - 1) / step time; MFU = model.flops_per_token x
-tokens/s / the device's peak (GPU only: training.metrics.PEAK_FLOPS, or --peak-tflops).
+tokens/s / the device's peak (GPU only: longpack.training.metrics.PEAK_FLOPS, or --peak-tflops).
 
 Defaults: on CPU neox-tiny, moe-tiny and resonance-tiny at seq 512, batch 4, fp32, MDS; on a GPU
 neox-350m at seq 2048, batch 8, bf16, compiled. Targets (GPU, from the issue): gpt-neox >= 40%
@@ -67,7 +67,7 @@ from bench_common import (  # noqa: E402
 
 
 def run(cfg, synthetic: bool) -> list[dict]:
-    import training.loop as loop
+    import longpack.training.loop as loop
 
     real_batches = loop.batches
     if synthetic:
@@ -84,9 +84,9 @@ def run(cfg, synthetic: bool) -> list[dict]:
 
 def upload_overlap(args, shards: Path, work: Path) -> None:
     """--upload: step times while a checkpoint upload runs vs while none does (see above)."""
-    import training.checkpoints.upload as upload
-    import training.loop as loop
-    from training.config import TrainConfig
+    import longpack.training.checkpoints.upload as upload
+    import longpack.training.loop as loop
+    from longpack.training.config import TrainConfig
 
     steps, uploads = [], []
     real_step, real_upload = loop.train_step, upload.RemoteRun._upload
@@ -163,9 +163,9 @@ def main():
     args = ap.parse_args()
     work, _ = work_dir(args.work, "bench_train.")
 
-    import archs
-    from training.config import TrainConfig
-    from training.metrics import peak_flops
+    from longpack import archs
+    from longpack.training.config import TrainConfig
+    from longpack.training.metrics import peak_flops
 
     shards = args.shards or build_shared_corpus(work, args.seq, (args.format,))[args.format]
     if args.upload:

@@ -57,7 +57,7 @@ def device(args):
 # -- env ------------------------------------------------------------------------------------------
 
 NEEDED = ("torch", "numpy", "zstandard", "xxhash", "tiktoken", "pyarrow", "click", "pytest",
-          "training.loop", "pipeline.build", "archs")
+          "longpack.training.loop", "longpack.pipeline.build", "archs")
 
 
 def env(args) -> None:
@@ -110,8 +110,8 @@ def corpus(args) -> None:
 
     import numpy as np
 
-    from pipeline.build import build
-    from pipeline.config import BuildConfig
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -149,7 +149,7 @@ def zoo(args) -> None:
     short by its time limit has measured every family eager)."""
     import torch
 
-    import archs
+    from longpack import archs
 
     dev = device(args)
     T = 64 if args.smoke else 256
@@ -196,8 +196,8 @@ def zoo(args) -> None:
 def ssd(args) -> None:
     import torch
 
-    import archs
-    from archs import mamba
+    from longpack import archs
+    from longpack.archs import mamba
 
     dev = device(args)
     which = mamba.scan_name(dev)
@@ -277,7 +277,7 @@ def compiled(args) -> None:
     logits (or, --train, the loss's gradients) of torch.compile against eager."""
     import torch
 
-    import archs
+    from longpack import archs
 
     dev = device(args)
     T = args.seq
@@ -312,10 +312,10 @@ def compiled(args) -> None:
 # -- flex -----------------------------------------------------------------------------------------
 
 def per_document_sdpa(q, k, v, doc_starts):
-    """archs.layers.attention's CPU path (causal SDPA per document), on any device."""
+    """longpack.archs.layers.attention's CPU path (causal SDPA per document), on any device."""
     import torch.nn.functional as F
 
-    from archs.layers import document_spans
+    from longpack.archs.layers import document_spans
 
     out, seq = q.new_empty(q.shape), q.shape[2]
     for b in range(q.shape[0]):
@@ -355,7 +355,7 @@ def flex(args) -> None:
     import numpy as np
     import torch
 
-    from archs.layers import _flex_document_attention
+    from longpack.archs.layers import _flex_document_attention
 
     dev = device(args)
     cuda = dev.type == "cuda"

@@ -72,7 +72,7 @@ def sh(cmd: list[str], log: Path) -> int:
 def resume(args) -> None:
     import torch
 
-    from training.checkpoints import checkpoint
+    from longpack.training.checkpoints import checkpoint
 
     work = Path(args.work)
     steps = ["--max-steps", str(args.steps)] + (["--compile"] if args.compile else [])
@@ -144,7 +144,7 @@ FAMILY_OF = {"neox": "gpt-neox", "moe": "moe", "mamba": "mamba", "resonance": "r
 def memory(args) -> None:
     import torch
 
-    from training.cli import train
+    from longpack.training.cli import train
 
     work = Path(args.work)
     on_gpu = torch.cuda.is_available()
@@ -238,7 +238,7 @@ def tests(args) -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["train"]:  # as `train`, with its own flags
-        from training.cli import train
+        from longpack.training.cli import train
 
         train.main(args=sys.argv[2:], prog_name="train")
         return

@@ -119,7 +119,7 @@ def make(shared: Path, out: Path) -> None:
 def readme(out: Path, fw: dict, dolma: dict, gpt2: Path) -> str:
     import tiktoken
 
-    from pipeline.tokenize.tokenizer import load_tokenizer
+    from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
     enc = load_tokenizer(str(gpt2)).reference.impl
     assert isinstance(enc, tiktoken.Encoding)

@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import archs  # noqa: E402
-from archs.memory import GIB  # noqa: E402
-from training.config import TrainConfig  # noqa: E402
-from training.fits import plan_memory  # noqa: E402
+from longpack import archs  # noqa: E402
+from longpack.archs.memory import GIB  # noqa: E402
+from longpack.training.config import TrainConfig  # noqa: E402
+from longpack.training.fits import plan_memory  # noqa: E402
 
 
 def options(gpus: int, node: int) -> list[tuple[str, dict]]:

@@ -56,7 +56,7 @@ class ThreadCpu(threading.Thread):
 def main() -> int:
     from click.testing import CliRunner
 
-    from pipeline.cli import pack
+    from longpack.pipeline.cli import pack
 
     watch = ThreadCpu()
     watch.start()

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from pipeline.config import PACKINGS, BuildConfig  # noqa: E402
-from pipeline.distribute import tasks  # noqa: E402
-from pipeline.distribute.work_folder import TaskedBuild  # noqa: E402
+from longpack.pipeline.config import PACKINGS, BuildConfig  # noqa: E402
+from longpack.pipeline.distribute import tasks  # noqa: E402
+from longpack.pipeline.distribute.work_folder import TaskedBuild  # noqa: E402
 
 
 def byte_ranks(path: Path) -> str:

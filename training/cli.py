@@ -1,11 +1,10 @@
 """`train`: the trainer's command line; its settings' flags are TrainConfig's fields
-(longpack/settings.py), the rest are declared here."""
+(longpack/core/settings.py), the rest are declared here."""
 
 import click
 
-from longpack import SettingsError, click_options
-from longpack.cli import Command
-from training.config import TrainConfig
+from longpack.core import Command, SettingsError, click_options
+from longpack.training.config import TrainConfig
 
 
 class _Shards(click.Option):
@@ -42,10 +41,10 @@ class GroupedHelp(Command):
 
 def _read_config_file(ctx, _param, path):
     """--config: the file's settings (training/config_file.py: every problem in one line, other
-    trainers' names with ours), checked as the Python API's are (longpack/settings.py), become
+    trainers' names with ours), checked as the Python API's are (longpack/core/settings.py), become
     the defaults of the flags (click's default_map), so a flag on the command line wins and
     --shards may come from the file."""
-    from training import config_file
+    from longpack.training import config_file
 
     if path is None:
         return None
@@ -92,9 +91,9 @@ def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **setti
     """Train a model from archs/ on shards written by `pack build` (docs/TRAIN.md)."""
     import sys
 
-    from training.console import Console
-    from training.loop import train as run_training
-    from training.parallel import distributed
+    from longpack.training.console import Console
+    from longpack.training.loop import train as run_training
+    from longpack.training.parallel import distributed
 
     ctx = click.get_current_context()
     given = [f"--{name.replace('_', '-')}" for name in ("world_size", "gpu_memory", "json")
@@ -106,7 +105,7 @@ def train(list_models, dry_run, world_size, gpu_memory, as_json, resume, **setti
         raise click.UsageError(f"--gpu-memory must be a positive, finite number of GiB, at most "
                                f"{2**20:,} (got {gpu_memory})")
     if list_models:
-        from archs.zoo.cli import presets_of_build
+        from longpack.training.presets import presets_of_build
 
         click.echo(presets_of_build(settings["shards"], settings["seq"]))
         return
@@ -133,8 +132,8 @@ def dry_run_plan(cfg: TrainConfig, world_size: int | None, gpu_memory: float,
     import json
     import sys
 
-    from longpack.dry_run import plan
-    from training.parallel import distributed
+    from longpack.training.dry_run import plan
+    from longpack.training.parallel import distributed
 
     main = distributed.launched().main
     say = (lambda line: click.echo(line, err=True)) if as_json else click.echo

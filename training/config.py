@@ -1,11 +1,10 @@
 """The trainer's settings: one frozen dataclass whose fields are also `train`'s flags, each
-with its type, range and choices (longpack/settings.py); `rules` holds what ties them together."""
+with its type, range and choices (longpack/core/settings.py); `rules` holds what ties them together."""
 
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from longpack import DataError, SettingsError, setting
-from longpack.settings import check
+from longpack.core import DataError, SettingsError, check, setting
 
 SCHEDULES = ("cosine", "wsd", "constant", "onecycle", "cosine-restarts")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -178,7 +177,7 @@ class TrainConfig:
     def mixture(self) -> tuple[list[tuple[str, str]], dict | None, list, dict]:
         """(sources [(name, path)], --mix shares or None, --mix-stage stages, --max-epochs
         per source name), validated."""
-        from pipeline import parse_mixture
+        from longpack.pipeline import parse_mixture
 
         return parse_mixture(self.shards, self.mix, self.mix_stages, self.max_epochs)
 
@@ -187,7 +186,7 @@ class TrainConfig:
         """--model-arg as the model config's fields (archs.parse_args: unknown keys and types;
         the model's config checks the values), and --activation-checkpointing as every
         family's `checkpointing` field."""
-        import archs
+        from longpack import archs
 
         overrides = archs.parse_args(self.model, list(self.model_args))
         if "checkpointing" in overrides:
@@ -202,8 +201,8 @@ class TrainConfig:
         resume knows where the run began."""
         import os
 
-        from longpack import is_url
-        from pipeline import source_name
+        from longpack.core import is_url
+        from longpack.pipeline import source_name
 
         def absolute(path: str) -> str:
             return path if is_url(path) else os.path.abspath(path)
@@ -249,7 +248,7 @@ def rules(cfg: TrainConfig) -> None:
     if muon and cfg.optimizer != "muon":
         raise SettingsError(f"{', '.join(muon)}: Muon's settings, for --optimizer muon (this "
                             f"run's optimizer is {cfg.optimizer})")
-    from longpack import is_url, refuse_unwritable  # light: pipeline loads on first use
+    from longpack.core import is_url, refuse_unwritable  # light: pipeline loads on first use
 
     if cfg.upload is not None and is_url(cfg.out):
         raise SettingsError("--upload is for a local --out; --out URL already uploads the run "
@@ -263,7 +262,7 @@ def rules(cfg: TrainConfig) -> None:
     for url in (cfg.out, cfg.upload):
         if url is not None and is_url(url):
             refuse_unwritable(url, "train")
-    from pipeline import cache_bytes
+    from longpack.pipeline import cache_bytes
 
     try:
         limit = cache_bytes(cfg.cache_limit)
@@ -272,7 +271,7 @@ def rules(cfg: TrainConfig) -> None:
     if limit <= 0:
         raise SettingsError(f"--cache-limit {cfg.cache_limit!r}: give a positive size such as "
                             "20gb, 500mb or a number of bytes")
-    import archs  # here, not at the top: torch loads only once a run is being set up
+    from longpack import archs  # here, not at the top: torch loads only once a run is being set up
 
     try:
         archs.config(cfg.model)

@@ -9,17 +9,16 @@ SettingsError line, each item naming its key by its place in the file (`training
 another trainer's name with ours and its value in our unit (training/names.py), a field of the
 model's config outside the model table, a model table without a name (with the family its
 fields belong to), an unknown key with the nearest known name, a key given twice, a value of
-the wrong type or range (longpack/settings.py's checks). A translation reads
+the wrong type or range (longpack/core/settings.py's checks). A translation reads
 `THEIRS: VALUE -> OURS: VALUE (difference)` or `THEIRS: VALUE -> remove (why)`, so the file is
 right after one edit."""
 
 import dataclasses
 import json
 
-from longpack import SettingsError
-from longpack.settings import kinds, read_settings_file, suggest, values_checked
-from training import names
-from training.config import TrainConfig
+from longpack.core import SettingsError, kinds, read_settings_file, suggest, values_checked
+from longpack.training import names
+from longpack.training.config import TrainConfig
 
 SECTIONS = ("training", "optim", "optimizer", "data", "run", "checkpoint", "logging")
 DATA_KEYS = ("name", "path", "weight", "max_epochs")
@@ -37,7 +36,7 @@ def read(path: str) -> dict:
 
 class _Reading:
     def __init__(self, path: str):
-        import archs
+        from longpack import archs
 
         self.path = path
         self.fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
@@ -137,7 +136,7 @@ class _Reading:
     def data_list(self, entries: list) -> None:
         """A `[[data]]` list (each with name, path, optional weight and max_epochs) as the
         flags' settings: shards NAME=PATH, mix, max_epochs NAME=N."""
-        from pipeline import good_name, source_name
+        from longpack.pipeline import good_name, source_name
 
         shards, weights, epochs = [], [], []
         for i, entry in enumerate(entries):
@@ -221,7 +220,7 @@ class _Reading:
     def check_model(self) -> None:
         """The model's name (given, or the family its fields belong to) and its fields: each
         one the model's, each value of its type, and the config they make (ranges, ties)."""
-        import archs
+        from longpack import archs
 
         fields = self.model_fields
         name = self.out.get("model")

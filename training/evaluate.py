@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from training.data.loader import make_batch
-from training.step import autocast
+from longpack.training.data.loader import make_batch
+from longpack.training.step import autocast
 
 CPU = torch.device("cpu")
 

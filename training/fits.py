@@ -1,5 +1,5 @@
 """Whether a run fits its device's memory, checked before anything is allocated: the run's
-one-line refusal (training/loop.py) and the dry run's memory figures (longpack/dry_run.py). The
+one-line refusal (training/loop.py) and the dry run's memory figures (training/dry_run.py). The
 model is sized on the meta device and its memory laid out by archs/memory.py; nothing here
 builds, probes or times anything.
 """
@@ -9,11 +9,11 @@ import sys
 
 import torch
 
-import archs
-from archs import memory
-from longpack import SettingsError
-from training.config import TrainConfig
-from training.parallel import distributed
+from longpack import archs
+from longpack.archs import Sharding, memory_plan
+from longpack.core import SettingsError
+from longpack.training.config import TrainConfig
+from longpack.training.parallel import distributed
 
 
 def plan_memory(cfg: TrainConfig, vocab: int, seq: int, world: int) -> dict:
@@ -28,9 +28,9 @@ def plan_memory(cfg: TrainConfig, vocab: int, seq: int, world: int) -> dict:
         lay = archs.layout(cfg.model, vocab_size=vocab, **overrides)
     except archs.TooLarge as e:
         raise SettingsError(f"{_model_flags(cfg)}: {e}") from None
-    sharding = memory.Sharding(world, cfg.fsdp, cfg.fsdp_replicas)
+    sharding = Sharding(world, cfg.fsdp, cfg.fsdp_replicas)
     model_cfg = archs.config(cfg.model, vocab_size=vocab, **overrides)
-    out = memory.memory_plan(lay, model_cfg, cfg.batch_size, seq, cfg.precision, cfg.optimizer,
+    out = memory_plan(lay, model_cfg, cfg.batch_size, seq, cfg.precision, cfg.optimizer,
                              sharding, cfg.activation_checkpointing, cfg.doc_mask)
     return {**out, "count": lay.count, "bytes": 4 * lay.count + lay.buffer_bytes,
             "sharding": sharding.name}

@@ -8,7 +8,7 @@ ones (continued pretraining; context extension with another rotary base). docs/T
     init.record                       # where the run began: its checkpoints, metrics, model card
 
 SOURCE is a longpack checkpoint folder (step-NNNNNNNN), a run folder (its newest sound
-checkpoint), or a model folder (archs/zoo/hf_import.py: GPTNeoXForCausalLM, Mamba2ForCausalLM,
+checkpoint), or a model folder (archs/hf/hf_import.py: GPTNeoXForCausalLM, Mamba2ForCausalLM,
 zoo export's own folders), here or at a URL (training/init_source.py). Weights only: the
 optimizer's state, the schedule, the data order and the step are the new run's own, from step
 0 (a run that continues the same one is a resume).
@@ -41,9 +41,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import archs
-from longpack import LongpackError, TrainingError, is_url, sha256_file
-from training.init_source import Source, open_source
+from longpack import archs
+from longpack.core import LongpackError, TrainingError, is_url, sha256_file
+from longpack.training.init_source import Source, open_source
 
 # model config fields a run may set otherwise than the weights it starts from: the context
 # and the rotary base (context extension), what only initializes, recomputation, the order a
@@ -137,7 +137,7 @@ def check_vocabulary(source: Source, cfg) -> tuple[int, str]:
     """(the vocabulary to build the model at: the weights', how the tokenizer was checked),
     against each build of --shards whose manifest is here (opening the data names one that
     is not)."""
-    from pipeline import read_manifest
+    from longpack.pipeline import read_manifest
 
     builds = []
     for _, location in cfg.mixture()[0]:
@@ -166,8 +166,7 @@ def check_vocabulary(source: Source, cfg) -> tuple[int, str]:
 
 
 def _same_build_tokenizer(source: Source, location: str, theirs: dict, vocab: int) -> str:
-    from pipeline.builds.identity import other_tokenizer
-    from pipeline.manifest import tokenizer_label
+    from longpack.pipeline import other_tokenizer, tokenizer_label
 
     if source.tokenizer is None:  # a checkpoint of before the record
         if vocab != theirs["vocab_size"]:
@@ -189,7 +188,7 @@ def _same_build_tokenizer(source: Source, location: str, theirs: dict, vocab: in
 def _same_ids(source: Source, location: str, theirs: dict) -> str:
     """A model folder's tokenizer.json against the build's: the same file, or the same token
     at every id the build has."""
-    from pipeline.manifest import tokenizer_label
+    from longpack.pipeline import tokenizer_label
 
     file = source.path / "tokenizer.json"
     if not file.is_file():
@@ -203,13 +202,13 @@ def _same_ids(source: Source, location: str, theirs: dict) -> str:
     sha = sha256_file(file)
     if sha == theirs.get("sha256"):
         return f"its tokenizer.json is the build's ({tokenizer_label(theirs)})"
-    from archs.zoo.hf_import import token_ids
+    from longpack.archs import tokenizer_json_vocabulary
 
     try:
-        mine = token_ids(file.read_text(errors="replace"))
+        mine = tokenizer_json_vocabulary(file.read_text(errors="replace"))
     except ValueError as e:
         raise TrainingError(f"{source.where()}: its tokenizer.json is not one ({e})") from None
-    build = token_ids(_build_tokenizer_json(location, theirs, source))
+    build = tokenizer_json_vocabulary(_build_tokenizer_json(location, theirs, source))
     for i in range(theirs["vocab_size"]):
         if mine.get(i) != build.get(i):
             raise TrainingError(
@@ -228,10 +227,10 @@ def _token(text: str | None) -> str:
 def _build_tokenizer_json(location: str, theirs: dict, source: Source) -> str:
     """The build's tokenizer as tokenizer.json text: its own file, or its tiktoken ranks as
     transformers converts them (what zoo export writes)."""
-    from pipeline.tokenize.kept import fetch_kept, load_build_tokenizer
+    from longpack.pipeline import fetch_kept, load_build_tokenizer
 
     if is_url(location):
-        from longpack.store import Store
+        from longpack.core import Store
 
         folder = fetch_kept(Store(location), theirs)
     else:
@@ -243,7 +242,7 @@ def _build_tokenizer_json(location: str, theirs: dict, source: Source) -> str:
                             f"({problem})")
     if tok.kind == "huggingface":
         return Path(tok.source).read_text(errors="replace")
-    from archs.zoo.hf_folder import converted_tiktoken
+    from longpack.archs import converted_tiktoken
 
     return converted_tiktoken(tok)
 

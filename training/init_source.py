@@ -1,6 +1,6 @@
 """`train --init-from SOURCE`, SOURCE where it is: a longpack checkpoint, a run's newest sound
-checkpoint, or a model folder (archs/zoo/hf_import.py), read as far as its metadata; at a URL
-(s3://, gs://, ...: longpack/store.py), first copied to this machine. training/init_from.py
+checkpoint, or a model folder (archs/hf/hf_import.py), read as far as its metadata; at a URL
+(s3://, gs://, ...: longpack/core/store.py), first copied to this machine. training/init_from.py
 checks it against the run and loads it.
 
     source = open_source("runs/a", log)           # or runs/a/step-00000100, hf-x, s3://b/runs/a
@@ -30,9 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import archs
-from longpack import TrainingError, is_url, redact
-from training.checkpoints import checkpoint
+from longpack import archs
+from longpack.core import TrainingError, is_url, redact
+from longpack.training.checkpoints import checkpoint
 
 FIX = "pass a longpack run or checkpoint folder, or a transformers model folder"
 
@@ -64,7 +64,7 @@ class Source:
 
 def open_source(text: str, log) -> Source:
     """SOURCE's metadata: a checkpoint, a run's newest sound checkpoint, or a model folder."""
-    from archs.zoo import hf_import
+    from longpack.archs import is_model_folder, read_folder
 
     given = redact(text) if is_url(text) else text
     where = f"--init-from {given}"
@@ -86,9 +86,9 @@ def open_source(text: str, log) -> Source:
             raise TrainingError(f"{where}: none of its checkpoints can be read (each named "
                                 f"above); {FIX}")
         return _from_checkpoint(given, found)
-    if hf_import.is_model_folder(path):
+    if is_model_folder(path):
         try:
-            folder = hf_import.read_folder(path)
+            folder = read_folder(path)
         except ValueError as e:
             raise TrainingError(f"{where}: {e}") from None
         return Source(given, path, path.name, folder.kind, folder.family, folder.kind,
@@ -120,7 +120,7 @@ def _from_checkpoint(given: str, found: tuple[dict, Path]) -> Source:
 def fetched(url: str, where: str) -> Path:
     """The local copy of SOURCE at `url` (module docstring): the folder open_source then reads
     as it reads a local one."""
-    from longpack.store import Store
+    from longpack.core import Store
 
     url = url.rstrip("/")
     name = url.rpartition("/")[2] or "source"
@@ -155,7 +155,7 @@ def _copied(url: str, files: dict[str, list], target: Path) -> Path:
     """`files` (relative path -> [size, version]) of the store at `url` in `target`: the copy
     there when it was made of those, else a new one, written beside it and renamed over it,
     its record beside it."""
-    from longpack.store import Store
+    from longpack.core import Store
 
     record = target.parent / f".{target.name}.objects.json"
 

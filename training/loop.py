@@ -19,27 +19,22 @@ from pathlib import Path
 
 import torch
 
-import archs
-from longpack import DataError, TrainingError, is_url, redact, staging_folder
-from training.checkpoints import checkpoint, saving
-from training.checkpoints.upload import RemoteRun
-from training.config import TrainConfig
-from training.console import Console
-from training.data.loader import StepBatches, batches, model_inputs
-from training.data.mixture import (
-    MixedOrder,
-    Sources,
-    check_resume,
-    make_order,
-    open_sources,
-)
-from training.evaluate import split_loss
-from training.fits import check_memory
-from training.init_from import begin
-from training.metrics import MetricsLog, check_installed, duration, matmul_rate, peak_flops
-from training.optim import schedule_change
-from training.parallel import distributed
-from training.step import prepare, read_steps, train_step
+from longpack import archs
+from longpack.core import DataError, TrainingError, is_url, redact, staging_folder
+from longpack.training.checkpoints import checkpoint, saving
+from longpack.training.checkpoints.upload import RemoteRun
+from longpack.training.config import TrainConfig
+from longpack.training.console import Console
+from longpack.training.data.loader import StepBatches, batches, model_inputs
+from longpack.training.data.mixture import MixedOrder, Sources, check_resume
+from longpack.training.evaluate import split_loss
+from longpack.training.fits import check_memory
+from longpack.training.init_from import begin
+from longpack.training.metrics import MetricsLog, check_installed, duration, matmul_rate, peak_flops
+from longpack.training.optim import schedule_change
+from longpack.training.parallel import distributed
+from longpack.training.setup import open_data
+from longpack.training.step import prepare, read_steps, train_step
 
 SHARD_CACHE = "shard-cache"  # in the run directory, without --cache
 
@@ -67,9 +62,8 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 checkpoint.check_model(found, cfg)
             with together_if(cfg.init_from, procs):  # SOURCE may be amiss on one machine
                 init = begin(cfg, found, log)  # --init-from: checked now, its weights read below
-            data = open_sources(cfg, Path(cfg.cache or run / SHARD_CACHE))
-            cfg = resolve_steps(cfg, data.seq, procs.world, log)
-            order = make_order(data, cfg, cfg.batch_size * cfg.grad_accum * procs.world)
+            data, cfg, order = open_data(cfg, Path(cfg.cache or run / SHARD_CACHE), procs.world,
+                                         log)
             if found:
                 check_resume(found, data, order, cfg)
             start = found[0]["step"] if found else 0
@@ -473,21 +467,6 @@ def removed_on_failure(run: Path):
             for path in set(cache.iterdir()) - before:
                 shutil.rmtree(path, ignore_errors=True)
         raise
-
-
-def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1, log=print) -> TrainConfig:
-    """--total-tokens -> max_steps (tokens per step = global batch x (seq - 1) predictions), and
-    a --warmup longer than the run cut to the run (a smoke test of 5 steps with the default 10),
-    which `log` says."""
-    if cfg.total_tokens is not None:
-        per_step = cfg.batch_size * cfg.grad_accum * world * (seq - 1)
-        cfg = dataclasses.replace(cfg, max_steps=math.ceil(cfg.total_tokens / per_step),
-                                  total_tokens=None)
-    if cfg.warmup > cfg.max_steps:
-        log(f"--warmup {cfg.warmup} is longer than the run's {cfg.max_steps} steps: the "
-            f"learning rate warms up over all {cfg.max_steps}")
-        cfg = dataclasses.replace(cfg, warmup=cfg.max_steps)
-    return cfg
 
 
 def evaluate(model, data: Sources, cfg: TrainConfig, procs) -> dict | None:

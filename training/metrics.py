@@ -5,8 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from longpack import SettingsError, install_hint, write_bytes
-from longpack.atomic import no_follow, writing
+from longpack.core import SettingsError, install_hint, no_follow, write_bytes, writing
 
 # Dense bf16 peak FLOP/s by device name, for MFU (vendor datasheets).
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}

@@ -51,7 +51,7 @@ class Name:
 def _default(name: str):
     import dataclasses
 
-    from training.config import TrainConfig
+    from longpack.training.config import TrainConfig
 
     return next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
 
@@ -367,5 +367,5 @@ def comment_lines(who: str) -> list[str]:
     return [f"#   {n.theirs} -> {n.ours}" for n in NAMES if who in n.who and n.ours]
 
 
-if __name__ == "__main__":  # python -m training.names: the table for docs/TRAIN.md
+if __name__ == "__main__":  # python -m longpack.training.names: the table for docs/TRAIN.md
     print(markdown())

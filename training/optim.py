@@ -163,7 +163,7 @@ def schedule_change(saved: dict, cfg, step: int) -> str | None:
     not. A resume takes the command's settings: a larger --max-steps stretches the decay."""
     import dataclasses
 
-    from longpack.settings import flag_of
+    from longpack.core import flag_of
 
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     changed = [k for k in SCHEDULE if k in saved and saved[k] != getattr(cfg, k)]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from training.optim import lr_at, make_optimizers, set_lr
-from training.parallel import distributed, fsdp
+from longpack.training.optim import lr_at, make_optimizers, set_lr
+from longpack.training.parallel import distributed, fsdp
 
 
 class LossOf(torch.nn.Module):
@@ -149,7 +149,6 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
     to float32, does not depend on how the gradients are sharded: FSDP's shard-by-shard sums and
     one process's whole-tensor sums part in float32's last bits, and a clipped update carries
     that into the weights (MoE's and MoD's routing then amplify it into a different run)."""
-    from torch.distributed.tensor import DTensor
 
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:

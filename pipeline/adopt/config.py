@@ -1,10 +1,10 @@
 """The settings of one `pack import`, validated once; its flags are these fields
-(longpack/settings.py). Loads no numpy: `pack --help` reads it."""
+(longpack/core/settings.py). Loads no numpy: `pack --help` reads it."""
 
 from dataclasses import dataclass
 
-from longpack.settings import check, setting
-from pipeline.formats import FORMATS, get_format
+from longpack.core import check, setting
+from longpack.pipeline.formats import FORMATS, get_format
 
 # the element types a nanoGPT-style .bin may hold (little-endian)
 BIN_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64")
@@ -12,7 +12,7 @@ BIN_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "
 
 @dataclass(frozen=True)
 class ImportConfig:
-    """The settings of one `pack import`; each field is also its flag (longpack/settings.py)."""
+    """The settings of one `pack import`; each field is also its flag (longpack/core/settings.py)."""
 
     src: str = setting(argument=True, role="output")
     out: str = setting(help="Output directory.", role="run")

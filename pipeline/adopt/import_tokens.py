@@ -52,19 +52,17 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import write_bytes, write_json, writing
-from longpack.errors import InputError, SettingsError
-from longpack.settings import settings_of
-from pipeline.adopt.config import ImportConfig
-from pipeline.adopt.readers import SUFFIXES, at_least, read_blocks
-from pipeline.adopt.splits import HashSplit, split_files
-from pipeline.config import WORK_DIR
-from pipeline.formats import get_format
-from pipeline.formats.base import rows_per_shard
-from pipeline.manifest import FORMAT_VERSION, keep_tokenizer, longpack_version
-from pipeline.store.lock import OutputLock
-from pipeline.store.output_dir import Journal, prepare_output, remove_work_files
-from pipeline.tokenize.split import PAD_HASH, doc_hash
+from longpack.core import InputError, SettingsError, settings_of, write_bytes, write_json, writing
+from longpack.pipeline.adopt.config import ImportConfig
+from longpack.pipeline.adopt.readers import SUFFIXES, at_least, read_blocks
+from longpack.pipeline.adopt.splits import HashSplit, split_files
+from longpack.pipeline.config import WORK_DIR
+from longpack.pipeline.formats import get_format
+from longpack.pipeline.formats.base import rows_per_shard
+from longpack.pipeline.manifest import FORMAT_VERSION, keep_tokenizer, longpack_version
+from longpack.pipeline.store.lock import OutputLock
+from longpack.pipeline.store.output_dir import Journal, prepare_output, remove_work_files
+from longpack.pipeline.tokenize.split import PAD_HASH, doc_hash
 
 BLOCK_ROWS = 4096  # rows checked and packed at a time
 # Without --tokenizer the vocabulary is the largest id + 1: above this it is no vocabulary but
@@ -177,7 +175,7 @@ def import_tokens(cfg: ImportConfig, warn=print) -> dict:
                             f"({files['val'][0]}): drop --val-fraction to import it as it is")
     tok = None
     if cfg.tokenizer:
-        from pipeline.tokenize.tokenizer import load_tokenizer
+        from longpack.pipeline.tokenize.tokenizer import load_tokenizer
 
         tok = load_tokenizer(cfg.tokenizer)
     eos = cfg.eos_id if cfg.eos_id is not None else (tok.eos_id if tok else None)

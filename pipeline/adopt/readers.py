@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.errors import InputError, SettingsError
+from longpack.core import InputError, SettingsError
 
 SUFFIXES = (".npy", ".npz", ".pt", ".bin")
 
@@ -28,7 +28,7 @@ def read_blocks(path: Path, cfg, tails: list | None = None):
     else. `tails` gets (rows before it, ids dropped, the array's name) for each .npz token
     stream's tail."""
     if path.is_dir():
-        from pipeline.formats.shards import ShardError, SplitReader
+        from longpack.pipeline.formats.shards import ShardError, SplitReader
 
         try:
             reader = SplitReader(path)

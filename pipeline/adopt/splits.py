@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from longpack.errors import SettingsError
-from pipeline.tokenize.split import Splitter
+from longpack.core import SettingsError
+from longpack.pipeline.tokenize.split import Splitter
 
 WORDS = {"val": "val", "valid": "val", "validation": "val", "train": "train",
          "training": "train", "test": "test", "testing": "test", "heldout": "test",

@@ -13,7 +13,7 @@ without --tokenizer) has nothing of it to check.
 
 from pathlib import Path
 
-from longpack.atomic import sha256_file
+from longpack.core import sha256_file
 
 
 def _short(sha) -> str:
@@ -24,7 +24,7 @@ def copy_problem(recorded: dict, folder: Path) -> str | None:
     """What is wrong with the copy of its tokenizer that the build in `folder` keeps
     (`recorded`: its manifest's "tokenizer"), in words after its file name: missing, or bytes
     of another sha256 than the manifest's. None when it is sound or the manifest names none."""
-    from pipeline.tokenize.kept import COPY_NAMES
+    from longpack.pipeline.tokenize.kept import COPY_NAMES
 
     name = recorded.get("file")
     if name is None:
@@ -56,7 +56,7 @@ def other_tokenizer(recorded: dict | None, theirs: dict | None, folder: Path | N
     (`recorded`), naming both sha256s; None when it is, or when nothing can be compared (a
     checkpoint of before the record, no manifest). The copy counts, whatever the manifest says:
     a build folder whose copy was replaced no longer carries the run's tokenizer."""
-    from pipeline.manifest import same_tokenizer, tokenizer_label
+    from longpack.pipeline.manifest import same_tokenizer, tokenizer_label
 
     if recorded is None or theirs is None:
         return None

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack import DataError, LongpackError, StorageError, Store, is_url, redact
-from pipeline.builds.cache import ShardCache
-from pipeline.builds.verify import GOOD, ShardChecks, check_ids, file_problem, size_problem
-from pipeline.formats import open_format
-from pipeline.formats.base import ShardError
-from pipeline.manifest import manifest_lacks
+from longpack.core import DataError, LongpackError, StorageError, Store, is_url, redact
+from longpack.pipeline.builds.cache import ShardCache
+from longpack.pipeline.builds.verify import GOOD, ShardChecks, check_ids, file_problem, size_problem
+from longpack.pipeline.formats import open_format
+from longpack.pipeline.formats.base import ShardError
+from longpack.pipeline.manifest import manifest_lacks
 
 __all__ = ["Build", "Rows", "Windows", "open_build"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack import DataError, LongpackError, sha256_file
+from longpack.core import DataError, LongpackError, sha256_file
 
 UNCHECKED, CHECKING, GOOD, BAD = 0, 1, 2, 3
 MESSAGE_BYTES = 512  # per shard; a page is touched only when its shard's check fails

@@ -1,20 +1,20 @@
 """--engine local (the default): the build in this process; with --tasks N, the task of
 --task-index, or every task in turn (launch.py registers it)."""
 
-from pipeline.config import BuildConfig
-from pipeline.distribute.launch import LaunchConfig, Outcome
-from pipeline.store.destination import Destination
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.distribute.launch import LaunchConfig, Outcome
+from longpack.pipeline.store.destination import Destination
 
 
 def run(cfg: BuildConfig, how: LaunchConfig, dest: Destination,
         show_progress: bool | None) -> Outcome:
     """The build in this process, or its task --task-index, or every task in turn."""
-    from pipeline.distribute import tasks
+    from longpack.pipeline.distribute import tasks
 
     index = cfg.task_index
     if cfg.tasks == 1 and index in (None, 0) and not _is_tasked(cfg, dest):
-        from pipeline.build import Build
-        from pipeline.progress import Progress
+        from longpack.pipeline.build import Build
+        from longpack.pipeline.progress import Progress
 
         local = dest.local_config(cfg)
         output = dest.output(local)
@@ -40,7 +40,7 @@ def run(cfg: BuildConfig, how: LaunchConfig, dest: Destination,
 def _is_tasked(cfg: BuildConfig, dest: Destination) -> bool:
     """A build started as tasks goes on as tasks, even with --tasks 1."""
 
-    from pipeline.config import WORK_DIR
-    from pipeline.store.output_dir import TASKS
+    from longpack.pipeline.config import WORK_DIR
+    from longpack.pipeline.store.output_dir import TASKS
 
     return (dest.local / WORK_DIR / TASKS).is_file() and not cfg.overwrite

@@ -22,10 +22,10 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from longpack.errors import LongpackError, SettingsError, install_hint
-from pipeline.config import BuildConfig
-from pipeline.progress import Progress
-from pipeline.store.destination import Destination
+from longpack.core import LongpackError, SettingsError, install_hint
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.progress import Progress
+from longpack.pipeline.store.destination import Destination
 
 MAX_RETRIES = 3  # a task's worker process may die this many times before the build stops
 POLL_SECONDS = 0.5
@@ -33,14 +33,14 @@ POLL_SECONDS = 0.5
 
 def run(cfg: BuildConfig, how, dest: Destination, show_progress: bool | None):
     """--engine ray (launch.py): every task on the cluster at --ray-address, then the merge."""
-    from pipeline.distribute.launch import Outcome
+    from longpack.pipeline.distribute.launch import Outcome
 
     return Outcome(build_with_ray(cfg, how.ray_address, show_progress, dest))
 
 
 def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | None,
                    dest: Destination | None = None) -> dict:
-    from pipeline.distribute import tasks
+    from longpack.pipeline.distribute import tasks
 
     dest = dest or Destination.of(cfg)
     ray = _import_ray()
@@ -78,7 +78,7 @@ def build_with_ray(cfg: BuildConfig, address: str | None, show_progress: bool | 
 def _tokenize(cfg: BuildConfig, index: int, dest: Destination):
     """In a Ray worker: task `index` in a thread, its progress reports yielded as they come (a
     Ray streaming generator); its error, if any, raised at the end."""
-    from pipeline.distribute.tasks import run_task
+    from longpack.pipeline.distribute.tasks import run_task
 
     reports: queue.Queue = queue.Queue()
     failed: list[BaseException] = []
@@ -102,7 +102,7 @@ def _tokenize(cfg: BuildConfig, index: int, dest: Destination):
 
 
 def _place(out: str, index: int) -> int:
-    from pipeline.distribute.tasks import place_task
+    from longpack.pipeline.distribute.tasks import place_task
 
     place_task(out, index)
     return index
@@ -158,8 +158,8 @@ def _check_cpus(ray, workers: int) -> None:
 
 
 def _input_bytes(cfg: BuildConfig) -> int | None:
-    from pipeline.read.catalog import get_dataset
-    from pipeline.read.inputs import InputFiles, expand_inputs
+    from longpack.pipeline.read.catalog import get_dataset
+    from longpack.pipeline.read.inputs import InputFiles, expand_inputs
 
     if not cfg.inputs:
         return None

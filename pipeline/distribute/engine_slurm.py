@@ -21,12 +21,10 @@ from pathlib import Path
 
 import click
 
-from longpack.atomic import write_bytes
-from longpack.errors import SettingsError
-from longpack.settings import to_flags
-from pipeline.config import WORK_DIR, BuildConfig
-from pipeline.distribute.slurm_wait import command, queued_jobs, wait_for_build
-from pipeline.store.destination import Destination
+from longpack.core import SettingsError, to_flags, write_bytes
+from longpack.pipeline.config import WORK_DIR, BuildConfig
+from longpack.pipeline.distribute.slurm_wait import command, queued_jobs, wait_for_build
+from longpack.pipeline.store.destination import Destination
 
 SLURM_DIR = "slurm"  # OUT/WORK_DIR/SLURM_DIR: the scripts and the logs
 # Set by the engine itself: a user's value would break the one-element-per-task layout, the
@@ -133,7 +131,7 @@ def _refuse_running_jobs(out: str) -> None:
 
 def run(cfg: BuildConfig, how, dest: Destination, show_progress: bool | None):
     """--engine slurm (launch.py): the tasks and the merge submitted as array jobs."""
-    from pipeline.distribute.launch import Outcome
+    from longpack.pipeline.distribute.launch import Outcome
 
     return Outcome(exit_code=build_with_slurm(cfg, how.slurm_option, how.wait, how.dry_run,
                                               dest=dest))
@@ -164,8 +162,8 @@ def build_with_slurm(cfg: BuildConfig, options: tuple[str, ...], wait: bool, dry
         raise SettingsError(f"--tasks {cfg.tasks}: this cluster's MaxArraySize is {limit}, so an "
                             f"array holds at most {limit} tasks; use --tasks {limit} or fewer")
     _refuse_running_jobs(work)
-    from pipeline.distribute import tasks
-    from pipeline.manifest import already_complete, summary
+    from longpack.pipeline.distribute import tasks
+    from longpack.pipeline.manifest import already_complete, summary
 
     finished = tasks.prepare_tasks(cfg, dest=dest)
     if finished is not None:

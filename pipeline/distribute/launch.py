@@ -9,12 +9,14 @@ LaunchConfig when it has any."""
 import importlib
 from dataclasses import dataclass
 
-from longpack.errors import SettingsError
-from longpack.settings import check, setting
-from pipeline.config import BuildConfig
+from longpack.core import SettingsError, check, setting
+from longpack.pipeline.config import BuildConfig
 
-ENGINES = {"local": "pipeline.distribute.engine_local",  # name -> the module whose run() runs it
-           "ray": "pipeline.distribute.engine_ray", "slurm": "pipeline.distribute.engine_slurm"}
+ENGINES = {  # name -> the module whose run() runs it
+    "local": "longpack.pipeline.distribute.engine_local",
+    "ray": "longpack.pipeline.distribute.engine_ray",
+    "slurm": "longpack.pipeline.distribute.engine_slurm",
+}
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def launch(cfg: BuildConfig, how: LaunchConfig, show_progress: bool | None,
            dest=None) -> Outcome:
     """Run the build where `how` says: its engine's run(), writing to `dest` (a
     store/destination.Destination, resolved by the command line; else from cfg)."""
-    from pipeline.store.destination import Destination
+    from longpack.pipeline.store.destination import Destination
 
     dest = dest or Destination.of(cfg)
     return importlib.import_module(ENGINES[how.engine]).run(cfg, how, dest, show_progress)

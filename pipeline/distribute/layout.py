@@ -35,8 +35,8 @@ does it once for all.
 
 import numpy as np
 
-from pipeline.pack.best_fit import WINDOW_ROWS, pack_window, plan_rows, window_ends
-from pipeline.pack.packer import RowPacker
+from longpack.pipeline.pack.best_fit import WINDOW_ROWS, pack_window, plan_rows, window_ends
+from longpack.pipeline.pack.packer import RowPacker
 
 
 class SplitLayout:

@@ -29,12 +29,11 @@ import os
 import time
 from pathlib import Path
 
-from longpack.atomic import temp_name, write_bytes, write_json, writing
-from longpack.errors import SettingsError
-from pipeline import manifest as manifest_mod
-from pipeline.config import SPLITS, WORK_DIR
-from pipeline.distribute.task_stream import SplitStreams, TaskFile
-from pipeline.distribute.work_folder import (
+from longpack.core import SettingsError, temp_name, write_bytes, write_json, writing
+from longpack.pipeline import manifest as manifest_mod
+from longpack.pipeline.config import SPLITS, WORK_DIR
+from longpack.pipeline.distribute.task_stream import SplitStreams, TaskFile
+from longpack.pipeline.distribute.work_folder import (
     BLOCK_BYTES,
     PLACED,
     SKIP_LOG,
@@ -45,9 +44,9 @@ from pipeline.distribute.work_folder import (
     stored_files,
     task_folder,
 )
-from pipeline.store.lock import FolderGone, OutputLock
-from pipeline.store.output_dir import TASKS, Journal, remove_stale_temps, remove_work_files
-from pipeline.store.remote_build import RemoteOut
+from longpack.pipeline.store.lock import FolderGone, OutputLock
+from longpack.pipeline.store.output_dir import TASKS, Journal, remove_stale_temps, remove_work_files
+from longpack.pipeline.store.remote_build import RemoteOut
 
 
 def after_task(out: Path, index: int, place_ready: bool = True, merge_done: bool = True

@@ -15,8 +15,8 @@ same cursor a build checkpoints: the task reads from `start` up to `stop`.
 import itertools
 from dataclasses import dataclass
 
-from pipeline.read.catalog import file_format
-from pipeline.read.parquet import parquet_file
+from longpack.pipeline.read.catalog import file_format
+from longpack.pipeline.read.parquet import parquet_file
 
 
 @dataclass(frozen=True)

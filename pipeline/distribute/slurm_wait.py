@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from longpack.errors import LongpackError, SettingsError
+from longpack.core import LongpackError, SettingsError
 
 # States after which an element will not run again by itself (PREEMPTED and REQUEUED go back
 # to PENDING on a job submitted with --requeue).
@@ -102,7 +102,7 @@ def _named(what: str, indexes: list[int], states: dict, job: str, logs: Path, na
 
 
 def _all_tasks_done(out: str) -> bool:
-    from pipeline.distribute.tasks import task_status
+    from longpack.pipeline.distribute.tasks import task_status
 
     try:
         return not task_status(Path(out))["missing"]
@@ -112,7 +112,7 @@ def _all_tasks_done(out: str) -> bool:
 
 def _failure(out: str, logs: Path, tasks_job: str, merge_job: str, states: dict,
              cancelled: bool) -> str:
-    from pipeline.distribute.tasks import task_status
+    from longpack.pipeline.distribute.tasks import task_status
 
     try:
         missing = task_status(Path(out))["missing"]
@@ -139,7 +139,7 @@ def wait_for_build(out: str, logs: Path, tasks_job: str, merge_job: str, poll_s:
     `resubmit_merge()`: submits the merge job again, without a dependency, returning its id:
     for a merge Slurm cancelled although every task ended done (a requeue, above). `shown_as`:
     the build's name in the summary (an --out URL, whose OUT here is its staging folder)."""
-    from pipeline.manifest import summary
+    from longpack.pipeline.manifest import summary
 
     states: dict[tuple[str, int], tuple[str, str]] = {}
     start = time.monotonic()

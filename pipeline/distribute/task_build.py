@@ -28,14 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import write_json, writing
-from longpack.errors import SettingsError
-from longpack.settings import settings_of
-from pipeline.build_state import BuildState
-from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.distribute.plan import Share
-from pipeline.distribute.task_stream import TaskFile, TaskStream, file_checksums
-from pipeline.distribute.work_folder import (
+from longpack.core import SettingsError, settings_of, write_json, writing
+from longpack.pipeline.build_state import BuildState
+from longpack.pipeline.config import SPLITS, WORK_DIR, BuildConfig
+from longpack.pipeline.distribute.plan import Share
+from longpack.pipeline.distribute.task_stream import TaskFile, TaskStream, file_checksums
+from longpack.pipeline.distribute.work_folder import (
     BLOCK_BYTES,
     DONE,
     SKIP_LOG,
@@ -49,9 +47,9 @@ from pipeline.distribute.work_folder import (
     task_files,
     task_folder,
 )
-from pipeline.store.lock import OutputLock
-from pipeline.store.output_dir import CHECKPOINT, FINGERPRINT, TASKS, prepare_output
-from pipeline.store.remote_build import FRESH, RemoteOut
+from longpack.pipeline.store.lock import OutputLock
+from longpack.pipeline.store.output_dir import CHECKPOINT, FINGERPRINT, TASKS, prepare_output
+from longpack.pipeline.store.remote_build import FRESH, RemoteOut
 
 REPORT_SECONDS = 0.5  # how often a task tells its launcher how far it is
 

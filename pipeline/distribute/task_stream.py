@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import open_write_ahead, writing
-from pipeline.distribute.work_folder import BLOCK_BYTES, DOC_BYTES, TaskDamaged, stream_files
+from longpack.core import open_write_ahead, writing
+from longpack.pipeline.distribute.work_folder import BLOCK_BYTES, DOC_BYTES, TaskDamaged, stream_files
 
 
 def stream_paths(folder: Path, split: str) -> tuple[Path, Path]:

@@ -13,14 +13,14 @@ docs/SCALE.md explains the design and its costs; docs/FORMAT.md the work folder.
 import os
 from pathlib import Path
 
-from longpack.errors import SettingsError
-from pipeline.build import Build
-from pipeline.config import BuildConfig
-from pipeline.distribute import merge as task_merge
-from pipeline.distribute.task_build import TaskOutput, TaskProgress, TaskReports, prepare_work
-from pipeline.distribute.work_folder import TaskDamaged, TaskedBuild, TasksUnfinished
-from pipeline.progress import Progress
-from pipeline.store.destination import Destination
+from longpack.core import SettingsError
+from longpack.pipeline.build import Build
+from longpack.pipeline.config import BuildConfig
+from longpack.pipeline.distribute import merge as task_merge
+from longpack.pipeline.distribute.task_build import TaskOutput, TaskProgress, TaskReports, prepare_work
+from longpack.pipeline.distribute.work_folder import TaskDamaged, TaskedBuild, TasksUnfinished
+from longpack.pipeline.progress import Progress
+from longpack.pipeline.store.destination import Destination
 
 __all__ = ["TaskProgress", "TasksUnfinished", "merge", "place_task",
            "prepare_tasks", "run_task", "task_index_from_env", "tasks_from_env", "task_status"]

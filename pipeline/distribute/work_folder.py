@@ -21,12 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import sha256_file
-from longpack.errors import LongpackError, SettingsError
-from pipeline.config import PACKING_UNSET, SPLITS, WORK_DIR, BuildConfig
-from pipeline.distribute.plan import Share
-from pipeline.formats import get_format
-from pipeline.store.output_dir import FINGERPRINT, TASKS
+from longpack.core import LongpackError, SettingsError, sha256_file
+from longpack.pipeline.config import PACKING_UNSET, SPLITS, WORK_DIR, BuildConfig
+from longpack.pipeline.distribute.plan import Share
+from longpack.pipeline.formats import get_format
+from longpack.pipeline.store.output_dir import FINGERPRINT, TASKS
 
 DONE, PLACED, SKIP_LOG = "done.json", "placed.json", "skipped.jsonl"
 DOC_BYTES = 2 * 8  # a document in <split>.docs: uint64 (length in tokens, document hash)
@@ -321,8 +320,8 @@ class TaskedBuild:
         of them, the split's last rows included). A best-fit layout is read once, task by
         task, and kept: placing several tasks, or checking every placement, reads each task's
         document lengths once."""
-        from pipeline.distribute.layout import BestFitLayout, SplitLayout
-        from pipeline.distribute.task_stream import read_stream
+        from longpack.pipeline.distribute.layout import BestFitLayout, SplitLayout
+        from longpack.pipeline.distribute.task_stream import read_stream
 
         if self.cfg.packing != "best-fit":
             counts = [d["counts"]["splits"][split]["tokens"] for d in self.dones(upto)]

@@ -11,16 +11,16 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from longpack.errors import SettingsError
+from longpack.core import SettingsError
 
 if TYPE_CHECKING:
-    from pipeline.formats.base import ShardFormat
+    from longpack.pipeline.formats.base import ShardFormat
 
 # name -> its class, as "module:Class" (loaded on first use) or the class itself. An index.json
 # is claimed by the first format whose claims() takes it, a format that takes any index
 # (MDS: other tools' too) last.
-FORMATS: dict[str, object] = {"mds": "pipeline.formats.mds:MdsFormat",
-                              "memmap": "pipeline.formats.memmap:MemmapFormat"}
+FORMATS: dict[str, object] = {"mds": "longpack.pipeline.formats.mds:MdsFormat",
+                              "memmap": "longpack.pipeline.formats.memmap:MemmapFormat"}
 
 
 def get_format(name: str):
@@ -47,8 +47,8 @@ def open_format(folder: Path, index: bytes | None = None, source: str | None = N
     plain .npy files; ShardError naming what it lacks. `index`: the bytes of the split's
     index.json fetched from elsewhere (a store: `source` names it), `folder` being where its
     shards are to be put."""
-    from pipeline.formats.base import ShardError
-    from pipeline.formats.npy import NpyFolder
+    from longpack.pipeline.formats.base import ShardError
+    from longpack.pipeline.formats.npy import NpyFolder
 
     folder = Path(folder)
     index_path = folder / "index.json"
@@ -64,7 +64,7 @@ def open_format(folder: Path, index: bytes | None = None, source: str | None = N
 
 
 def holds_shards(folder: Path) -> bool:
-    from pipeline.formats.npy import NpyFolder
+    from longpack.pipeline.formats.npy import NpyFolder
 
     return (Path(folder) / "index.json").exists() or NpyFolder.holds(folder)
 
@@ -72,7 +72,7 @@ def holds_shards(folder: Path) -> bool:
 def _read_index(path: Path) -> tuple[dict, type]:
     """A split's index.json and its format; ShardError naming it when it is not JSON or not an
     index a format can use, so no reader of it fails on a missing key."""
-    from pipeline.formats.base import ShardError
+    from longpack.pipeline.formats.base import ShardError
 
     try:
         return _parse_index(path.read_bytes(), path)
@@ -81,7 +81,7 @@ def _read_index(path: Path) -> tuple[dict, type]:
 
 
 def _parse_index(data: bytes, path) -> tuple[dict, type]:
-    from pipeline.formats.base import ShardError
+    from longpack.pipeline.formats.base import ShardError
 
     try:
         index = json.loads(data)

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from longpack.errors import LongpackError
+from longpack.core import LongpackError
 
 
 class ShardError(LongpackError):

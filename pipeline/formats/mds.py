@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import zstandard
 
-from longpack.errors import LongpackError, SettingsError
-from pipeline.formats import mds_write as write_mds
-from pipeline.formats.base import (
+from longpack.core import LongpackError, SettingsError
+from longpack.pipeline.formats import mds_write as write_mds
+from longpack.pipeline.formats.base import (
     Shard,
     ShardBlocks,
     ShardError,

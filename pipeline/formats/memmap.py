@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.errors import SettingsError
-from pipeline.formats.base import Shard, ShardError, ShardFormat, StoredFile, load_npy, mapped
+from longpack.core import SettingsError
+from longpack.pipeline.formats.base import Shard, ShardError, ShardFormat, StoredFile, load_npy, mapped
 
 INDEX_FORMAT = "longpack-memmap"
 VERSION = 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.formats.base import Shard, ShardFormat, load_npy, mapped
+from longpack.pipeline.formats.base import Shard, ShardFormat, load_npy, mapped
 
 
 class NpyFolder(ShardFormat):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import sha256_file
-from pipeline.formats import open_format
-from pipeline.formats.base import Shard, ShardBlocks, ShardError
+from longpack.core import sha256_file
+from longpack.pipeline.formats import open_format
+from longpack.pipeline.formats.base import Shard, ShardBlocks, ShardError
 
 __all__ = ["Shard", "ShardBlocks", "ShardError", "SplitReader", "open_split", "starts_from_eos"]
 

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import write_json
-from pipeline import manifest as manifest_mod
-from pipeline.build_state import BuildState
-from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.pack.best_fit import BestFitPacker
-from pipeline.pack.packer import RowPacker
-from pipeline.pack.writers import ShardSink, shard_writer
-from pipeline.store.lock import OutputLock
-from pipeline.store.output_dir import (
+from longpack.core import write_json
+from longpack.pipeline import manifest as manifest_mod
+from longpack.pipeline.build_state import BuildState
+from longpack.pipeline.config import SPLITS, WORK_DIR, BuildConfig
+from longpack.pipeline.pack.best_fit import BestFitPacker
+from longpack.pipeline.pack.packer import RowPacker
+from longpack.pipeline.pack.writers import ShardSink, shard_writer
+from longpack.pipeline.store.lock import OutputLock
+from longpack.pipeline.store.output_dir import (
     CHECKPOINT,
     Journal,
     prepare_output,

@@ -18,7 +18,7 @@ Cost: one copy of each token (carry + batch concatenation) and O(documents) nump
 
 import numpy as np
 
-from pipeline.tokenize.split import PAD_HASH
+from longpack.pipeline.tokenize.split import PAD_HASH
 
 
 class RowPacker:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import open_write_ahead, write_bytes, write_json, writing
-from pipeline.formats import get_format
+from longpack.core import open_write_ahead, write_bytes, write_json, writing
+from longpack.pipeline.formats import get_format
 
 SEGMENT_BYTES = 3 * 8
 MAX_IN_FLIGHT = 2  # shards a sink hands to the writer before it waits: bounds the backlog

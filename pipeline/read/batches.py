@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.read.catalog import file_format
-from pipeline.read.jsonl import read_jsonl
-from pipeline.read.parquet import read_parquet
-from pipeline.read.records import BROKEN_LINK, ReadPosition, Skip, is_broken_link
+from longpack.pipeline.read.catalog import file_format
+from longpack.pipeline.read.jsonl import read_jsonl
+from longpack.pipeline.read.parquet import read_parquet
+from longpack.pipeline.read.records import BROKEN_LINK, ReadPosition, Skip, is_broken_link
 
 BATCH_CHARS = 1 << 20  # ~250k tokens: ~0.1 s of one tokenizer thread
 BATCH_DOCS = 4096

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from longpack.errors import SettingsError
+from longpack.core import SettingsError
 
 JSONL_PATTERNS = ("*.jsonl", "*.json", "*.jsonl.gz", "*.json.gz", "*.jsonl.zst", "*.json.zst",
                   "*.jsonl.zstd", "*.json.zstd")

@@ -10,8 +10,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from longpack.errors import HubError, SettingsError, install_hint
-from pipeline.read.catalog import Dataset
+from longpack.core import HubError, SettingsError, install_hint
+from longpack.pipeline.read.catalog import Dataset
 
 NO_NETWORK_HINT = "pass --input with local files (directories and globs work)"
 

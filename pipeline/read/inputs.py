@@ -6,10 +6,9 @@ import glob
 import os
 from pathlib import Path
 
-from longpack.errors import SettingsError
-from longpack.store import is_url
-from pipeline.read.hub import HubFiles, HuggingFaceHub
-from pipeline.read.records import is_broken_link
+from longpack.core import SettingsError, is_url
+from longpack.pipeline.read.hub import HubFiles, HuggingFaceHub
+from longpack.pipeline.read.records import is_broken_link
 
 
 def open_inputs(cfg, dataset, hub_client=None):
@@ -47,7 +46,7 @@ def expand_inputs(dataset, inputs: list[str], out: str | None = None) -> list:
                 _refuse_own_output(out, spec, picked)
             found.update(picked)
             continue
-        from pipeline.read.remote_inputs import expand_remote
+        from longpack.pipeline.read.remote_inputs import expand_remote
 
         remote.update({f.url: f for f in expand_remote(dataset, spec)})
     return sorted([Path(p) for p in found] + list(remote.values()), key=str)

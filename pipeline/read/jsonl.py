@@ -14,7 +14,7 @@ from pathlib import Path
 
 import zstandard
 
-from pipeline.read.records import (
+from longpack.pipeline.read.records import (
     BAD_JSON,
     BLANK_LINE,
     CORRUPT_FILE,

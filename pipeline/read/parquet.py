@@ -20,8 +20,15 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from longpack.errors import StorageError
-from pipeline.read.records import CORRUPT_FILE, EMPTY, INVALID_UTF8, MISSING_TEXT, ReadPosition, Skip
+from longpack.core import StorageError
+from longpack.pipeline.read.records import (
+    CORRUPT_FILE,
+    EMPTY,
+    INVALID_UTF8,
+    MISSING_TEXT,
+    ReadPosition,
+    Skip,
+)
 
 BATCH_ROWS = 1024
 _STRINGS = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)

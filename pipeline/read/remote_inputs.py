@@ -17,8 +17,7 @@ import fnmatch
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from longpack.errors import SettingsError
-from longpack.store import Store, errors, redact
+from longpack.core import SettingsError, Store, redact, storage_errors
 
 BLOCK = 8 << 20  # bytes a read fetches at least (fsspec's read-ahead block)
 
@@ -64,7 +63,7 @@ class _Reading:
             return attr
 
         def call(*args, **kwargs):
-            with errors(self._url, "read"):
+            with storage_errors(self._url, "read"):
                 return attr(*args, **kwargs)
         return call
 
@@ -85,7 +84,7 @@ def expand_remote(dataset, spec: str) -> list[RemoteInput]:
     base = spec[:min(spec.index(c) for c in "*?[" if c in spec)].rsplit("/", 1)[0] \
         if glob else spec.rstrip("/")
     store = Store(base)
-    with errors(spec, "list"):
+    with storage_errors(spec, "list"):
         info = store.info("") if not glob else None
     if info is not None:  # one object, named exactly
         return [_input(store, "", info)]

@@ -1,11 +1,10 @@
-"""The settings of one `pack stats`; its flags are these fields (longpack/settings.py). Loads
+"""The settings of one `pack stats`; its flags are these fields (longpack/core/settings.py). Loads
 no numpy: `pack --help` reads it."""
 
 import os
 from dataclasses import dataclass
 
-from longpack.errors import SettingsError
-from longpack.settings import check, setting
+from longpack.core import SettingsError, check, setting
 
 
 @dataclass(frozen=True, kw_only=True)

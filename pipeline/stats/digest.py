@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.formats.base import ShardBlocks
-from pipeline.tokenize.split import PAD_HASH
+from longpack.pipeline.formats.base import ShardBlocks
+from longpack.pipeline.tokenize.split import PAD_HASH
 
 
 @dataclass

@@ -9,13 +9,13 @@ that lost its manifest or a split is a listed problem.
 import json
 from pathlib import Path
 
-from longpack.errors import LongpackError
-from pipeline.config import WORK_DIR
-from pipeline.formats import holds_shards
-from pipeline.formats.shards import SplitReader
-from pipeline.manifest import manifest_lacks
-from pipeline.stats.scan import SPLITS, Problem
-from pipeline.store.output_dir import TASKS
+from longpack.core import LongpackError
+from longpack.pipeline.config import WORK_DIR
+from longpack.pipeline.formats import holds_shards
+from longpack.pipeline.formats.shards import SplitReader
+from longpack.pipeline.manifest import manifest_lacks
+from longpack.pipeline.stats.scan import SPLITS, Problem
+from longpack.pipeline.store.output_dir import TASKS
 
 
 def file_checks(split: str, reader: SplitReader, verify: bool) -> list[Problem]:
@@ -95,7 +95,7 @@ def _read_manifest(path: Path) -> dict:
 
 
 def _unfinished_tasks(root: Path) -> str:
-    from pipeline.distribute.tasks import task_status
+    from longpack.pipeline.distribute.tasks import task_status
 
     status = task_status(root)
     n, missing = status["tasks"], status["missing"]

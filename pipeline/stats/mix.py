@@ -18,13 +18,12 @@ manifests before any shard is read, and once more from the reports (builds witho
 import json
 from pathlib import Path
 
-from longpack.errors import DataError, LongpackError
-from longpack.store import Store, is_url
-from pipeline.manifest import same_tokenizer, tokenizer_label
-from pipeline.mixture import REPEAT_WARNING_EPOCHS, natural_weights
-from pipeline.stats.files import open_output
-from pipeline.stats.recommend import recommendations
-from pipeline.stats.report import collect, human, human_duration, recommend_line
+from longpack.core import DataError, LongpackError, Store, is_url
+from longpack.pipeline.manifest import same_tokenizer, tokenizer_label
+from longpack.pipeline.mixture import REPEAT_WARNING_EPOCHS, natural_weights
+from longpack.pipeline.stats.files import open_output
+from longpack.pipeline.stats.recommend import recommendations
+from longpack.pipeline.stats.report import collect, human, human_duration, recommend_line
 
 
 def collect_all(sources: list[tuple[str, str]], verify: bool, throughput, budget,

@@ -1,7 +1,7 @@
 """What a build will train: the compute-optimal model size for its train tokens, the zoo's
 presets near that size at the build's vocabulary, and epochs and time for a budget.
 
-Preset sizes come from archs/presets.json (written by `python -m archs --json`), so `pack stats`
+Preset sizes come from archs/presets.json (written by `python -m longpack.archs --json`), so `pack stats`
 never imports torch. Each entry holds its sizes at its own vocabulary (`vocab_size`: 512 for the
 tiny presets, 50,257 for the others) and what one more vocabulary entry adds (`per_vocab_entry`:
 an embedding row and an untied head row). Every size is linear in the vocabulary, so `at_vocab`
@@ -20,7 +20,7 @@ SIZES = ("params", "active_params", "flops_per_token")
 
 def preset_table() -> list[dict]:
     """archs/presets.json, found without importing archs (which imports torch); [] without it."""
-    spec = importlib.util.find_spec("archs")
+    spec = importlib.util.find_spec("longpack.archs")
     table = Path(spec.submodule_search_locations[0]) / "presets.json" if spec else None
     if table is None or not table.exists():
         return []

@@ -19,13 +19,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from longpack.errors import LongpackError
-from longpack.store import Store, redact
-from pipeline.config import SPLITS, WORK_DIR
-from pipeline.formats.shards import ShardError, SplitReader
-from pipeline.store.output_dir import FINGERPRINT
-from pipeline.store.uploader import digests
-from pipeline.tokenize.kept import COPY_NAMES
+from longpack.core import LongpackError, Store, redact
+from longpack.pipeline.config import SPLITS, WORK_DIR
+from longpack.pipeline.formats.shards import ShardError, SplitReader
+from longpack.pipeline.store.output_dir import FINGERPRINT
+from longpack.pipeline.store.uploader import digests
+from longpack.pipeline.tokenize.kept import COPY_NAMES
 
 
 class RemoteView:

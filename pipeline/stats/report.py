@@ -13,17 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import write_bytes
-from longpack.errors import LongpackError
-from longpack.store import is_url
-from pipeline.builds.identity import copy_fix, copy_problem
-from pipeline.formats.shards import ShardError, SplitReader
-from pipeline.manifest import tokenizer_label
-from pipeline.stats.digest import digest
-from pipeline.stats.files import file_checks, open_output
-from pipeline.stats.recommend import recommendations
-from pipeline.stats.scan import FIX_REBUILD, VOCAB_SAMPLE, Problem, SplitScan
-from pipeline.tokenize.split import PAD_HASH
+from longpack.core import LongpackError, install_hint, is_url, write_bytes
+from longpack.pipeline.builds.identity import copy_fix, copy_problem
+from longpack.pipeline.formats.shards import ShardError, SplitReader
+from longpack.pipeline.manifest import tokenizer_label
+from longpack.pipeline.stats.digest import digest
+from longpack.pipeline.stats.files import file_checks, open_output
+from longpack.pipeline.stats.recommend import recommendations
+from longpack.pipeline.stats.scan import FIX_REBUILD, VOCAB_SAMPLE, Problem, SplitScan
+from longpack.pipeline.tokenize.split import PAD_HASH
 
 MAX_READ_THREADS = 4  # each thread holds the compressed and decompressed bytes of its shard
 DIGEST_BLOCK = 1 << 20  # bytes of rows digested at a time: a block stays in a 2 MiB L2 cache
@@ -34,7 +32,7 @@ def _tokenizer(manifest: dict | None, not_checked: list, folder: Path | None):
     file it was read from (tokenize/kept.py), or None with a note."""
     if not manifest:
         return None
-    from pipeline.tokenize.kept import load_build_tokenizer
+    from longpack.pipeline.tokenize.kept import load_build_tokenizer
 
     if manifest["tokenizer"].get("source") is None:  # `pack import` without --tokenizer
         not_checked.append("token texts: the build records no tokenizer (pack import without "
@@ -179,7 +177,7 @@ def collect(path, verify: bool = False, throughput: float | None = None,
     """The report of the build at `path`: a local folder, or a URL (remote.py: the
     manifest and indexes fetched, each shard streamed through a temporary folder once)."""
     if is_url(str(path)):
-        from pipeline.stats.remote import RemoteView
+        from longpack.pipeline.stats.remote import RemoteView
 
         with RemoteView(str(path), verify) as remote:
             report = _collect(remote.local, verify, throughput, budget, eos_id, remote.reader)
@@ -400,7 +398,7 @@ def find_row(path, split: str, row: int, eos_id, decode: bool = False) -> FoundR
     checked, read while the fetched build is there (not the `source` it was built from, which
     may be another machine's path, or gone)."""
     if is_url(str(path)):
-        from pipeline.stats.remote import RemoteView
+        from longpack.pipeline.stats.remote import RemoteView
 
         with RemoteView(str(path), verify=False) as remote:
             return _find_row(remote.local, split, row, eos_id, remote.reader,
@@ -438,7 +436,7 @@ def _read_row(reader: SplitReader, split: str, row: int):
             r = row - first
             tokens = np.asarray(shard.tokens[r])
             if shard.segments is None:
-                from pipeline.formats.shards import starts_from_eos
+                from longpack.pipeline.formats.shards import starts_from_eos
                 return tokens, starts_from_eos(tokens, reader.eos_id), None
             seg = shard.segments[shard.segments[:, 0] == r]
             return tokens, seg[:, 1].astype(np.int64), seg[:, 2]
@@ -475,7 +473,7 @@ def plot(report: dict, out: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise LongpackError("--plot needs matplotlib: pip install matplotlib") from None
+        raise LongpackError(f"--plot needs matplotlib: {install_hint('plots')}") from None
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, s in report["splits"].items():
         d = s.get("doc_length")

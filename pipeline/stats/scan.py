@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipeline.formats.base import ShardBlocks, ShardFormat
-from pipeline.stats.digest import Digest, digest, find_rare, in_spans, minus_padding
-from pipeline.tokenize.split import PAD_HASH
+from longpack.pipeline.formats.base import ShardBlocks, ShardFormat
+from longpack.pipeline.stats.digest import Digest, digest, find_rare, in_spans, minus_padding
+from longpack.pipeline.tokenize.split import PAD_HASH
 
 # digest and find_rare moved to digest.py; named here too for the callers that import them from scan
 __all__ = ["DocLengths", "Problem", "SplitScan", "digest", "find_rare"]

@@ -11,8 +11,8 @@ which one it is."""
 import dataclasses
 from pathlib import Path
 
-from longpack.store import is_url, staging_folder
-from pipeline.config import BuildConfig
+from longpack.core import is_url, staging_folder
+from longpack.pipeline.config import BuildConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +36,9 @@ class Destination:
         """The Output of a single-machine build (build.py) of `local_cfg` (local_config's):
         OUT's shards, or their staged copy going up to the URL."""
         if self.url is not None:
-            from pipeline.store.remote_build import UploadOutput
+            from longpack.pipeline.store.remote_build import UploadOutput
 
             return UploadOutput(local_cfg, self.url)
-        from pipeline.pack.output import ShardOutput
+        from longpack.pipeline.pack.output import ShardOutput
 
         return ShardOutput(local_cfg)

@@ -28,8 +28,7 @@ from pathlib import Path
 
 from filelock import Timeout, UnixFileLock
 
-from longpack.atomic import writing
-from longpack.errors import LongpackError, SettingsError
+from longpack.core import LongpackError, SettingsError, writing
 
 LOCK_NAME = "lock"
 

@@ -25,14 +25,13 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from longpack.atomic import TEMP_NAME, write_json, writing
-from longpack.errors import SettingsError
-from pipeline.build_state import BuildState
-from pipeline.config import PACKING_UNSET, SPLITS, WORK_DIR, BuildConfig
-from pipeline.formats import open_format
-from pipeline.formats.base import ShardError
-from pipeline.store.lock import LOCK_NAME
-from pipeline.tokenize.kept import COPY_NAMES
+from longpack.core import TEMP_NAME, SettingsError, write_json, writing
+from longpack.pipeline.build_state import BuildState
+from longpack.pipeline.config import PACKING_UNSET, SPLITS, WORK_DIR, BuildConfig
+from longpack.pipeline.formats import open_format
+from longpack.pipeline.formats.base import ShardError
+from longpack.pipeline.store.lock import LOCK_NAME
+from longpack.pipeline.tokenize.kept import COPY_NAMES
 
 JOURNAL = "outputs.txt"
 FINGERPRINT, CHECKPOINT = "fingerprint.json", "checkpoint.npz"

@@ -1,4 +1,4 @@
-"""`pack build --out s3://bucket/prefix` (any store longpack/store.py writes): the build runs
+"""`pack build --out s3://bucket/prefix` (any store longpack/core/store.py writes): the build runs
 in a local staging folder and its files go up as they finish.
 
     STAGING/<16 hex of the URL>/out/            the build, exactly as a local --out
@@ -29,15 +29,14 @@ import re
 import shutil
 from pathlib import Path
 
-from longpack.errors import SettingsError
-from longpack.store import StorageError, Store, redact
-from pipeline.build_state import BuildState
-from pipeline.config import SPLITS, WORK_DIR, BuildConfig
-from pipeline.formats import open_format
-from pipeline.pack.output import ShardOutput
-from pipeline.store.lock import OutputLock
-from pipeline.store.output_dir import FINGERPRINT, differences
-from pipeline.store.uploader import Uploader
+from longpack.core import SettingsError, StorageError, Store, redact
+from longpack.pipeline.build_state import BuildState
+from longpack.pipeline.config import SPLITS, WORK_DIR, BuildConfig
+from longpack.pipeline.formats import open_format
+from longpack.pipeline.pack.output import ShardOutput
+from longpack.pipeline.store.lock import OutputLock
+from longpack.pipeline.store.output_dir import FINGERPRINT, differences
+from longpack.pipeline.store.uploader import Uploader
 
 MARKER = f"{WORK_DIR}/{FINGERPRINT}"
 _SPLIT = "|".join(SPLITS)

@@ -29,8 +29,7 @@ import queue
 import threading
 from pathlib import Path
 
-from longpack.atomic import writing
-from longpack.store import StorageError, Store, redact
+from longpack.core import StorageError, Store, redact, writing
 
 MAX_STAGED = 4
 _CHUNK = 1 << 22

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from longpack.errors import TokenizerError
-from pipeline.read.records import INVALID_UTF8, UNENCODABLE, Skip
-from pipeline.tokenize.engines import first_mismatch
-from pipeline.tokenize.split import Splitter, doc_hash
-from pipeline.tokenize.tokenizer import Tokenizer, Unencodable
+from longpack.core import TokenizerError
+from longpack.pipeline.read.records import INVALID_UTF8, UNENCODABLE, Skip
+from longpack.pipeline.tokenize.engines import first_mismatch
+from longpack.pipeline.tokenize.split import Splitter, doc_hash
+from longpack.pipeline.tokenize.tokenizer import Tokenizer, Unencodable
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.errors import TokenizerError
+from longpack.core import TokenizerError
 
 HARD_TEXTS = (
     "Hello world", "hello <|endoftext|> world", "<|endoftext|>", "a<|endoftext|>b<|fim_prefix|>",

@@ -12,9 +12,8 @@ folder, still has its tokenizer; `why` says in words an error can quote why none
 import hashlib
 from pathlib import Path
 
-from longpack.atomic import sha256_file
-from longpack.errors import TokenizerError
-from pipeline.tokenize.tokenizer import (
+from longpack.core import TokenizerError, sha256_file
+from longpack.pipeline.tokenize.tokenizer import (
     TIKTOKEN_ENCODINGS,
     Tokenizer,
     canonical_ranks,
@@ -91,13 +90,13 @@ def encoding_of(name: str) -> str | None:
 
 
 def fetch_kept(store, recorded: dict) -> Path | None:
-    """The local folder holding the copy that a build at a URL (`store`: its longpack.store
+    """The local folder holding the copy that a build at a URL (`store`: its longpack.core.store
     Store) keeps of its tokenizer, downloaded once and checked against its sha256: the user's
     cache, `longpack/tokenizers/<sha256>/<file>`; None when the build keeps none (or it is
     not one of COPY_NAMES). For load_build_tokenizer's `folder`."""
     import os
 
-    from longpack.atomic import write_bytes
+    from longpack.core import write_bytes
 
     name, sha = recorded.get("file"), recorded.get("sha256")
     if name not in COPY_NAMES.values() or not sha:

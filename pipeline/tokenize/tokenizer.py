@@ -30,10 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.atomic import sha256_file
-from longpack.errors import TokenizerError
-from pipeline.config import TOKENIZER_ENGINES
-from pipeline.tokenize.engines import (
+from longpack.core import TokenizerError, sha256_file
+from longpack.pipeline.config import TOKENIZER_ENGINES
+from longpack.pipeline.tokenize.engines import (
     FastEngine,
     ReferenceEngine,
     check_agreement,

@@ -36,10 +36,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from longpack import TrainingError, sha256_file
-from training.data.mixture import MixedOrder
-from training.parallel import fsdp
-from training.step import TrainState
+from longpack.core import TrainingError, sha256_file
+from longpack.training.data.mixture import MixedOrder
+from longpack.training.parallel import fsdp
+from longpack.training.step import TrainState
 
 # 3: the model and optimizers' tensors in DCP files for every run; 2: in state.pt (torch.save)
 # but for --fsdp runs; 1 (no "format" key): 2 plus "history", every step's metrics record.
@@ -108,6 +108,22 @@ def load(path: Path, flag: str = "--resume", fix: str = "pass a complete checkpo
 def warn(line: str) -> None:
     """A note for the user on stderr, one line (the trainer passes its own log instead)."""
     print(f"warning: {line}", file=sys.stderr)
+
+
+def read_checkpoint(run: Path, step: int | None = None, say=None) -> tuple[dict, Path]:
+    """What `zoo` reads of a run: its newest sound checkpoint (`say`, stderr by default, is told
+    of each one skipped), or step-N's; one line naming the steps there are when neither is."""
+    if step is None:
+        found = load_latest(run, say or warn)
+        if found is None:
+            raise TrainingError(f"{run}: no complete checkpoint (step-NNNNNNNN/ with COMPLETE); "
+                                "pass the --out of a train run")
+        return found
+    steps = [int(p.name[5:]) for p in checkpoints(run)]
+    have = (f"its complete checkpoints are of steps {', '.join(map(str, steps))}" if steps
+            else f"{run} has no complete checkpoint")
+    return load(run / f"step-{step:08d}", f"--step {step}:",
+                f"{have}; pass one of them, or no --step for the newest")
 
 
 def load_latest(run: Path, say=warn) -> tuple[dict, Path] | None:
@@ -206,7 +222,7 @@ def capture(s: TrainState, step: int, data, order: MixedOrder, cfg, run_id: str,
     return {"format": FORMAT, "scaler": s.scaler.state_dict(), "rng": rng_state(), "step": step,
             "fingerprint": data.fingerprint, "seq": data.seq, "config": cfg.to_dict(),
             # what the ids mean, its sha256 first: a resume and zoo's export, generate and eval
-            # refuse a build of another tokenizer by it (check_tokenizer, archs/zoo/runs.py)
+            # refuse a build of another tokenizer by it (check_tokenizer, longpack/zoo/runs.py)
             "tokenizer": data.manifest["tokenizer"],
             "mixture": order.history, "global_batch": order.global_batch,
             # the model's config as built (preset + --model-arg): what resume, export and
@@ -233,7 +249,7 @@ def check_model(found: tuple[dict, Path], cfg) -> None:
                             f"{cfg.optimizer}")
     saved = state.get("model_config")  # absent in checkpoints before --model-arg
     if saved is not None:
-        import archs
+        from longpack import archs
 
         wants = asdict(archs.config(cfg.model, **cfg.model_overrides))
         differ = [f"{k} {saved[k]} -> {wants[k]}" for k in sorted(wants)
@@ -251,9 +267,8 @@ def check_tokenizer(found: tuple[dict, Path], cfg) -> None:
     copy of another tokenizer (pipeline/builds/identity.py). Only manifests are read; a build
     that is not there is left for opening the data to name, and a checkpoint of before the
     record has nothing to hold a build to."""
-    from longpack import LongpackError, is_url
-    from pipeline import read_manifest
-    from pipeline.builds.identity import other_tokenizer
+    from longpack.core import LongpackError, is_url
+    from longpack.pipeline import other_tokenizer, read_manifest
 
     state, path = found
     recorded = state.get("tokenizer")
@@ -275,7 +290,7 @@ def restore(found: tuple[dict, Path], s: TrainState, cfg) -> int:
     """Load the checkpoint into the train state and the RNGs; returns its step."""
     state, path = found
     try:
-        import archs  # a Mamba's weights of before its RMSNorm: refused in one line, named
+        from longpack import archs  # a Mamba's weights of before its RMSNorm: refused in one line, named
         archs.mamba.refuse_layernorm_weights(state.get("model") or SafeReader(
             path).read_metadata().state_dict_metadata)
         if is_sharded_checkpoint(path):

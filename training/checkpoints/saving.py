@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from longpack import TrainingError, sha256_file, write_bytes
-from longpack.atomic import TEMP_NAME, remedy
-from training.checkpoints.checkpoint import (
+from longpack.core import TEMP_NAME, TrainingError, remedy, sha256_file, write_bytes
+from longpack.training.checkpoints.checkpoint import (
     RECORD,
     STEP_NAME,
     checkpoints,
@@ -29,8 +28,8 @@ from training.checkpoints.checkpoint import (
     save_parts,
     to_remove,
 )
-from training.parallel import distributed, fsdp
-from training.step import TrainState
+from longpack.training.parallel import distributed, fsdp
+from longpack.training.step import TrainState
 
 
 def save(run: Path, step: int, s: TrainState, state: dict, keep_last: int,

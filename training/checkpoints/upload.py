@@ -17,8 +17,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from longpack import StorageError, Store, redact
-from training.checkpoints import checkpoint
+from longpack.core import StorageError, Store, redact
+from longpack.training.checkpoints import checkpoint
 
 
 class RemoteRun:

@@ -28,9 +28,9 @@ import traceback
 import numpy as np
 import torch
 
-from longpack import LoaderError, LongpackError
-from pipeline import PAD_HASH
-from training.data.mixture import GlobalOrder
+from longpack.core import LoaderError, LongpackError
+from longpack.pipeline import PAD_HASH
+from longpack.training.data.mixture import GlobalOrder
 
 PREFETCH = 4  # slots (batches in flight) per worker: --prefetch's default
 STOP_BYTES = 8  # each worker's memory starts with an int64: nonzero = stop

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack import DataError, TrainingError
-from pipeline import (
+from longpack.core import DataError, TrainingError
+from longpack.pipeline import (
     Build,
     dataset_fingerprint,
     natural_weights,

@@ -96,7 +96,7 @@ def failing_together(procs: Processes):
     stopping while the others wait for it in the next collective until a timeout. The failed
     process raises its own error; the others a line saying another one failed. One
     all-reduce per block (none for one process)."""
-    from longpack import TrainingError
+    from longpack.core import TrainingError
 
     try:
         yield

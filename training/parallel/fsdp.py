@@ -16,8 +16,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor
 
-from longpack import SettingsError
-from training.parallel import distributed
+from longpack.core import SettingsError
+from longpack.training.parallel import distributed
 
 
 def mesh(cfg, procs: distributed.Processes):

@@ -150,7 +150,7 @@ def checked(f: dataclasses.Field, value, name: str | None = None):
     """A setting's value typed (`typed`) and held to its range and choices; SettingsError
     naming the setting (`name`, default its flag) otherwise. A value for a `callback` flag may
     be its text, which the config parses."""
-    from longpack.errors import SettingsError
+    from longpack.core.errors import SettingsError
 
     m, name = f.metadata, name or flag_of(f)
     if m.get("callback") is not None and isinstance(value, str):
@@ -188,7 +188,7 @@ def values_checked(config_class, values: dict, whole_floats: bool = False
     (the values typed, [(name, problem)] of every one that fails). `whole_floats`: a whole
     number written as a float (a file's 1e10, which YAML and TOML read as one) is that number
     where a whole number goes, which loses nothing."""
-    from longpack.errors import SettingsError
+    from longpack.core.errors import SettingsError
 
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     out, problems = {}, []
@@ -209,7 +209,7 @@ def values_checked(config_class, values: dict, whole_floats: bool = False
 
 def check_values(config_class, values: dict, where: str) -> dict:
     """`values_checked`, or one SettingsError '{where}: ...' naming every value that fails."""
-    from longpack.errors import SettingsError
+    from longpack.core.errors import SettingsError
 
     out, problems = values_checked(config_class, values)
     if problems:
@@ -319,7 +319,7 @@ def refuse_unknown(names, known, where: str, prefix: str = "",
     nearest known one (`suggest`), or for a name `answers` has (another trainer's, whose
     near spelling would mislead: training/names.py), that answer: a config file's keys, a
     Python caller's keywords."""
-    from longpack.errors import SettingsError
+    from longpack.core.errors import SettingsError
 
     unknown = sorted(set(names) - set(known))
     if unknown:
@@ -352,7 +352,7 @@ def _yaml_loader(yaml):
 def read_settings_file(path: str) -> dict:
     """A TOML or YAML file of settings (by its suffix) as a dict; SettingsError naming the file
     when it is not one."""
-    from longpack.errors import SettingsError, install_hint
+    from longpack.core.errors import SettingsError, install_hint
 
     text = Path(path).read_bytes()
     if path.endswith((".yaml", ".yml")):

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from longpack.errors import OutputError, SettingsError
+from longpack.core.errors import OutputError, SettingsError
 
 TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp\d+")  # what temp_name gives, for any pid
 

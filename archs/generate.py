@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-import archs
+from longpack import archs
 
 
 def next_token(logits: torch.Tensor, temperature: float, top_k: int | None,

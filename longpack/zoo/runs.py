@@ -12,7 +12,7 @@ copy was replaced, gives no tokenizer, and `other_tokenizer` says why, naming bo
 (checkpoints of before the record: nothing to hold it to). When no tokenizer loads,
 `tokenizer_problem` says why in words an error can quote.
 
-`zoo export --to hf` (every family: archs/zoo/hf_export.py) and `--to safetensors`
+`zoo export --to hf` (every family: longpack/zoo/hf_export.py) and `--to safetensors`
 (`archs.save`, which `archs.load` reads) write it out.
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-import archs
-from longpack import TrainingError
-from pipeline.builds.identity import other_tokenizer
-from training.checkpoints import checkpoint
+from longpack import archs
+from longpack.core import TrainingError
+from longpack.pipeline import other_tokenizer
+from longpack.training import model_state, read_checkpoint
 
 
 @dataclass
@@ -44,30 +44,20 @@ class TrainedRun:
     began_from: dict | None = None  # the weights the run started from (train --init-from)
 
 
-def load_run(run: Path, step: int | None = None, say=checkpoint.warn,
+def load_run(run: Path, step: int | None = None, say=None,
              shards: str | None = None) -> TrainedRun:
-    """RUN's newest sound checkpoint (`say` is told of each one skipped), or step-N's. The
-    tokenizer is the one the build's manifest names, when it loads here and is the one the
-    checkpoint recorded; `shards`: the build's place now (zoo --shards), for the run's."""
-    if step is None:
-        found = checkpoint.load_latest(run, say)
-        if found is None:
-            raise TrainingError(f"{run}: no complete checkpoint (step-NNNNNNNN/ with COMPLETE); "
-                                "pass the --out of a train run")
-    else:
-        steps = [int(p.name[5:]) for p in checkpoint.checkpoints(run)]
-        have = (f"its complete checkpoints are of steps {', '.join(map(str, steps))}" if steps
-                else f"{run} has no complete checkpoint")
-        found = checkpoint.load(run / f"step-{step:08d}", f"--step {step}:",
-                                f"{have}; pass one of them, or no --step for the newest")
+    """RUN's newest sound checkpoint (`say` is told of each one skipped: stderr by default), or
+    step-N's. The tokenizer is the one the build's manifest names, when it loads here and is the
+    one the checkpoint recorded; `shards`: the build's place now (zoo --shards), for the run's."""
+    found = read_checkpoint(run, step, say)
     state, path = found
     name = state["config"]["model"]
     overrides = state.get("model_config") or {}
-    weights = checkpoint.model_state(found)
+    weights = model_state(found)
     try:  # the vocabulary is the weights' (model_config is newer than some checkpoints)
         vocab = weights["embed.weight"].shape[0]
         model = archs.build(name, **{**overrides, "vocab_size": vocab})
-        model.load_state_dict(weights)  # a Mamba refuses its LayerNorm of before (archs.mamba)
+        model.load_state_dict(weights)  # a Mamba refuses its LayerNorm of before (longpack.archs.mamba)
     except archs.mamba.OutdatedWeights as e:
         raise TrainingError(f"{path} holds {e}") from None
     except (KeyError, ValueError, TypeError, RuntimeError) as e:
@@ -98,8 +88,8 @@ def load_run(run: Path, step: int | None = None, say=checkpoint.warn,
 def _location(shards: str | list | None) -> str | None:
     """Where the run's build is (a mixture's first source's: they share the tokenizer), or
     None when `shards` names none."""
-    from longpack import LongpackError
-    from pipeline import parse_mixture
+    from longpack.core import LongpackError
+    from longpack.pipeline import parse_mixture
 
     try:
         return parse_mixture([shards] if isinstance(shards, str) else shards, None, (), ())[0][0][1]
@@ -110,9 +100,8 @@ def _location(shards: str | list | None) -> str | None:
 def _build(shards: str | list | None) -> tuple[Path | None, dict | None]:
     """The folder and manifest of the run's build (a mixture's first source's: they share the
     tokenizer), or (None, None) when it is not here."""
-    from longpack import LongpackError
-    from longpack.store import Store, is_url
-    from pipeline.tokenize.kept import fetch_kept
+    from longpack.core import LongpackError, Store, is_url
+    from longpack.pipeline import fetch_kept
 
     location = _location(shards)
     if location is None:
@@ -133,19 +122,19 @@ def _build(shards: str | list | None) -> tuple[Path | None, dict | None]:
 
 def _tokenizer(manifest: dict, folder: Path):
     """The build's tokenizer and None, or None and why it cannot be loaded here
-    (pipeline.tokenize.tokenizer.load_build_tokenizer: its copy first, then its source)."""
-    from pipeline.tokenize.kept import load_build_tokenizer
+    (longpack.pipeline.tokenize.tokenizer.load_build_tokenizer: its copy first, then its source)."""
+    from longpack.pipeline import load_build_tokenizer
 
     return load_build_tokenizer(manifest["tokenizer"], folder)
 
 
 def export_run(cfg) -> tuple:
-    """`zoo export` (an ExportConfig, archs/zoo/settings.py): RUN's model (its newest sound
+    """`zoo export` (an ExportConfig, longpack/zoo/settings.py): RUN's model (its newest sound
     checkpoint, or step-N's) written to --out, a new or empty directory. Returns the model and
     notes for the user (what could not be written). `--to hf` without the build's tokenizer
     is refused before anything is written, unless --no-tokenizer."""
-    from archs.zoo.hf_export import DEFAULT_LICENSE, export_hf
-    from archs.zoo.hf_folder import refuse_taken, staged
+    from longpack.archs import refuse_taken, staged
+    from longpack.zoo.hf_export import DEFAULT_LICENSE, export_hf
 
     out = Path(cfg.out)
     refuse_taken(out)  # before the checkpoint is read

@@ -1,11 +1,10 @@
 """The settings of the `zoo` commands (list, export, eval, generate), validated once; their
-flags are these fields (longpack/settings.py). Loads no torch: `zoo --help` reads it."""
+flags are these fields (longpack/core/settings.py). Loads no torch: `zoo --help` reads it."""
 
 import re
 from dataclasses import dataclass
 
-from longpack.errors import SettingsError
-from longpack.settings import check, setting
+from longpack.core import SettingsError, check, setting
 
 EXPORTS = ("hf", "safetensors")  # zoo export --to
 DTYPES = ("fp32", "bf16", "fp16")  # zoo export --dtype
@@ -69,7 +68,7 @@ class ExportConfig:
     dtype: str = setting("fp32", "--to hf: the weights' type: bf16 or fp16 store them in half the "
                          "bytes, rounded (transformers loads them as config.json's torch_dtype "
                          "says).", choices=DTYPES)
-    # named for what it turns on: every bool flag also has its --no- form (longpack/settings.py)
+    # named for what it turns on: every bool flag also has its --no- form (longpack/core/settings.py)
     tokenizer: bool = setting(True, "--to hf: the build's tokenizer goes with the model (held "
                               "to the one the run trained with); --no-tokenizer writes the "
                               "folder without it, for a tokenizer that cannot be loaded here "

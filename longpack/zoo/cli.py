@@ -9,7 +9,7 @@
                                              loss, perplexity, bits per byte
     zoo generate RUN --prompt TEXT [--max-new-tokens N] [--temperature T --top-k K --top-p P]
 
-`python -m archs` and `train --list-models` print the same table (archs/__main__.py's).
+`python -m longpack.archs` and `train --list-models` print the same table (archs/preset_table.py's).
 """
 
 import json
@@ -17,9 +17,8 @@ from pathlib import Path
 
 import click
 
-from archs.zoo.settings import EvalConfig, ExportConfig, GenerateConfig, ListConfig
-from longpack.cli import Group
-from longpack.settings import click_options
+from longpack.core import Group, click_options
+from longpack.zoo.settings import EvalConfig, ExportConfig, GenerateConfig, ListConfig
 
 
 @click.group(cls=Group)
@@ -32,57 +31,22 @@ def zoo():
 @click_options(ListConfig)
 def list_presets(**settings):
     """The presets with their true parameter counts and FLOPs/token."""
-    from archs.__main__ import table
+    from longpack.archs import presets_table
+    from longpack.training import sized_presets
 
     cfg = ListConfig(**settings)
     try:
         models = sized_presets(cfg.vocab)
     except ValueError as e:  # a vocabulary no model takes (archs/limits.py VOCAB)
         raise click.ClickException(f"--vocab {cfg.vocab}: {e}") from None
-    click.echo(json.dumps(models, indent=2) if cfg.as_json else table(models))
-
-
-def sized_presets(vocab_size: int | None) -> list[dict]:
-    """Every preset's sizes at `vocab_size` (None: each one's own) from archs/presets.json,
-    at once: they are linear in the vocabulary (tests/test_presets.py holds them to built
-    models), where measuring every preset's FLOPs takes seconds each. Measured when the file
-    lacks a preset."""
-    import archs
-    from pipeline.stats.recommend import at_vocab, preset_table
-
-    if vocab_size is not None:
-        archs.config(next(iter(archs.PRESETS)), vocab_size=vocab_size)  # its range, as a model's
-    table = {p["name"]: p for p in preset_table()}
-    if set(table) != set(archs.PRESETS):
-        return archs.list_models(vocab_size=vocab_size)
-    return [{**table[n], **at_vocab(table[n], vocab_size)} for n in archs.PRESETS]
-
-
-def presets_of_build(shards: tuple[str, ...] | None, seq: int | None) -> str:
-    """`train --list-models`: the presets sized at the vocabulary of --shards' build and
-    FLOPs/token at its seq (or --seq); without --shards at each preset's own vocabulary, which
-    the note says."""
-    from archs import LIST_SEQ, list_models
-    from archs.__main__ import table
-    from pipeline import parse_mixture, read_manifest
-
-    if not shards:
-        return (table(sized_presets(None)) + "\n(each preset at its own vocabulary; with --shards "
-                "OUT, at that build's)")
-    shards = parse_mixture(shards, None, (), ())[0][0][1]  # a mixture's first: one tokenizer
-    manifest = read_manifest(shards)
-    vocab, seq = manifest["tokenizer"]["vocab_size"], seq or manifest["seq"]
-    models = (sized_presets(vocab) if seq - 1 == LIST_SEQ else
-              list_models(seq - 1, vocab_size=vocab, per_vocab=False))
-    return (table(models) + f"\n(at the vocabulary of {shards}: {vocab:,}; FLOPs/token at its "
-            f"{seq - 1} predictions per sample)")
+    click.echo(json.dumps(models, indent=2) if cfg.as_json else presets_table(models))
 
 
 @zoo.command()
 @click_options(ExportConfig)
 def export(**settings):
     """Write a trained run's model for use outside longpack."""
-    from archs.zoo.runs import export_run
+    from longpack.zoo.runs import export_run
 
     cfg = ExportConfig(**settings)
     model, notes = export_run(cfg)
@@ -100,10 +64,10 @@ def evaluate(**settings):
     import math
     import tempfile
 
-    from archs.zoo.runs import load_run
-    from longpack import LongpackError
-    from pipeline import open_build, read_manifest
-    from training.evaluate import bits_per_byte, split_loss
+    from longpack.core import LongpackError
+    from longpack.pipeline import open_build, read_manifest
+    from longpack.training import bits_per_byte, split_loss
+    from longpack.zoo.runs import load_run
 
     cfg = EvalConfig(**settings)
     run, shards, split, seq = Path(cfg.run), cfg.shards, cfg.split, cfg.seq
@@ -141,9 +105,8 @@ def evaluate(**settings):
 def check_eval_build(trained, manifest: dict, shards: str, split: str) -> None:
     """Refuse, in one line, a build whose ids mean other things than the run's (another
     tokenizer, or a copy of another one in its folder), or that has no rows in `split`."""
-    from longpack import LongpackError, is_url
-    from pipeline import same_tokenizer, tokenizer_label
-    from pipeline.builds.identity import other_tokenizer
+    from longpack.core import LongpackError, is_url
+    from longpack.pipeline import other_tokenizer, same_tokenizer, tokenizer_label
 
     theirs = manifest.get("tokenizer")
     if trained.trained_on is not None and not same_tokenizer(trained.trained_on, theirs):
@@ -174,9 +137,9 @@ def generate(**settings):
     document (after the tokenizer's EOS)."""
     import torch
 
-    from archs.zoo.generate import TextStream, context, stream
-    from archs.zoo.runs import load_run
-    from longpack import LongpackError
+    from longpack.archs import TextStream, context, stream
+    from longpack.core import LongpackError
+    from longpack.zoo.runs import load_run
 
     cfg = GenerateConfig(**settings)
     run, prompt, max_new_tokens = Path(cfg.run), cfg.prompt, cfg.max_new_tokens
@@ -226,5 +189,5 @@ def generate(**settings):
     click.echo(text.flush())
 
 
-if __name__ == "__main__":  # python -m archs.zoo.cli
+if __name__ == "__main__":  # python -m longpack.zoo.cli
     zoo()

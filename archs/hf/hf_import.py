@@ -7,11 +7,11 @@ inverse of hf_export.py.
     folder.shapes                               # archs' name -> shape, nothing read yet
     folder.extra                                # the folder's tensors archs has no place for
     folder.weights()                            # archs' name -> tensor (CPU), read now
-    token_ids(tokenizer_json_text)              # id -> token, to hold it to a build's
+    tokenizer_json_vocabulary(text)             # id -> token, to hold it to a build's
 
 The folders it reads, by config.json:
 - `model_type: gpt_neox` (GPTNeoXForCausalLM: Pythia, GPT-NeoX, longpack's own GPT-NeoX
-  exports): hf_export's name tables read backwards, the fused qkv laid out back from heads x
+  exports): archs/hf/native.py's name tables read backwards, the fused qkv laid out back from heads x
   [q, k, v] to [q | k | v] x heads. What archs' GPT-NeoX does not compute is refused, one
   reason at a time: another activation than GELU (erf), a sequential residual, attention
   without biases, a tied head, rope scaling, a rotary share that does not rotate an even
@@ -44,8 +44,9 @@ from pathlib import Path
 
 import torch
 
-import archs
-from archs.zoo.hf_export import NEOX_BLOCK_NAMES, NEOX_NAMES
+from longpack import archs
+
+from .native import NEOX_BLOCK_NAMES, NEOX_NAMES
 
 INDEX = "model.safetensors.index.json"
 PICKLES = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.pt", "model.bin")
@@ -338,7 +339,7 @@ def _mamba2(path: Path, config: dict, tensors: dict) -> Folder:
 
 def _longpack(path: Path, config: dict, tensors: dict) -> Folder:
     """LongpackForCausalLM (hf_remote.py): the family and its fields in config.json."""
-    from archs.zoo.transformers_compat import import_transformers
+    from longpack.archs.hf.transformers_compat import import_transformers
 
     family = config.get("family")
     if family not in archs.FAMILIES:
@@ -346,9 +347,9 @@ def _longpack(path: Path, config: dict, tensors: dict) -> Folder:
                          f"have ({', '.join(archs.FAMILIES)})")
     try:
         import_transformers()
-        from archs.zoo.configuration_longpack import CONFIG_NAMES
+        from longpack.archs.hf.configuration_longpack import CONFIG_NAMES
     except ImportError:  # the stored names are configuration_longpack's, a transformers config
-        from longpack.errors import install_hint
+        from longpack.core import install_hint
 
         raise ValueError(f"reading a LongpackForCausalLM folder needs transformers: "
                          f"{install_hint('export')}") from None
@@ -370,7 +371,7 @@ def _archs_folder(path: Path, config: dict, tensors: dict) -> Folder:
                    lambda theirs: theirs)
 
 
-def token_ids(text: str) -> dict[int, str]:
+def tokenizer_json_vocabulary(text: str) -> dict[int, str]:
     """id -> token of a tokenizer.json's text: its model's vocabulary (a dict for BPE,
     WordPiece and WordLevel, a list of [piece, score] for Unigram) and its added tokens;
     ValueError when it is not one."""

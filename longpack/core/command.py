@@ -5,7 +5,7 @@ try/except."""
 
 import click
 
-from longpack.errors import LongpackError
+from longpack.core.errors import LongpackError
 
 
 class Command(click.Command):

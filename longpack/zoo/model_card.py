@@ -125,8 +125,8 @@ def final_losses(run: Path, step: int | None) -> dict:
 def train_command(settings: dict) -> str:
     """`train` with the flags of every setting that differs from its default (shards and the
     model always; each build by its folder's name, WHERE left out), one flag a line."""
-    from pipeline.mixture import source_name
-    from training.config import TrainConfig
+    from longpack.pipeline import source_name
+    from longpack.training import TrainConfig
 
     parts = []
     for source, path in _sources(settings):
@@ -156,7 +156,7 @@ def train_command(settings: dict) -> str:
 
 
 def _family(model) -> str:
-    import archs
+    from longpack import archs
 
     return next(f for f, (_, cls, _) in archs.FAMILIES.items() if isinstance(model, cls))
 
@@ -199,8 +199,8 @@ def _tokenizer(trained_on: dict | None) -> str:
 def _sources(settings: dict) -> list[tuple[str, str]]:
     """(name, path) of each build the run trained on; none where the settings hold no valid
     --shards (the card still says the rest)."""
-    from longpack import LongpackError
-    from pipeline import parse_mixture
+    from longpack.core import LongpackError
+    from longpack.pipeline import parse_mixture
 
     shards = settings.get("shards") or ()
     try:
@@ -211,8 +211,8 @@ def _sources(settings: dict) -> list[tuple[str, str]]:
 
 
 def _manifest(path: str) -> dict | None:
-    from longpack import LongpackError
-    from pipeline import read_manifest
+    from longpack.core import LongpackError
+    from longpack.pipeline import read_manifest
 
     try:
         return read_manifest(path)
@@ -223,7 +223,7 @@ def _manifest(path: str) -> dict | None:
 def _hub_datasets(builds) -> list[str]:
     """The hub datasets (repository ids) of the builds: those they read their inputs from, and
     the one a build's --dataset names (fineweb-edu: its files, wherever they were read)."""
-    from pipeline.read.catalog import DATASETS
+    from longpack.pipeline import DATASETS
 
     repos = set()
     for _, _, manifest in builds:
@@ -238,8 +238,7 @@ def _hub_datasets(builds) -> list[str]:
 
 def _build(source: str, path: str, manifest: dict | None) -> list[str]:
     """A build, by its folder's name and its manifest's fingerprint (never its path)."""
-    from pipeline import dataset_fingerprint
-    from pipeline.mixture import source_name
+    from longpack.pipeline import dataset_fingerprint, source_name
 
     folder = source_name(path)
     named = f"`{folder}`" + (f" (source {source})" if source != folder else "")

@@ -38,8 +38,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from archs.zoo.transformers_compat import import_transformers
-from longpack import TrainingError
+from longpack.archs.hf.transformers_compat import import_transformers
+from longpack.core import TrainingError
 
 FILE_MODE, DIR_MODE = 0o644, 0o755
 
@@ -147,7 +147,7 @@ def converted_tiktoken(tokenizer) -> str:
     return json.dumps(data, ensure_ascii=False)
 
 
-def token_ids(tokenizer, trained_on: dict | None) -> dict[str, int | None]:
+def special_token_ids(tokenizer, trained_on: dict | None) -> dict[str, int | None]:
     """bos/eos/pad ids for config.json and generation_config.json: the tokenizer's, else what
     the checkpoint recorded of the build's tokenizer (None when neither is known)."""
     eos = tokenizer.eos_id if tokenizer is not None else (trained_on or {}).get("eos_id")

@@ -25,7 +25,7 @@ import os
 import re
 from pathlib import Path
 
-from longpack.errors import StorageError, install_hint
+from longpack.core.errors import StorageError, install_hint
 
 # protocol -> (the extra that provides it, the library) for the stores a build writes to
 WRITABLE = {"s3": ("s3", "s3fs"), "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
@@ -91,7 +91,7 @@ def filesystem(url: str):
 
 
 @contextlib.contextmanager
-def errors(url: str, doing: str):
+def storage_errors(url: str, doing: str):
     """Any failure of the store inside becomes one StorageError line about `url`."""
     try:
         yield
@@ -153,7 +153,7 @@ class Store:
         details of it (size, ETag, ...); {} if none."""
         base = self._path(rel)
         self.fs.invalidate_cache(base)
-        with errors(self.url_of(rel), "list"):
+        with storage_errors(self.url_of(rel), "list"):
             try:
                 found = self.fs.find(base, detail=True)
             except FileNotFoundError as e:
@@ -172,7 +172,7 @@ class Store:
         """The object's details as the store gives them (size, ETag, ...), or None when there is
         no such object."""
         self.fs.invalidate_cache(self._path(rel))
-        with errors(self.url_of(rel), "look at"):
+        with storage_errors(self.url_of(rel), "look at"):
             try:
                 info = self.fs.info(self._path(rel))
             except FileNotFoundError as e:
@@ -187,29 +187,29 @@ class Store:
         return None if info is None else int(info.get("size") or 0)
 
     def read_bytes(self, rel: str) -> bytes:
-        with errors(self.url_of(rel), "read"):
+        with storage_errors(self.url_of(rel), "read"):
             return self.fs.cat_file(self._path(rel))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
-        with errors(self.url_of(rel), "write"):
+        with storage_errors(self.url_of(rel), "write"):
             self.fs.pipe_file(self._path(rel), data)
 
     def put_file(self, local: Path, rel: str) -> None:
-        with errors(self.url_of(rel), "upload to"):
+        with storage_errors(self.url_of(rel), "upload to"):
             self.fs.put_file(str(local), self._path(rel))
 
     def get_file(self, rel: str, local: Path) -> None:
-        with errors(self.url_of(rel), "download"):
+        with storage_errors(self.url_of(rel), "download"):
             self.fs.get_file(self._path(rel), str(local))
 
     def open(self, rel: str, mode: str = "rb", **kwargs):
         """A file object (reads are ranged: nothing is downloaded whole)."""
-        with errors(self.url_of(rel), "open"):
+        with storage_errors(self.url_of(rel), "open"):
             return self.fs.open(self._path(rel), mode, **kwargs)
 
     def remove(self, rels: list[str]) -> None:
         if rels:
-            with errors(self.url, "remove files from"):
+            with storage_errors(self.url, "remove files from"):
                 self.fs.rm([self._path(r) for r in rels])
 
     def check_writable(self) -> None:

@@ -18,23 +18,22 @@ from pathlib import Path
 
 import torch
 
-import archs
-from archs import memory
-from longpack import SettingsError
-from pipeline import REPEAT_WARNING_EPOCHS
-from training.config import TrainConfig
-from training.data.loader import make_batch
-from training.data.mixture import make_order, open_sources
-from training.fits import check_memory, plan_memory
-from training.loop import resolve_steps
-from training.metrics import check_installed, duration
-from training.parallel import distributed
-from training.step import prepare, train_step
+from longpack import archs
+from longpack.archs import GIB, bytes_text
+from longpack.core import SettingsError
+from longpack.pipeline import REPEAT_WARNING_EPOCHS
+from longpack.training.config import TrainConfig
+from longpack.training.data.loader import make_batch
+from longpack.training.fits import check_memory, plan_memory
+from longpack.training.metrics import check_installed, duration
+from longpack.training.parallel import distributed
+from longpack.training.setup import open_data
+from longpack.training.step import prepare, train_step
 
 PROBE_STEPS = 2  # timed, after one warm-up
 CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
 MIN_PROBE_TOKENS = 16
-GPU_MEMORY = 80 * memory.GIB  # --gpu-memory's default
+GPU_MEMORY = 80 * GIB  # --gpu-memory's default
 MAX_WORLD = 2**20  # --world-size: a bound no cluster reaches, so a typo is one line
 
 
@@ -87,8 +86,7 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes,
           world_size: int | None, gpu_memory: int) -> dict:
     world = procs.world if world_size is None else world_size
     check_installed(cfg.report_to)  # what the real run refuses, the plan refuses first
-    data = open_sources(cfg, cache)
-    cfg = resolve_steps(cfg, data.seq, world, say)
+    data, cfg, order = open_data(cfg, cache, world, say)
     vocab = data.manifest["tokenizer"]["vocab_size"]
     seq = data.seq - 1
     if world_size is None:  # this launch: refused here if it cannot fit this device
@@ -97,8 +95,7 @@ def _plan(cfg: TrainConfig, cache: Path, say, procs: distributed.Processes,
         mem = plan_memory(cfg, vocab, seq, world)
     counted = archs.build(cfg.model, device="meta", vocab_size=vocab,  # sizes, no memory
                           **cfg.model_overrides)
-    rows_per_step = cfg.batch_size * cfg.grad_accum * world
-    order = make_order(data, cfg, rows_per_step)
+    rows_per_step = order.global_batch
     steps, cut_by = order.last_step(cfg.max_steps)
     drawn = order.rows_before(steps)
     sources = [{"name": n, "train_rows": int(order.sizes[k]), "rows": int(drawn[k]),
@@ -257,7 +254,7 @@ def render(p: dict) -> str:
 
 def render_memory(p: dict) -> list[str]:
     """The memory lines: per process, each part, the total and whether --gpu-memory holds it."""
-    c, m, size = p["config"], p["memory_per_process"], memory.size
+    c, m, size = p["config"], p["memory_per_process"], bytes_text
     world = p["world_size"]
     procs = f"1 of {world:,} processes, {p['sharding']}" if world > 1 else "1 process"
     adamw = "AdamW: exp_avg, exp_avg_sq, step"

@@ -6,7 +6,7 @@ MoE (and its hybrids, MoE with Mamba layers) and resonance.
     weights = remote_weights(model)               # "model." + archs' names, a tied head once
 
 `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` reads config.json's
-`auto_map`, imports configuration_longpack.py and modeling_longpack.py (archs/zoo/, shipped as
+`auto_map`, imports configuration_longpack.py and modeling_longpack.py (archs/hf/, shipped as
 they are) and, through their relative imports, archs' own model files, copied byte for byte:
 the archs files import each other relatively (`from .layers import ...`), which works in the
 archs package and in transformers' module cache alike, so nothing is rewritten and nothing of
@@ -15,7 +15,7 @@ imports (the closure of modeling_longpack.py's relative imports), so a file arch
 once a model file imports it.
 
 Mamba does not come here: it ends in Mamba-2's RMSNorm, and every weight of it has its place
-in transformers' own Mamba2ForCausalLM (archs/zoo/hf_export.py). A hybrid's Mamba layers sit
+in transformers' own Mamba2ForCausalLM (longpack/zoo/hf_export.py). A hybrid's Mamba layers sit
 among attention layers and experts, which Mamba2 has no place for: hybrids come here, and
 mamba.py (their Mamba mixer) with them.
 """
@@ -25,8 +25,8 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-import archs
-from archs.zoo.transformers_compat import import_transformers
+from longpack import archs
+from longpack.archs.hf.transformers_compat import import_transformers
 
 TEMPLATES = Path(__file__).parent  # configuration_longpack.py, modeling_longpack.py
 ARCHS = Path(archs.__file__).parent
@@ -38,7 +38,7 @@ def family_of(model) -> str:
 
 
 def shipped_files() -> dict[str, Path]:
-    """name in the folder -> the file it is a copy of: the two files of archs/zoo/ and the archs
+    """name in the folder -> the file it is a copy of: the two files of archs/hf/ and the archs
     files they import, directly or through each other (relative imports). transformers copies
     a local folder's modules only as far as modeling_longpack.py imports them directly, so a
     file imported only through another is an error here (name it in modeling_longpack.py)."""
@@ -54,7 +54,7 @@ def shipped_files() -> dict[str, Path]:
     if indirect:
         raise RuntimeError(f"{', '.join(indirect)}: imported by the shipped archs files but not "
                            f"by {MODELING}.py, so transformers would not copy them from a local "
-                           f"folder: import them in archs/zoo/{MODELING}.py")
+                           f"folder: import them in archs/hf/{MODELING}.py")
     return files
 
 
@@ -85,7 +85,7 @@ def remote_config(model, context: int, ids: dict) -> dict:
 
 def stored_fields(cfg) -> dict:
     """The family config's fields as config.json holds them (configuration_longpack's names)."""
-    from archs.zoo.configuration_longpack import CONFIG_NAMES
+    from longpack.archs.hf.configuration_longpack import CONFIG_NAMES
 
     return {CONFIG_NAMES.get(k, k): v for k, v in asdict(cfg).items()}
 
