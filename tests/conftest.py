@@ -75,6 +75,23 @@ def signals_as_from_a_shell():
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 
 
+# The start of a child Python that cannot import longpack, as a user's that downloaded an
+# exported folder: this venv's editable finder taken off its import path, and proven gone.
+WITHOUT_LONGPACK = r'''
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
+try:
+    import longpack
+except ImportError:
+    pass
+else:
+    raise SystemExit("longpack imports in the child: the folder is not shown to stand alone")
+# this environment's torchvision does not load (archs/hf/transformers_compat.py)
+import transformers.utils.import_utils as available
+available._torchvision_available = False
+'''
+
+
 def run_train_jobs(tmp: Path, jobs: list, timeout: float = 600) -> str:
     """Several `train` runs in one 2-process torchrun launch (tests/train_jobs.py: a launch
     is mostly start-up), from tmp/jobs.json; the launch's output. A launch still running

@@ -19,6 +19,7 @@ import torch
 from click.testing import CliRunner
 from test_train import config
 
+from conftest import WITHOUT_LONGPACK
 from longpack import archs
 from longpack.archs.generate import generate
 from longpack.archs.hf.hf_folder import layout_problems
@@ -41,21 +42,8 @@ NATIVE = {"neox-tiny": "GPTNeoXForCausalLM", "mamba-tiny": "Mamba2ForCausalLM",
 PROMPTS = ["alpha beta", "long-context gamma δέλτα alpha"]
 NEW = 8
 
-CHILD = r'''
-import json, sys
-# This venv installs longpack in editable mode (a finder on sys.meta_path); a user's Python that
-# downloaded the folder has no longpack: take it out, and prove that none of it imports.
-sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
-for name in ("archs", "training", "pipeline", "longpack"):
-    try:
-        __import__(name)
-    except ImportError:
-        continue
-    raise SystemExit(f"{name} imports in the child: the folder is not shown to stand alone")
-# This environment's broken torchvision (see archs/hf/transformers_compat.py); these two lines
-# can go once the environment fix lands.
-import transformers.utils.import_utils as available
-available._torchvision_available = False
+CHILD = WITHOUT_LONGPACK + r'''
+import json
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 

@@ -21,7 +21,7 @@ import torch
 from click.testing import CliRunner
 from test_train import config
 
-from conftest import small_build, write_byte_tokenizer_json
+from conftest import WITHOUT_LONGPACK, small_build, write_byte_tokenizer_json
 from longpack import TrainingError, archs
 from longpack.archs.hf.native import hf_state_dict
 from longpack.training.checkpoints import checkpoint
@@ -413,18 +413,8 @@ def test_context_extension_runs_and_exports_its_rotary_base(tmp_path):
 
 # -- a GPTNeoXForCausalLM made by transformers ----------------------------------------------
 
-CHILD = r'''
-import json, sys
-# a Python without longpack (this venv's editable finder taken out), as a user's
-sys.meta_path[:] = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]
-for name in ("archs", "training", "pipeline", "longpack"):
-    try:
-        __import__(name)
-    except ImportError:
-        continue
-    raise SystemExit(f"{name} imports in the child")
-import transformers.utils.import_utils as available
-available._torchvision_available = False  # this environment's torchvision (transformers_compat)
+CHILD = WITHOUT_LONGPACK + r'''
+import json
 import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
