@@ -4,6 +4,7 @@ not shadow it, in an editable install (this venv's) and in a wheel."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -86,9 +87,15 @@ def test_the_wheel_installs_longpack_alone_and_runs(tmp_path):
     """The wheel built from the clone: one top-level package whose stages are files (the links
     followed), its data files and entry points; installed into a folder of its own, it builds
     and plans from a user's project."""
+    source = tmp_path / "source"  # a copy: setuptools writes build/ beside pyproject.toml
+    for folder in ("longpack", *STAGES, "configs"):  # longpack/'s links stay links
+        shutil.copytree(ROOT / folder, source / folder, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for file in ("pyproject.toml", "README.md", "MANIFEST.in"):
+        shutil.copy(ROOT / file, source / file)
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheels), str(ROOT)], check=True, capture_output=True,
+                    "-q", "-w", str(wheels), str(source)], check=True, capture_output=True,
                    timeout=600)
     wheel = next(wheels.glob("longpack-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
