@@ -46,6 +46,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from longpack.archs import flops, gpt_neox, layers, mamba, moe, resonance
 from longpack.archs.limits import device_memory, typed
 from longpack.archs.preset_table import presets_table as presets_table  # as text
+from longpack.core import lazy_names
 
 # what model.flops_per_token calls: the model files (layers.py) ship without it
 layers.MEASURE_FLOPS = flops.flops_per_token
@@ -350,10 +351,4 @@ _ELSEWHERE = {
     "tokenizer_json_vocabulary": "hf.hf_import",
 }
 
-
-def __getattr__(name: str):
-    if name not in _ELSEWHERE:
-        raise AttributeError(f"module 'longpack.archs' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"longpack.archs.{_ELSEWHERE[name]}"), name)
+__getattr__ = lazy_names(__name__, _ELSEWHERE)

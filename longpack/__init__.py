@@ -22,7 +22,7 @@ The names load on first use, so that `import longpack` stays cheap and pulls in 
 nor fsspec.
 """
 
-import importlib
+from longpack.core import lazy_names
 
 _API = {  # name -> the module that defines it
     "build": "api", "stats": "api", "merge": "api", "import_tokens": "api",  # the commands
@@ -32,9 +32,4 @@ _API = {  # name -> the module that defines it
     "TrainingError": "core", "LoaderError": "core", "StorageError": "core",
 }
 __all__ = sorted(_API)
-
-
-def __getattr__(name: str):
-    if name not in _API:
-        raise AttributeError(f"module 'longpack' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"longpack.{_API[name]}"), name)
+__getattr__ = lazy_names(__name__, _API)

@@ -44,7 +44,7 @@ so that `import longpack.pipeline` stays cheap (`pack --help`, the trainer's sta
 in neither torch nor mosaicml-streaming.
 """
 
-import importlib
+from longpack.core import lazy_names
 
 _API = {  # name -> the module that defines it
     "PAD_HASH": "tokenize.split",  # a segment's hash that marks padding
@@ -72,11 +72,4 @@ _API = {  # name -> the module that defines it
     "StatsConfig": "stats.config", "collect_stats": "stats.report:collect",
 }
 __all__ = sorted(_API)
-
-
-def __getattr__(name: str):
-    if name not in _API:
-        raise AttributeError(f"module 'longpack.pipeline' has no attribute {name!r}")
-    module, _, attr = _API[name].partition(":")  # "module:attr" where the names differ
-    return getattr(importlib.import_module(f"longpack.pipeline.{module}"), attr or name)
-
+__getattr__ = lazy_names(__name__, _API)

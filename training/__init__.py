@@ -18,7 +18,7 @@ only those: `from longpack.training import TrainConfig, train`. They load on fir
 `import longpack.training` pulls in nothing heavy until a name is used.
 """
 
-import importlib
+from longpack.core import lazy_names
 
 _API = {  # name -> the module that defines it ("module:attr" where the names differ)
     "TrainConfig": "config", "train": "loop", "plan": "dry_run",  # a run, its plan
@@ -28,10 +28,4 @@ _API = {  # name -> the module that defines it ("module:attr" where the names di
     "sized_presets": "presets",  # zoo list
 }
 __all__ = sorted(_API)
-
-
-def __getattr__(name: str):
-    if name not in _API:
-        raise AttributeError(f"module 'longpack.training' has no attribute {name!r}")
-    module, _, attr = _API[name].partition(":")
-    return getattr(importlib.import_module(f"longpack.training.{module}"), attr or name)
+__getattr__ = lazy_names(__name__, _API)

@@ -9,7 +9,7 @@ The data stage, the models and the trainer take these names from here:
 kernel stays cheap and pulls in neither torch nor fsspec.
 """
 
-import importlib
+from longpack.core.lazy import lazy_names
 
 _KERNEL = {  # name -> the module that defines it
     # errors.py: what a user can fix, one line each; how to install an extra
@@ -33,9 +33,4 @@ _KERNEL = {  # name -> the module that defines it
     "Command": "command", "Group": "command",
 }
 __all__ = sorted(_KERNEL)
-
-
-def __getattr__(name: str):
-    if name not in _KERNEL:
-        raise AttributeError(f"module 'longpack.core' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"longpack.core.{_KERNEL[name]}"), name)
+__getattr__ = lazy_names(__name__, _KERNEL)

@@ -8,15 +8,10 @@ It stands on the trainer (the checkpoint reader, the val loss), the data stage a
 The Python API (longpack/api.py) takes the names below from here.
 """
 
-import importlib
+from longpack.core import lazy_names
 
 _API = {  # name -> the module that defines it
     "export_run": "runs", "load_run": "runs", "ExportConfig": "settings",
 }
 __all__ = sorted(_API)
-
-
-def __getattr__(name: str):
-    if name not in _API:
-        raise AttributeError(f"module 'longpack.zoo' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"longpack.zoo.{_API[name]}"), name)
+__getattr__ = lazy_names(__name__, _API)
