@@ -338,6 +338,7 @@ def load(folder: Path, device: str | torch.device | None = None) -> torch.nn.Mod
 # Names of archs' other modules, loaded on first use: what the trainer and the zoo take from
 # here (never from the modules): the memory plan, generation, transformers' forms.
 _ELSEWHERE = {
+    "Documents": "documents", "spans_of": "documents",  # a batch's documents, once per forward
     "GIB": "memory", "Sharding": "memory", "memory_plan": "memory", "bytes_text": "memory",
     "TextStream": "generate", "context": "generate", "stream": "generate",
     "NATIVE": "hf.native",  # transformers' own classes: config.json and weights of a model

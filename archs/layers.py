@@ -1,8 +1,6 @@
-"""Pieces the zoo's models share: document masks and positions, rotary, attention, the loss,
-the optimizer roles of parameters.
-
-`doc_starts` is a LongTensor [B, K]: the offsets where documents (segments) start in each row, the
-first 0, padded at the end with -1 (what the loader builds from a row's `doc_starts` column).
+"""Pieces the zoo's models share: rotary, attention, the loss, the optimizer roles of
+parameters. Documents (doc_starts, segments, positions, FlexAttention's block mask) are
+archs/documents.py's, made once per forward (`Documents`) and handed to every layer.
 """
 
 import math
@@ -11,6 +9,15 @@ from fnmatch import fnmatchcase
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .documents import (  # noqa: F401  (segment_ids, positions, the block mask: also importable here)
+    Documents,
+    _eager_document_block_mask,
+    document_block_mask,
+    document_mask_mod,
+    positions,
+    segment_ids,
+)
 
 # What each parameter is, for the optimizer (training/optim/optimizers.py decides what each role gets).
 # Each model file lists its parameters' roles by name; a parameter it does not list is an error.
@@ -40,35 +47,6 @@ def param_roles(model: nn.Module, table: tuple[tuple[str, str], ...]) -> dict[st
                            f"(roles: {', '.join(OPTIMIZER_ROLES)})")
         roles[name] = role
     return roles
-
-
-def segment_ids(doc_starts: torch.Tensor, seq: int) -> torch.Tensor:
-    """[B, T] index of the document each position belongs to (0, 0, 1, 1, 1, 2, ...)."""
-    marks = torch.zeros(doc_starts.shape[0], seq + 1, dtype=torch.long, device=doc_starts.device)
-    starts = doc_starts.clamp(min=0)
-    marks.scatter_add_(1, starts, (doc_starts > 0).long())  # a start at 0 opens segment 0
-    return marks[:, :seq].cumsum(1)
-
-
-def document_spans(doc_starts: torch.Tensor, b: int, seq: int) -> list[tuple[int, int]]:
-    """(start, end) of each document of row b of a [B, T] batch. One read of the row to the host:
-    not one per entry, which on a GPU is one synchronisation each, and a compiled run's
-    doc_starts is as wide as the row (training/step.py)."""
-    row = doc_starts[b]
-    starts = row[row >= 0].tolist() + [seq]
-    return list(zip(starts, starts[1:]))
-
-
-def positions(doc_starts: torch.Tensor | None, batch: int, seq: int,
-              device: torch.device) -> torch.Tensor:
-    """[B, T] position of each token within its document: rotary restarts at each start."""
-    pos = torch.arange(seq, device=device).expand(batch, seq)
-    if doc_starts is None:
-        return pos
-    seg = segment_ids(doc_starts, seq)
-    first = torch.where(doc_starts >= 0, doc_starts, seq)  # -1 padding never matches
-    start_of_seg = first.gather(1, seg.clamp(max=first.shape[1] - 1))
-    return pos - start_of_seg
 
 
 class Rotary(torch.nn.Module):
@@ -106,28 +84,36 @@ class Rotary(torch.nn.Module):
         return self.rotate(x, *self.tables(pos, x.dtype))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              doc_starts: torch.Tensor | None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc_starts) -> torch.Tensor:
     """Causal attention that never crosses a document boundary. q, k, v (B, H, T, D); k and v
-    may have fewer heads (grouped-query attention).
+    may have fewer heads (grouped-query attention); doc_starts: Documents, a (B, K) tensor or
+    None.
 
     Without doc_starts: one causal SDPA call. On CUDA: FlexAttention with a document mask
-    (O(T) memory at 32k). On CPU (FlexAttention has no CPU backward): causal SDPA per document,
-    which skips the masked blocks a dense [T, T] mask would compute.
+    (O(T) memory at 32k), the mask made once per forward. On CPU (FlexAttention has no CPU
+    backward): causal SDPA per document, which skips the masked blocks a dense [T, T] mask
+    would compute; the documents' spans are read to the host once per forward.
     """
     enable_gqa = k.shape[1] != q.shape[1]
     if doc_starts is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=enable_gqa)
+    docs = Documents.of(doc_starts, q.shape[2])
     if q.is_cuda:
-        return _flex_document_attention(q, k, v, doc_starts, enable_gqa)
+        return _flex_document_attention(q, k, v, docs, enable_gqa)
     out = torch.empty_like(q)
-    seq = q.shape[2]
-    for b in range(q.shape[0]):
-        for lo, hi in document_spans(doc_starts, b, seq):
+    for b, spans in enumerate(docs.spans()):
+        for lo, hi in spans:
             out[b:b + 1, :, lo:hi] = F.scaled_dot_product_attention(
                 q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi],
                 is_causal=True, enable_gqa=enable_gqa)
     return out
+
+
+def _flex_document_attention(q, k, v, doc_starts, enable_gqa):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    mask = Documents.of(doc_starts, q.shape[2]).block_mask()
+    return flex_attention(q, k, v, block_mask=mask, enable_gqa=enable_gqa)
 
 
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: dict
@@ -145,36 +131,6 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: d
     # query i is token L - T + i: it sees keys 0 .. L - T + i
     allowed = torch.arange(L, device=q.device) <= torch.arange(L - T, L, device=q.device)[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=enable_gqa)
-
-
-def document_mask_mod(segments: torch.Tensor):
-    """FlexAttention mask_mod: causal, and key in the query's document (segments (B, T))."""
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx) & (segments[b, q_idx] == segments[b, kv_idx])
-    return mask_mod
-
-
-def document_block_mask(doc_starts: torch.Tensor, seq: int):
-    """The FlexAttention block mask of rows whose documents start at doc_starts (B, K)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return create_block_mask(document_mask_mod(segment_ids(doc_starts, seq)), doc_starts.shape[0],
-                             None, seq, seq, device=doc_starts.device)
-
-
-# Outside any compiled graph: without gradients, Inductor fuses the mask's making (its sort) into
-# the flex kernel, and that kernel read out of bounds on a GPU ("an illegal memory access" at
-# every shape tried; docs/BENCHMARKS.md). With gradients the fused graph is correct and fast, so
-# training keeps it; a graph break per layer costs inference little.
-_eager_document_block_mask = torch.compiler.disable(document_block_mask)
-
-
-def _flex_document_attention(q, k, v, doc_starts, enable_gqa):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    make = document_block_mask if torch.is_grad_enabled() else _eager_document_block_mask
-    mask = make(doc_starts, q.shape[2])
-    return flex_attention(q, k, v, block_mask=mask, enable_gqa=enable_gqa)
 
 
 # Full logits up to this size are kept for backward (one head matmul each way); beyond it they are
@@ -271,7 +227,7 @@ MEASURE_FLOPS = None
 
 
 class StackedLM(nn.Module):
-    """embed -> blocks(x, pos, doc_starts) -> final norm -> head, the part gpt_neox, resonance
+    """embed -> blocks(x, pos, documents) -> final norm -> head, the part gpt_neox, resonance
     and mamba share: a subclass passes its config and block class, then initializes the
     weights.
 
@@ -296,14 +252,14 @@ class StackedLM(nn.Module):
 
     def hidden(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):
         B, T = input_ids.shape
-        pos = positions(doc_starts, B, T, input_ids.device)
+        docs = Documents.of(doc_starts, T)  # once per forward: every layer reads the same
+        pos = positions(None, B, T, input_ids.device) if docs is None else docs.positions()
         x = self.embed(input_ids)  # (B, T, d)
         for block in self.blocks:
             if self.cfg.checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(block, x, pos, doc_starts,
-                                                      use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, pos, docs, use_reentrant=False)
             else:
-                x = block(x, pos, doc_starts)
+                x = block(x, pos, docs)
         return self.final_norm(x)
 
     def forward(self, input_ids: torch.Tensor, doc_starts: torch.Tensor | None = None):

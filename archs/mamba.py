@@ -36,7 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import ShortConv, StackedLM, positions, segment_ids
+from .documents import Documents
+from .layers import ShortConv, StackedLM
 from .limits import CHUNK, EPS, FLAG, SIZE, STD, VOCAB, Range, check_fields
 
 
@@ -193,9 +194,10 @@ def scan_lines(cfg, device) -> list[str]:
     return [f"  scan        Mamba layers: the PyTorch chunked scan (ssd_chunked; {why})"]
 
 
-def fla_scan(x, dt, A, B, C, seg=None):
+def fla_scan(x, dt, A, B, C, seg=None, cu_seqlens=None):
     """ssd_chunked's output through chunk_simple_gla: the rows end to end, cut at every row and
-    document start (cu_seqlens). No state in or out (generation runs ssd_chunked)."""
+    document start (cu_seqlens: a model's, made once per forward by `kernel_cu_seqlens`; else
+    found from seg here). No state in or out (generation runs ssd_chunked)."""
     b, T, G, R, P = x.shape
     N, H = B.shape[-1], G * R
     heads = (b, T, G, R, N)
@@ -203,26 +205,45 @@ def fla_scan(x, dt, A, B, C, seg=None):
     k = B[:, :, :, None].expand(heads).reshape(1, b * T, H, N)
     v = (x * dt[..., None]).reshape(1, b * T, H, P)
     g = (dt * A).reshape(1, b * T, H)
-    new = torch.ones(b, T, dtype=torch.bool, device=x.device)
-    if seg is not None:
-        new[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    new[:, 0] = True
-    starts = new.reshape(-1).nonzero()[:, 0]
-    cu = torch.cat([starts, starts.new_tensor([b * T])])
-    y, _ = fla_kernel()(q, k, v, g, scale=1.0, cu_seqlens=cu)
+    if cu_seqlens is None:
+        cu_seqlens = kernel_cu_seqlens(None, b, T, x.device) if seg is None else \
+            _cu_seqlens_of_segments(seg)
+    y, _ = fla_kernel()(q, k, v, g, scale=1.0, cu_seqlens=cu_seqlens)
     return y.reshape(b, T, G, R, P)
 
 
-def scan(x, dt, A, B, C, seg, chunk: int):
-    """The training scan's output: the kernel's on CUDA where it is installed (scan_name)."""
+def kernel_cu_seqlens(docs: Documents | None, b: int, T: int, device) -> torch.Tensor:
+    """The kernel's sequences: b rows of T end to end, cut at every document start. Made once
+    per forward from the documents' spans (the kernel reads its cu_seqlens on the host anyway:
+    fla caches what it makes of one cu_seqlens tensor, so every layer passes the same one)."""
+    if docs is None:
+        return torch.arange(0, b * T + 1, T, device=device)
+    return docs.once("cu_seqlens", lambda: torch.tensor(
+        [r * T + lo for r, row in enumerate(docs.spans()) for lo, _ in row] + [b * T],
+        device=device))
+
+
+def _cu_seqlens_of_segments(seg: torch.Tensor) -> torch.Tensor:
+    """cu_seqlens from document ids (b, T) (a caller's scan without Documents): one nonzero."""
+    b, T = seg.shape
+    new = torch.ones(b, T, dtype=torch.bool, device=seg.device)
+    new[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    starts = new.reshape(-1).nonzero()[:, 0]
+    return torch.cat([starts, starts.new_tensor([b * T])])
+
+
+def scan(x, dt, A, B, C, seg, chunk: int, docs: Documents | None = None):
+    """The training scan's output: the kernel's on CUDA where it is installed (scan_name).
+    `docs`: the forward's documents, whose cu_seqlens the kernel takes (seg's ids otherwise)."""
     if scan_name(x.device) == "fla":
-        return fla_scan(x, dt, A, B, C, seg)
+        cu = None if docs is None else kernel_cu_seqlens(docs, x.shape[0], x.shape[1], x.device)
+        return fla_scan(x, dt, A, B, C, seg, cu)
     return ssd_chunked(x, dt, A, B, C, seg, chunk)[0]
 
 
 class LeanMix(torch.autograd.Function):
     """MambaMixer.mix keeping only in_proj's output u (in the dtype in_proj made it: bf16 under
-    autocast) and the document starts: forward runs mix without a graph, backward runs it
+    autocast) and the documents: forward runs mix without a graph, backward runs it
     again with one under the forward's autocast and differentiates it. The same operations in
     the same order: outputs and gradients are the plain path's (`lean = False`), bit for bit."""
 
@@ -236,18 +257,19 @@ class LeanMix(torch.autograd.Function):
             ctx.autocast = torch.autocast(device, torch.get_autocast_dtype(device))
         else:
             ctx.autocast = torch.autocast(device, enabled=False)
-        ctx.save_for_backward(u, doc_starts)
+        ctx.save_for_backward(u)
+        ctx.docs = doc_starts  # Documents (what they made is kept for backward's mix) or None
         with torch.no_grad():
             return mixer.mix(u.detach(), doc_starts, dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        u, doc_starts = ctx.saved_tensors
+        u, = ctx.saved_tensors
         u = u.detach().requires_grad_(ctx.needs_input_grad[1])
         wrt = [t for t, need in zip((u, *ctx.params), (ctx.needs_input_grad[1],
                                                       *ctx.needs_input_grad[4:])) if need]
         with torch.enable_grad(), ctx.autocast:
-            y = ctx.mixer.mix(u, doc_starts, ctx.dtype)
+            y = ctx.mixer.mix(u, ctx.docs, ctx.dtype)
         got = iter(torch.autograd.grad(y, wrt, grad))
         grads = [next(got) if need else None for need in ctx.needs_input_grad]
         return None, grads[1], None, None, *grads[4:]
@@ -282,6 +304,7 @@ class MambaMixer(nn.Module):
         """x (b, T, d). `cache` (generation, one document): {} at first; holds the last
         conv_width - 1 inputs of the convolution and the state, updated here."""
         u = self.in_proj(x)  # (b, T, z | x B C | dt)
+        doc_starts = Documents.of(doc_starts, x.shape[1])
         if cache is None and self.lean and torch.is_grad_enabled() \
                 and not torch.compiler.is_compiling():  # Inductor's partitioner picks its own
             y = LeanMix.apply(self, u, doc_starts, x.dtype, *self.mix_params())
@@ -300,12 +323,12 @@ class MambaMixer(nn.Module):
         b, T, _ = u.shape
         G, R, P, N = self.groups, self.heads // self.groups, self.head_dim, self.d_state
         z, xBC, dt = u.split([self.inner, self.inner + 2 * G * N, self.heads], -1)
+        doc_starts = Documents.of(doc_starts, T)
         if cache is None:
             # taps stop at document starts; positions from doc_starts, not `pos`: a
             # depth-routed block (archs/moe.py) passes its chosen tokens with their places in
             # the whole row, and the convolution runs over the chosen ones
-            xBC = self.conv(xBC, None if doc_starts is None else
-                            positions(doc_starts, b, T, u.device))
+            xBC = self.conv(xBC, None if doc_starts is None else doc_starts.positions())
         else:  # the convolution sees the inputs before these too
             width = self.conv.weight.shape[0] - 1
             past = cache.get("conv", xBC.new_zeros(b, width, xBC.shape[-1]))
@@ -317,9 +340,9 @@ class MambaMixer(nn.Module):
         Bm, Cm = Bm.float().view(b, T, G, N), Cm.float().view(b, T, G, N)
         dt = F.softplus(dt.float() + self.dt_bias).view(b, T, G, R)
         A = -torch.exp(self.A_log.float()).view(G, R)
-        seg = None if doc_starts is None else segment_ids(doc_starts, T)
+        seg = None if doc_starts is None else doc_starts.segments()
         if cache is None:
-            y = scan(xs, dt, A, Bm, Cm, seg, self.chunk)
+            y = scan(xs, dt, A, Bm, Cm, seg, self.chunk, doc_starts)
         elif T == 1:  # a generated token: the recurrent step
             y, cache["ssm"] = ssd_recurrent(xs, dt, A, Bm, Cm, None, cache.get("ssm"))
         else:  # a prompt: chunked, from (and into) the cached state

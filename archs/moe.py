@@ -16,17 +16,23 @@ token's fate depends on later tokens of its document) but never looks at another
 Generation stays causal through a small learned predictor that sees only the token's own hidden
 state: it is trained (BCE, on detached inputs, part of `aux`) to tell whether the token would be
 among its document's top scores, and in eval mode (`model.eval()`) it alone decides which tokens
-a block processes. The chosen tokens of all rows go through the block as one sequence whose
-documents are the rows' documents, so no Python loop runs over rows or tokens.
+a block processes. Each row's chosen tokens, in order, go through the block as a row of a fixed
+number of slots (`mod_slots`: at most floor(c x T) + one per document in training, T at
+inference), the slots past them a document of their own that the block's outputs leave
+unused and its expert statistics leave out: the shapes depend on the rows' sizes only, never on
+which tokens were chosen, so nothing is read to the host (generation's cache, which keeps only
+the chosen tokens, reads their number). No Python loop runs over rows or tokens.
 """
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .documents import Documents
 from .layers import (
     Rotary,
     StackedLM,
@@ -35,7 +41,6 @@ from .layers import (
     chunked_cross_entropy,
     param_roles,
     positions,
-    segment_ids,
 )
 from .limits import CHUNK, COEF, EPS, FLAG, SIZE, STD, VOCAB, Letters, Range, check_fields
 from .mamba import MambaMixer
@@ -200,9 +205,11 @@ class Block(nn.Module):
     def mixer(self) -> nn.Module:
         return self.attn if hasattr(self, "attn") else self.ssm
 
-    def forward(self, x, pos, doc_starts, cache: dict | None = None):
+    def forward(self, x, pos, doc_starts, cache: dict | None = None, real=None):
+        """`real` (B, T) bool: the tokens the experts' statistics count (a depth-routed
+        block's unused slots are not); None: all."""
         x = x + self.mixer(self.norm1(x), pos, doc_starts, cache)
-        y, stats = self.experts(self.norm2(x), doc_starts)
+        y, stats = self.experts(self.norm2(x), doc_starts, real)
         return x + y, stats
 
 
@@ -223,38 +230,100 @@ class DepthRouted(nn.Module):
         """`cache` (generation, eval mode, one row): the keys and values of the tokens this
         block chose so far; the ones it chooses now attend to them."""
         B, T, d = x.shape
+        docs = Documents.of(doc_starts, T)
         score = self.router(x)[..., 0]  # (B, T)
         guess = self.predictor(x.detach())[..., 0]
-        doc = document_ids(doc_starts, B, T, x.device)
+        doc = document_ids(docs, B, T, x.device)
         stats = {}
         if self.training:
             chosen = top_share_per_document(score, doc, pos, self.capacity)
             stats["mod_predictor"] = F.binary_cross_entropy_with_logits(guess, chosen.float())
         else:
             chosen = guess > 0  # each token decides from its own state: causal
-        flat = x.reshape(B * T, d)
-        if flat.is_meta:  # no scores to choose by: archs/flops.py counts rows of one document
-            idx = torch.arange(B * max(1, math.floor(self.capacity * T)), device=x.device)
-        else:
-            idx = chosen.reshape(-1).nonzero()[:, 0]  # (K,) the chosen tokens, row by row
-        if len(idx):
-            # One sequence of every row's chosen tokens; its documents are the rows' documents.
-            doc = doc.reshape(-1)[idx]
-            new_doc = torch.ones_like(doc, dtype=torch.bool)
-            new_doc[1:] = doc[1:] != doc[:-1]
-            # (1, documents); None on meta: one document (its rows are, above)
-            starts = None if flat.is_meta else new_doc.nonzero()[:, 0][None]
-            x_in = flat[idx]
-            y, stats_in = self.block(x_in[None], pos.reshape(-1)[idx][None], starts, cache)
-            gate = torch.sigmoid(score.reshape(-1)[idx])[:, None]
-            # a new tensor of x's shape, not a view of a flat one: FSDP2 hooks a block's output,
-            # and a view's hook would be lost to an in-place op after it
-            x = x.index_put((idx // T, idx % T), x_in + gate * (y[0] - x_in))
-            stats.update(stats_in)
-        stats.setdefault("balance", x.new_ones(()))
-        stats.setdefault("z", x.new_zeros(()))
-        stats.setdefault("dropped", x.new_zeros(()))
+        # generation's cache keeps the chosen tokens only: their number, read (one row)
+        slots = int(chosen.sum()) if cache is not None else mod_slots(self.capacity, T, docs,
+                                                                      self.training)
+        if slots:
+            idx, real = chosen_first(chosen, slots)  # (B, slots) each
+            rows = idx[..., None].expand(B, slots, d)
+            x_in = x.gather(1, rows)
+            # on meta (archs/flops.py counts rows of one document) nothing to count documents by
+            inner = None if x.is_meta or cache is not None else routed_documents(
+                docs, chosen, real, self.capacity if self.training else None)
+            y, stats_in = self.block(x_in, pos.gather(1, idx), inner, cache, real)
+            gate = torch.sigmoid(score.gather(1, idx))[..., None]
+            out = torch.where(real[..., None], x_in + gate * (y - x_in), x_in)
+            # a new tensor of x's shape, not a view: FSDP2 hooks a block's output, and a view's
+            # hook would be lost to an in-place op after it
+            x = x.scatter(1, rows, out)
+            # no token chosen anywhere (the predictor may choose none): the statistics of a
+            # block that did not run, decided on the device
+            ran = real.any()
+            stats.update({k: torch.where(ran, v, NOT_RUN[k]) for k, v in stats_in.items()})
+        for k, v in NOT_RUN.items():
+            stats.setdefault(k, x.new_full((), v))
         return x, stats
+
+
+NOT_RUN = {"balance": 1.0, "z": 0.0, "dropped": 0.0}  # a depth-routed block's, when it did not run
+
+
+def mod_slots(share: float, T: int, docs: Documents | None, training: bool) -> int:
+    """How many slots a depth-routed block gives each row of T tokens: in training every
+    document of n tokens sends max(1, floor(share x n)), which over a row's documents is at most
+    floor(share x T) + one per document (doc_starts' width bounds their number); exactly
+    max(1, floor(share x T)) for a row of one document. At inference the predictor may choose
+    any number: T."""
+    if not training:
+        return T
+    if docs is None:
+        return max(1, math.floor(share * T))
+    return min(T, math.floor(share * T) + docs.starts.shape[1])
+
+
+def chosen_first(chosen: torch.Tensor, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """idx (B, slots): each row's chosen positions in order, then its unchosen ones; real
+    (B, slots): which slots hold a chosen token. A sort, not nonzero: static shapes."""
+    T = chosen.shape[1]
+    t = torch.arange(T, device=chosen.device)
+    idx = torch.where(chosen, t, t + T).argsort(1)[:, :slots]
+    real = torch.arange(slots, device=chosen.device) < chosen.sum(1, keepdim=True)
+    return idx, real
+
+
+def routed_documents(docs: Documents | None, chosen: torch.Tensor, real: torch.Tensor,
+                     share: float | None) -> Documents | None:
+    """The documents of the slots (B, S) of chosen_first: each row's documents' chosen tokens
+    in turn, then the unused slots as one more document. Made on the device with static
+    shapes; in training (`share` given) each document's count is its quota, so the spans are
+    told on the host from the rows' own spans, without reading the device."""
+    B, S = real.shape
+    if docs is None and share is not None:
+        return None  # one document per row, whose quota fills every slot
+    seg = torch.zeros_like(chosen, dtype=torch.long) if docs is None else docs.segments()
+    width = 1 if docs is None else docs.starts.shape[1]
+    valid = torch.ones(B, 1, dtype=torch.bool, device=real.device) if docs is None else \
+        docs.starts >= 0
+    count = torch.zeros(B, width, dtype=torch.long, device=real.device).scatter_add_(
+        1, seg, chosen.long())  # each document's chosen tokens
+    starts = torch.where(valid, count.cumsum(1) - count, -1)
+    used = real.sum(1, keepdim=True)
+    starts = torch.cat([starts, starts.new_full((B, 1), -1)], 1).scatter(
+        1, valid.sum(1, keepdim=True), torch.where(used < S, used, -1))  # the unused slots
+    spans = None
+    if share is not None and docs is not None:
+        def spans():
+            return [quota_spans(row, share, S) for row in docs.spans()]
+    return Documents(starts, S, spans)
+
+
+def quota_spans(row: list[tuple[int, int]], share: float, slots: int) -> list[tuple[int, int]]:
+    """The slots' spans of a row whose documents are `row` in training: each document's quota
+    max(1, floor(share x n)) (top_share_per_document's, in the same float64 arithmetic), then
+    the unused slots."""
+    ends = list(accumulate(max(1, math.floor(share * (hi - lo))) for lo, hi in row))
+    spans = list(zip([0] + ends[:-1], ends))
+    return spans + [(ends[-1], slots)] if ends[-1] < slots else spans
 
 
 def top_share_per_document(score: torch.Tensor, doc: torch.Tensor, pos: torch.Tensor,
@@ -315,15 +384,16 @@ class MoE(nn.Module):
 
     def hidden(self, input_ids, doc_starts=None):
         B, T = input_ids.shape
-        pos = positions(doc_starts, B, T, input_ids.device)
+        docs = Documents.of(doc_starts, T)  # once per forward: every layer reads the same
+        pos = positions(None, B, T, input_ids.device) if docs is None else docs.positions()
         x = self.embed(input_ids)
         stats = []
         for block in self.blocks:
             if self.cfg.checkpointing and self.training:
-                x, s = torch.utils.checkpoint.checkpoint(block, x, pos, doc_starts,
+                x, s = torch.utils.checkpoint.checkpoint(block, x, pos, docs,
                                                          use_reentrant=False)
             else:
-                x, s = block(x, pos, doc_starts)
+                x, s = block(x, pos, docs)
             stats.append(s)
         return self.norm_f(x), stats
 
@@ -352,6 +422,7 @@ class MoE(nn.Module):
 
     def loss(self, input_ids, targets, doc_starts=None) -> dict:
         cfg = self.cfg
+        doc_starts = Documents.of(doc_starts, input_ids.shape[1])  # the heads' targets' too
         h, stats = self.hidden(input_ids, doc_starts)
         ce = chunked_cross_entropy(h, self.head.weight, targets)
         balance = torch.stack([s["balance"] for s in stats]).mean()
@@ -387,7 +458,7 @@ class MoE(nn.Module):
     flops_per_token = StackedLM.flops_per_token  # the one measurement: archs/flops.py
 
 
-def mtp_targets(input_ids: torch.Tensor, doc_starts: torch.Tensor | None, j: int) -> torch.Tensor:
+def mtp_targets(input_ids: torch.Tensor, doc_starts, j: int) -> torch.Tensor:
     """Targets of the head that predicts token t + 1 + j at position t: -100 past the row's end
     and wherever token t + 1 + j belongs to another document than token t."""
     B, T = input_ids.shape
@@ -396,9 +467,9 @@ def mtp_targets(input_ids: torch.Tensor, doc_starts: torch.Tensor | None, j: int
         return out
     out[:, : T - 1 - j] = input_ids[:, 1 + j:]
     if doc_starts is not None:
-        seg = segment_ids(doc_starts, T)
+        seg = Documents.of(doc_starts, T).segments()
         crosses = seg[:, : T - 1 - j] != seg[:, 1 + j:]
-        out[:, : T - 1 - j][crosses] = -100
+        out[:, : T - 1 - j].masked_fill_(crosses, -100)  # not a boolean index: no nonzero
     return out
 
 

@@ -9,11 +9,12 @@ expert runs on its contiguous slice; the outputs, weighted, go back to token ord
 inverse permutation and each token's top_k rows are summed. Both moves are gathers, forward and
 backward (`dispatch` and `combine`, each the other's adjoint): autograd's index_select and
 index_add would make one of them a scatter-add, which runs serially on CPU. Nothing loops
-over tokens. In bf16 (autocast on GPUs) the slices go
-through one grouped GEMM per weight matrix (`F.grouped_mm`), each expert's slice padded to a
-multiple of 8 rows (the kernels' 16-byte alignment; the padding rows are zeros); in other
-dtypes, for which grouped_mm has no kernel, through a loop over the experts, which reads the
-experts' sizes on the host (one sync per layer, a graph break under torch.compile).
+over tokens. In bf16 (autocast on GPUs) and on the CPU in any dtype the slices go
+through one grouped GEMM per weight matrix (`F.grouped_mm`, the experts' offsets on the device),
+each expert's slice padded to a multiple of 8 rows (the CUDA kernels' 16-byte alignment; the
+padding rows are zeros); in fp32 and fp16 on a GPU, where this torch's grouped_mm is not
+known to have a kernel, and on the CPU under torch.compile, through a loop over the experts,
+which reads the experts' sizes on the host (one sync per layer, a graph break).
 
 `capacity_factor` (default None: dropless) reproduces capacity-bound routing (GShard, Switch) for
 ablations: each document (a whole row without doc_starts) gives each expert
@@ -34,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import segment_ids
+from .documents import Documents
 
 
 class Experts(nn.Module):
@@ -47,7 +48,9 @@ class Experts(nn.Module):
         self.w_up = nn.Parameter(torch.empty(E, d, f))
         self.w_down = nn.Parameter(torch.empty(E, f, d))
 
-    def forward(self, x: torch.Tensor, doc_starts: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, doc_starts=None, real: torch.Tensor | None = None):
+        """x (B, T, d) -> (B, T, d), stats. `real` (B, T) bool: the tokens the statistics
+        count (None: all)."""
         cfg = self.cfg
         B, T, d = x.shape
         E, k = cfg.n_experts, cfg.top_k
@@ -60,16 +63,18 @@ class Experts(nn.Module):
         if cfg.capacity_factor is not None:
             kept = within_capacity(choice_e, document_ids(doc_starts, B, T, x.device), cfg)
             weight = weight * kept
-            dropped = (~kept).float().mean()
+            dropped = mean_over((~kept).float().view(B, T, k), real, (0, 1, 2))
         order = choice_e.argsort(stable=True)  # grouped by expert, token order within each
         inverse = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order),
                                                                          device=order.device))
         h = self.expert_mlps(dispatch_rows(x.reshape(B * T, d), order, inverse, k),
                              choice_e[order])  # (B*T*k, d) in expert order
         y = combine_rows(h * weight[order, None].to(h.dtype), order, inverse, k)  # (B*T, d)
-        share = F.one_hot(top_e, E).float().mean((0, 1, 2))  # f_e
-        stats = {"balance": E * (share * probs.mean((0, 1))).sum(),
-                 "z": torch.logsumexp(logits, -1).pow(2).mean(),
+        # f_e; one_hot's equal, but one_hot reads its input's range to the host to check it
+        routed = (top_e[..., None] == torch.arange(E, device=x.device)).float()  # (B, T, k, E)
+        share = mean_over(routed, real, (0, 1, 2))
+        stats = {"balance": E * (share * mean_over(probs, real, (0, 1))).sum(),
+                 "z": mean_over(torch.logsumexp(logits, -1).pow(2), real, (0, 1)),
                  "dropped": dropped}
         return y.view(B, T, d), stats
 
@@ -90,7 +95,10 @@ class Experts(nn.Module):
             # expert, one step of the loop below (not grouped_mm: FlopCounterMode has no
             # formula for it).
             sizes = [h.shape[0]]
-        elif dtype == torch.bfloat16 and h.shape[1] % 8 == 0 and f % 8 == 0:
+        elif (dtype == torch.bfloat16 and h.shape[1] % 8 == 0 and f % 8 == 0) or (
+                device == "cpu" and not torch.compiler.is_compiling()):
+            # the CPU's grouped_mm takes any dtype, but its shape function for a compiled
+            # graph refuses all but bf16 and fp16: compiled, the CPU loops
             return grouped_swiglu(h, expert, counts, *weights)
         else:
             sizes = counts.tolist()  # the slices' sizes, on the host: one sync
@@ -120,15 +128,23 @@ def grouped_swiglu(h, expert, counts, w_gate, w_up, w_down) -> torch.Tensor:
     return F.grouped_mm(a, w_down, offs=offs)[slot]
 
 
-def document_ids(doc_starts: torch.Tensor | None, batch: int, seq: int,
-                 device: torch.device) -> torch.Tensor:
+def mean_over(t: torch.Tensor, real: torch.Tensor | None, dims: tuple) -> torch.Tensor:
+    """t's mean over `dims` (the batch and time first), counting only the `real` (B, T) tokens
+    when given."""
+    if real is None:
+        return t.mean(dims)
+    w = real.to(t.dtype).view(*real.shape, *[1] * (t.dim() - 2))
+    return (t * w).sum(dims) / (w.expand_as(t).sum(dims)).clamp(min=1)
+
+
+def document_ids(doc_starts, batch: int, seq: int, device: torch.device) -> torch.Tensor:
     """[B, T] number of each token's document, unique across the batch and nondecreasing in
     row-major order (row b's documents are numbered b*T, b*T + 1, ...); a row without
     doc_starts is one document."""
     base = torch.arange(batch, device=device)[:, None] * seq
     if doc_starts is None:
         return base.expand(batch, seq)
-    return base + segment_ids(doc_starts, seq)
+    return base + Documents.of(doc_starts, seq).segments()
 
 
 def document_lengths(doc: torch.Tensor) -> torch.Tensor:

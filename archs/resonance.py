@@ -17,19 +17,28 @@ convolution, so outputs at t only see inputs at <= t.
 
 A block: x + out(gate * (longconv(shortconv(u)) + D * u)) with (u, gate) = in(LN(x)), then
 x + MLP(LN(x)). The short causal depthwise convolution (width 3) sharpens local features. With
-`doc_starts` every document's convolutions restart: the long one runs per document, the short
-one masks taps that would reach into the previous document.
+`doc_starts` every document's convolutions restart: the short one masks taps that would reach
+into the previous document; the long one convolves each document apart, in a few batched FFTs:
+the documents of all rows are grouped by their FFT length (the smallest 2^a or 3 x 2^a at
+least twice the document's length), each group one zero-padded (documents, d, length) tensor
+and one rfft/irfft pair, with one kernel spectrum per group. The grouping is made once per
+forward from the documents' spans (one read of doc_starts, archs/documents.py) and moves rows
+by gathers both ways (`_Regroup`). A group's FFT may be longer than a document's 2n: the
+linear convolution of n inputs with the kernel's first L >= n taps is exact for FFT lengths
+>= n + L - 1, and the outputs past n are dropped.
 """
 
 import contextlib
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .layers import ShortConv, StackedLM, document_spans
+from .documents import Documents
+from .layers import ShortConv, StackedLM
 from .limits import EPS, FLAG, SIZE, STD, VOCAB, check_fields
 
 
@@ -138,25 +147,82 @@ class LongConv(nn.Module):
         self.phase = nn.Parameter(torch.rand(d, n) * 2 * math.pi)
         self.skip = nn.Parameter(torch.ones(d))
 
-    def forward(self, u: torch.Tensor, doc_starts: torch.Tensor | None) -> torch.Tensor:
-        # u (B, T, d). The FFTs run in fp32 along time, on a contiguous (B, d, T) copy: one copy
-        # does the cast and the layout (an FFT over a strided axis is slower, backward most).
+    def forward(self, u: torch.Tensor, doc_starts) -> torch.Tensor:
+        # u (B, T, d); doc_starts: Documents, a (B, K) tensor or None
         B, T, d = u.shape
-        x = u.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
         kernel = resonance_kernel(self.log_alpha, self.omega, self.amp, self.phase, T)  # (d, T)
         if doc_starts is None:
-            y = fft_causal_conv(x, torch.fft.rfft(kernel, n=2 * T), T)
-        else:  # each document's convolution restarts: convolve document by document
-            # A document of length m needs only the kernel's first m taps: one small FFT each.
-            y = torch.empty_like(x)
-            spectra = {}
-            for b in range(B):
-                for lo, hi in document_spans(doc_starts, b, T):
-                    n = hi - lo
-                    if n not in spectra:
-                        spectra[n] = torch.fft.rfft(kernel[:, :n], n=2 * n)
-                    y[b:b + 1, :, lo:hi] = fft_causal_conv(x[b:b + 1, :, lo:hi], spectra[n], n)
-        return (y.transpose(1, 2) + u * self.skip).to(u.dtype)  # (B, T, d)
+            # The FFTs run in fp32 along time, on a contiguous (B, d, T) copy: one copy does the
+            # cast and the layout (an FFT over a strided axis is slower, backward most).
+            x = u.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+            y = fft_causal_conv(x, torch.fft.rfft(kernel, n=2 * T), T).transpose(1, 2)
+        else:
+            y = grouped_document_conv(u, kernel, Documents.of(doc_starts, T))
+        return (y + u * self.skip).to(u.dtype)  # (B, T, d)
+
+
+def grouped_document_conv(u: torch.Tensor, kernel: torch.Tensor, docs: Documents) -> torch.Tensor:
+    """Each document of u (B, T, d) convolved causally with the kernel (d, T) on its own, by
+    FFT groups (module docstring): (B, T, d) fp32."""
+    B, T, d = u.shape
+    groups, into, back = docs.once("resonance_fft", lambda: fft_plan(docs.spans(), T, u.device))
+    slots = _Regroup.apply(u.reshape(B * T, d).float(), into, back)  # (S, d), groups in turn
+    outs = []
+    for (count, length, n_fft), part in zip(groups, slots.split([c * n for c, n, _ in groups])):
+        x = part.view(count, length, d).transpose(1, 2).contiguous()  # (count, d, length)
+        spectrum = torch.fft.rfft(kernel[:, :length], n=n_fft)
+        y = torch.fft.irfft(torch.fft.rfft(x, n=n_fft) * spectrum, n=n_fft)[..., :length]
+        outs.append(y.transpose(1, 2).reshape(count * length, d))
+    return _Regroup.apply(torch.cat(outs), back, into).view(B, T, d)
+
+
+def fft_size(n: int) -> int:
+    """The smallest 2^a or 3 x 2^a >= n: FFT lengths within 4/3 of n that the FFT libraries
+    run at full speed."""
+    power = 1 << max(n - 1, 0).bit_length()
+    return 3 * power // 4 if 3 * power // 4 >= n else power
+
+
+def fft_plan(spans: list[list[tuple[int, int]]], seq: int, device: torch.device):
+    """The FFT groups of the rows' documents, made on the host: [(documents, their longest
+    length L, FFT length)], `into` (S,) the row position (of B * seq; B * seq: a zero) of each
+    slot of the groups' (documents, L) buffers laid end to end, and `back` (B * seq,) the slot
+    of each row position."""
+    by_size = {}
+    for b, row in enumerate(spans):
+        for lo, hi in row:
+            by_size.setdefault(fft_size(2 * (hi - lo)), []).append((b * seq + lo, hi - lo))
+    total = len(spans) * seq
+    groups, into, back, slot = [], [], np.empty(total, dtype=np.int64), 0
+    for n_fft in sorted(by_size):
+        first, length = np.array(by_size[n_fft]).T
+        longest = int(length.max())
+        t = np.arange(longest)
+        where = first[:, None] + t  # (documents, L): the row position of each slot
+        real = t < length[:, None]
+        back[where[real]] = slot + np.flatnonzero(real)
+        into.append(np.where(real, where, total).ravel())
+        groups.append((len(first), longest, n_fft))
+        slot += where.size
+    into = torch.from_numpy(np.concatenate(into)).to(device)
+    return groups, into, torch.from_numpy(back).to(device)
+
+
+class _Regroup(torch.autograd.Function):
+    """rows (n, d) -> rows[index] (a zero row where index is n), whose backward is the same
+    gather by `inverse` (index's inverse map): a gather both ways, never index_select's
+    scatter-add backward, which runs serially on CPU."""
+
+    @staticmethod
+    def forward(ctx, rows, index, inverse):
+        ctx.save_for_backward(index, inverse)
+        return F.pad(rows, (0, 0, 0, 1)).index_select(0, index)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        index, inverse = ctx.saved_tensors
+        return F.pad(grad, (0, 0, 0, 1)).index_select(0, inverse), None, None
 
 
 class Block(nn.Module):

@@ -364,8 +364,8 @@ def test_why_the_mamba2_head_is_a_copy(tmp_path):
 
 def test_shipped_code_is_archs_own_and_imports_nothing_of_longpack():
     files = shipped_files()
-    assert {"modeling_longpack.py", "configuration_longpack.py", "layers.py", "limits.py",
-            "mamba.py", "moe.py", "moe_experts.py", "resonance.py"} == set(files)
+    assert {"modeling_longpack.py", "configuration_longpack.py", "documents.py", "layers.py",
+            "limits.py", "mamba.py", "moe.py", "moe_experts.py", "resonance.py"} == set(files)
     import ast
 
     for name, source in files.items():

@@ -97,3 +97,45 @@ def test_a_row_without_documents_equals_a_row_of_one_document():
         plain = model(x)
         one_doc = model(x, doc_starts=torch.tensor([[0, -1], [0, -1]]))
     assert torch.allclose(plain, one_doc, atol=1e-5)
+
+
+def per_document_long_conv(long, u: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """The long convolution as it ran before issue 57: each document of each row on its own,
+    through the 2n-point FFT of its n tokens and of the kernel's first n taps."""
+    from longpack.archs.resonance import fft_causal_conv, resonance_kernel
+
+    B, T, d = u.shape
+    x = u.transpose(1, 2).float()
+    kernel = resonance_kernel(long.log_alpha, long.omega, long.amp, long.phase, T)
+    rows = []
+    for b in range(B):
+        cuts = [s for s in starts[b].tolist() if s >= 0] + [T]
+        rows.append(torch.cat([fft_causal_conv(x[b:b + 1, :, lo:hi],
+                                               torch.fft.rfft(kernel[:, :hi - lo], n=2 * (hi - lo)),
+                                               hi - lo)
+                               for lo, hi in zip(cuts, cuts[1:])], -1))
+    return torch.cat(rows).transpose(1, 2) + u * long.skip
+
+
+def test_the_grouped_ffts_equal_one_fft_per_document_with_their_gradients():
+    """Documents of 1 to 160 tokens in rows of 192 share a few FFT lengths (up to 4/3 x 2n
+    long): outputs and every gradient as the per-document FFTs gave them, to fp32's rounding."""
+    torch.manual_seed(0)
+    long = archs.build("resonance-tiny").blocks[0].long
+    starts = torch.tensor([[0, 1, 2, 5, 12, 30, 31, 96, -1], [0, 160, 191, -1, -1, -1, -1, -1, -1],
+                           [0, -1, -1, -1, -1, -1, -1, -1, -1]])
+    u = torch.randn(3, 192, 64, requires_grad=True)
+    grad = torch.randn(3, 192, 64)
+    wrt = [u, *long.parameters()]
+    ours = long(u, starts)
+    theirs = per_document_long_conv(long, u, starts)
+    assert (ours - theirs).abs().max() < 1e-5 * theirs.abs().max()
+    for a, b in zip(torch.autograd.grad(ours, wrt, grad), torch.autograd.grad(theirs, wrt, grad)):
+        assert (a - b).abs().max() < 1e-5 * b.abs().max()
+
+
+def test_fft_lengths_are_the_next_power_of_two_or_three_times_one():
+    from longpack.archs.resonance import fft_size
+
+    assert [fft_size(n) for n in (1, 2, 3, 4, 5, 6, 7, 13, 24, 25, 33, 4096, 4097)] == \
+        [1, 2, 3, 4, 6, 6, 8, 16, 24, 32, 48, 4096, 6144]

@@ -59,13 +59,15 @@ from longpack import archs
 
 
 def step_time(model, batch: int, seq: int, device, doc_len: int | None, repeat: int,
-              autocast: bool, warmup: list | None = None) -> float:
+              autocast: bool, warmup: list | None = None,
+              doc_starts: torch.Tensor | None = None) -> float:
     """Best wall seconds of one training step (forward + loss + backward); the warm-up step's
-    seconds (compilation included) are appended to `warmup` when it is given."""
+    seconds (compilation included) are appended to `warmup` when it is given. The rows'
+    documents: every `doc_len` tokens, or `doc_starts` (B, K) as given."""
     vocab = model.cfg.vocab_size
     x = torch.randint(0, vocab, (batch, seq), device=device)
     y = torch.randint(0, vocab, (batch, seq), device=device)
-    starts = None
+    starts = None if doc_starts is None else doc_starts.to(device)
     if doc_len:
         s = torch.arange(0, seq, doc_len, device=device)
         starts = s.expand(batch, len(s)).contiguous()

@@ -315,11 +315,11 @@ def per_document_sdpa(q, k, v, doc_starts):
     """longpack.archs.layers.attention's CPU path (causal SDPA per document), on any device."""
     import torch.nn.functional as F
 
-    from longpack.archs.layers import document_spans
+    from longpack.archs.documents import Documents
 
-    out, seq = q.new_empty(q.shape), q.shape[2]
-    for b in range(q.shape[0]):
-        for lo, hi in document_spans(doc_starts, b, seq):
+    out = q.new_empty(q.shape)
+    for b, spans in enumerate(Documents(doc_starts, q.shape[2]).spans()):
+        for lo, hi in spans:
             out[b:b + 1, :, lo:hi] = F.scaled_dot_product_attention(
                 q[b:b + 1, :, lo:hi], k[b:b + 1, :, lo:hi], v[b:b + 1, :, lo:hi], is_causal=True)
     return out

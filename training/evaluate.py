@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from longpack.training.data.loader import make_batch
+from longpack.training.data.loader import documents, make_batch
 from longpack.training.step import autocast
 
 CPU = torch.device("cpu")
@@ -45,7 +45,7 @@ def split_loss(model, rows, n: int, batch_size: int, device: torch.device = CPU,
                     batch["targets"].fill_(-100)
                 with autocast(cfg, device) if cfg is not None else contextlib.nullcontext():
                     out = model.loss(batch["input_ids"], batch["targets"],
-                                     batch["doc_starts"] if doc_mask else None)
+                                     documents(batch) if doc_mask else None)
                 count = int((batch["targets"] != -100).sum())
                 if count:  # ce is the mean over these targets; a batch of padding adds nothing
                     loss_sum += out["ce"].item() * count

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from longpack.training.data.loader import documents
 from longpack.training.optim import lr_at, make_optimizers, set_lr
 from longpack.training.parallel import distributed, fsdp
 
@@ -112,7 +113,7 @@ def train_step(state: TrainState, micro_batches: list[dict], step: int, cfg,
         with contextlib.nullcontext() if sync else state.ddp.no_sync():
             with amp:
                 out = state.loss(batch["input_ids"], batch["targets"],
-                                 batch["doc_starts"] if cfg.doc_mask else None)
+                                 documents(batch) if cfg.doc_mask else None)
             weight = (count * procs.world / targets.clamp(min=1)).float()
             state.scaler.scale(out["loss"] * weight).backward()
         names = tuple(k for k, v in out.items() if v.ndim == 0)  # "loss" first: model.loss's

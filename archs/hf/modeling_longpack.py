@@ -35,6 +35,7 @@ from .configuration_longpack import CONFIG_NAMES, LongpackConfig
 # transformers copies a local folder's code into its module cache only as far as the file it
 # loads imports it directly (a hub repository's also through the files' own imports), so every
 # archs file the families import is named here too
+from .documents import Documents  # noqa: F401
 from .layers import StackedLM  # noqa: F401
 from .limits import check_fields  # noqa: F401
 from .mamba import MambaMixer  # noqa: F401

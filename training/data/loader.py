@@ -269,9 +269,26 @@ def model_inputs(batch: dict, device: torch.device = CPU, full: bool = False) ->
     input_ids, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].clone()
     padding = torch.arange(targets.shape[1], device=device) >= pad_from[:, None]
     targets.masked_fill_(padding, -100)
-    if full:
+    if full:  # compiled: the tensor alone, one shape for every batch
         doc_starts = full_width(doc_starts, input_ids.shape[1])
-    return {"input_ids": input_ids, "targets": targets, "doc_starts": doc_starts}
+        return {"input_ids": input_ids, "targets": targets, "doc_starts": doc_starts}
+    return {"input_ids": input_ids, "targets": targets, "doc_starts": doc_starts,
+            "documents": told_documents(doc_starts, batch["doc_starts"], input_ids.shape[1])}
+
+
+def told_documents(doc_starts: torch.Tensor, host: np.ndarray, seq: int):
+    """The batch's documents as the model takes them (archs/documents.py), their spans told
+    from the starts the host has: no layer then reads the device for them (issue 57)."""
+    from longpack.archs import Documents, spans_of  # in the trainer, not the workers
+
+    rows = host.tolist()
+    return Documents(doc_starts, seq, spans=lambda: spans_of(rows, seq))
+
+
+def documents(batch: dict):
+    """What the model takes of a model_inputs batch as its documents: the told Documents, or
+    a compiled run's doc_starts tensor."""
+    return batch.get("documents", batch["doc_starts"])
 
 
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
