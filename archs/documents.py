@@ -117,3 +117,13 @@ def spans_of(rows: list[list[int]], seq: int) -> list[list[tuple[int, int]]]:
         starts = [s for s in row if s >= 0] + [seq]
         out.append([(lo, hi) for lo, hi in zip(starts, starts[1:]) if hi > lo])
     return out
+
+
+def to_device(values, device: torch.device) -> torch.Tensor:
+    """An int64 tensor of host `values` (a list or numpy array) on `device`: on a GPU through
+    pinned memory without waiting, where a plain copy from pageable memory would wait for all
+    the work queued before it (a sync per forward)."""
+    t = torch.as_tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)

@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .documents import Documents
+from .documents import Documents, to_device
 from .layers import ShortConv, StackedLM
 from .limits import CHUNK, EPS, FLAG, SIZE, STD, VOCAB, Range, check_fields
 
@@ -218,9 +218,8 @@ def kernel_cu_seqlens(docs: Documents | None, b: int, T: int, device) -> torch.T
     fla caches what it makes of one cu_seqlens tensor, so every layer passes the same one)."""
     if docs is None:
         return torch.arange(0, b * T + 1, T, device=device)
-    return docs.once("cu_seqlens", lambda: torch.tensor(
-        [r * T + lo for r, row in enumerate(docs.spans()) for lo, _ in row] + [b * T],
-        device=device))
+    return docs.once("cu_seqlens", lambda: to_device(
+        [r * T + lo for r, row in enumerate(docs.spans()) for lo, _ in row] + [b * T], device))
 
 
 def _cu_seqlens_of_segments(seg: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .documents import Documents
+from .documents import Documents, to_device
 from .layers import ShortConv, StackedLM
 from .limits import EPS, FLAG, SIZE, STD, VOCAB, check_fields
 
@@ -204,8 +204,7 @@ def fft_plan(spans: list[list[tuple[int, int]]], seq: int, device: torch.device)
         into.append(np.where(real, where, total).ravel())
         groups.append((len(first), longest, n_fft))
         slot += where.size
-    into = torch.from_numpy(np.concatenate(into)).to(device)
-    return groups, into, torch.from_numpy(back).to(device)
+    return groups, to_device(np.concatenate(into), device), to_device(back, device)
 
 
 class _Regroup(torch.autograd.Function):
