@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/ (the script runs from anywhere)
-sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the checkout's archs
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the checkout's longpack
 from bench_archs import step_time  # noqa: E402  (a step timed as the zoo's benchmark does)
 from bench_common import CpuWatch, describe_checkout  # noqa: E402
 
