@@ -94,17 +94,29 @@ def evaluated(tmp_path_factory, shards_once):
     from longpack.training.loop import train
 
     tmp = tmp_path_factory.mktemp("eval-ranks")
+    out = {}
     tokenizer = str(write_byte_tokenizer_json(tmp / "bytes-tokenizer.json"))
     # name: (build, batch size on each of 2 processes, eval batches)
     cases = {"one-row": (padded_build(tmp, tokenizer), 1, 4),
              "three": (shards_once, 2, 3),
              "empty": (small_build(tmp, tokenizer, "noval", 30, seed=3, val_fraction=0), 2, 4)}
+    # rows 8-15 of a val split damaged past its size (shard 1: 8 rows a shard): with batch 8 and
+    # 2 eval batches, the second process's rows alone
+    damaged = small_build(tmp, tokenizer, "damaged", 120, seed=5, val_fraction=0.5)
+    shard = damaged / "val" / "shard.00001.mds.zstd"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 16] = bytes(16)
+    shard.write_bytes(bytes(data))
+    damaged_argv = ["--shards", str(damaged), "--out", str(tmp / "damaged-run"), "--fsdp",
+                    "--batch-size", "8", "--eval-batches", "2", "--max-steps", "2", "--warmup",
+                    "1", "--workers", "0", "--model", "neox-tiny"]
     run_train_jobs(tmp, [{"config": {"shards": [str(shards)], "out": str(tmp / name),
                                      "fsdp": True, "batch_size": batch, "eval_batches": evals,
                                      **COMMON}}
-                         for name, (shards, batch, evals) in cases.items()],
+                         for name, (shards, batch, evals) in cases.items()]
+                   + [{"argv": damaged_argv, "stdout": str(tmp / "damaged.out")}],
                    timeout=LAUNCH_TIMEOUT)
-    out = {}
+    out["damaged"] = [(tmp / f"damaged.out.rank{rank}").read_text() for rank in (0, 1)]
     with one_thread_as_under_torchrun():
         for name, (shards, batch, evals) in cases.items():
             # batch 2, accumulating the 2 processes' micro-batches: the same rows each step
@@ -152,3 +164,13 @@ def one_process_val_loss(run: Path, shards, n: int) -> float:
         val = open_build(str(shards), Path(cache), "1gb").val
         loss_sum, targets = split_loss(model, val, min(n, len(val)), 2)
     return loss_sum / targets
+
+
+@pytest.mark.slow
+def test_a_val_row_one_process_cannot_read_stops_every_process(evaluated):
+    """Before: the process whose val shard was damaged stopped while the other went on into the
+    evaluation's sharded forward, waiting for it forever. Now each reads its rows before any
+    forward, and both stop there, each with one line."""
+    first, second = (text.strip().splitlines()[-1] for text in evaluated["damaged"])
+    assert second.startswith("Error: ") and "shard.00001" in second, second
+    assert first.startswith("Error: ") and "another process of this run failed" in first, first

@@ -484,7 +484,8 @@ def evaluate(model, data: Sources, cfg: TrainConfig, procs) -> dict | None:
             continue
         n = min(len(val), cfg.eval_batches * cfg.batch_size)
         part_sum, part = split_loss(model, val, n, cfg.batch_size, procs.device, cfg.doc_mask,
-                                    cfg, procs.rank, procs.world)
+                                    cfg, procs.rank, procs.world,
+                                    reading=lambda: distributed.failing_together(procs))
         part_sum, part = distributed.total(part_sum, procs), round(distributed.total(part, procs))
         if part and data.mixed:
             out[f"val_loss/{name}"] = part_sum / part
