@@ -23,7 +23,8 @@ Per layer (derivation: each term is a tensor an op saves, named at its line belo
                 concatenated); bf16 (grouped GEMMs over R = nk + 7E rows rounded up to 8)
                 4nkd + 2R (d + 4f) + 10nk. A Mamba layer ("M") has the Mamba mixer instead of
                 attention; Mixture-of-Depths layers run on floor(c seq) tokens a row, plus
-                lin(2) over all n (router, predictor) and 8 (c n) d + 24n (gate, blend).
+                lin(2) over all n (router, predictor) and 8 (c n) d + 24n (gate, blend);
+                with documents its slots are floor(c seq) + doc_starts' width a row (mod_slots).
     Mamba       RMS + mixer; mixer with inner I = expand d, H heads of P, state N, G groups,
                 conv width K, Q = min(chunk, seq), c = ceil(seq / Q), n' = batch c Q, w = I + 2GN:
                 lin(1) + a n (I + w + H) + lin(I)
@@ -42,9 +43,10 @@ Per layer (derivation: each term is a tensor an op saves, named at its line belo
                 the gradients of L and the states)
     Resonance   2 LN + 3 lin(1) + 2a n d + taps(d) + 8nd + a nd + FFT + 2a n d_ff
                 (in's output u and gate; the short convolution's taps and output, the long
-                one's output; SiLU(gate); FFT = 8nd + 8 (n + batch) d + 16 seq d: the padded
+                one's output; SiLU(gate); FFT = r (16nd + 16 seq d) + 8 batch d: the padded
                 inputs, their spectra (complex64), the kernel's padded copy and spectrum, one
-                per distinct document length, counted as one)
+                per FFT length, counted as one; r = 1 without documents, else FFT_GROWTH: each
+                document's FFT is fft_size(2m) long, 1.2x 2m on average)
     taps(w)     with documents a w sum_{j < K} batch (seq - j) (each masked tap is a copy), else 0
     weights     under autocast, without FSDP: 2 bytes per matrix, expert and router parameter
                 (autocast's bf16 copy, kept by the matmul; FSDP's bf16 policy makes none)
@@ -91,12 +93,15 @@ CAST_ROLES = ("matrix", "experts", "router")  # weights autocast copies to bf16 
 @dataclass(frozen=True)
 class Tokens:
     """A micro-batch: `batch` rows of `seq` tokens, `a` bytes an autocast activation (bf16 when
-    `bf16`, which MoE's grouped GEMMs need), whether documents are masked."""
+    `bf16`, which MoE's grouped GEMMs need), whether documents are masked, and `doc_width` the
+    batch's doc_starts width (its most documents in a row; a compiled run's: seq), which a
+    depth-routed block adds to its slots (0: not counted)."""
     batch: int
     seq: int
     a: int = 4
     docs: bool = True
     bf16: bool = False
+    doc_width: int = 0
 
     @property
     def n(self) -> int:
@@ -185,11 +190,18 @@ def mamba_mixer(t: Tokens, d: int, inner: int, heads: int, groups: int, head_dim
     return kept, b, then
 
 
+# With documents, archs/resonance.py runs each document's FFT at fft_size(2m), the smallest
+# 2^a or 3 x 2^a at least 2m: 1.2x 2m over document lengths spread from 50 to 60,000 tokens
+# (token-weighted, computed from fft_size; at most 4/3).
+FFT_GROWTH = 1.2
+
+
 def resonance_block(c, t: Tokens) -> int:
     n, d, a = t.n, c.d_model, t.a
     b = 2 * layer_norm(t, d) + 2 * t.lin_in(d)  # ln1, ln2 and their outputs
     b += 2 * a * n * d + t.taps(d, c.short_conv) + 4 * n * d  # in's output, taps, short conv
-    b += 8 * n * d + 8 * (n + t.batch) * d + 16 * t.seq * d  # FFTs: inputs, spectra, kernel
+    r = FFT_GROWTH if t.docs else 1  # documents' FFTs: fft_size(2m) over 2m, on average
+    b += round(r * (8 * n * d + 8 * n * d + 16 * t.seq * d)) + 8 * t.batch * d  # FFTs
     b += 4 * n * d + a * n * d + t.lin_in(d)  # the long convolution's output, SiLU(gate), out's in
     return b + 2 * a * n * c.ff
 
@@ -216,8 +228,8 @@ def blocks_and_remade(model_cfg, t: Tokens) -> list[tuple[int, int, int]]:
     out = []
     for i, mixer in enumerate(c.mixers):
         routed = c.mod_capacity is not None and i % 2
-        tt = t if not routed else Tokens(t.batch, max(1, math.floor(c.mod_capacity * t.seq)),
-                                         t.a, t.docs, t.bf16)
+        tt = t if not routed else Tokens(t.batch, mod_slots(c.mod_capacity, t), t.a, t.docs,
+                                         t.bf16)
         again = then = 0
         if mixer == "A":
             mix = tt.lin_in(c.d_model, 2) + attention(  # q and kv read norm1's output
@@ -232,6 +244,14 @@ def blocks_and_remade(model_cfg, t: Tokens) -> list[tuple[int, int, int]]:
             b += t.lin_in(c.d_model, 2) + 8 * tt.n * c.d_model + 24 * t.n
         out.append((b, again, rms_norm(tt, c.d_model) + then))  # the experts' backward ran
     return out
+
+
+def mod_slots(share: float, t: Tokens) -> int:
+    """A depth-routed block's slots per row in training (archs/moe.py's mod_slots): floor(c
+    seq), and with documents one more per doc_starts column, at most seq."""
+    if t.docs and t.doc_width:
+        return min(t.seq, math.floor(share * t.seq) + t.doc_width)
+    return max(1, math.floor(share * t.seq))
 
 
 def widest(model_cfg, t: Tokens) -> int:
@@ -281,16 +301,18 @@ class Activations:
 
 
 def activations(model_cfg, batch: int, seq: int, precision: str = "fp32", docs: bool = True,
-                mixed: bool = False, cast_numel: dict | None = None) -> Activations:
+                mixed: bool = False, cast_numel: dict | None = None,
+                doc_width: int = 0) -> Activations:
     """Activation bytes of one micro-batch (module docstring). `cast_numel`: {block: numel of
     its matrix, expert and router weights} (memory.block_numel(layout, CAST_ROLES)), whose bf16 copies
     autocast keeps, unless `mixed`: FSDP's MixedPrecisionPolicy, whose bf16 weights need no
-    copy and which casts each block's input to bf16 (what checkpointing keeps of a block)."""
+    copy and which casts each block's input to bf16 (what checkpointing keeps of a block).
+    `doc_width`: Tokens'."""
     c = model_cfg
     a = 4 if precision == "fp32" else 2
     casts = a == 2 and not mixed
     resid = 2 if mixed and a == 2 else 4  # a block's input, as checkpointing keeps it
-    t = Tokens(batch, seq, a, docs, precision == "bf16")
+    t = Tokens(batch, seq, a, docs, precision == "bf16", doc_width)
     n, d = t.n, c.d_model
     per_block, remade, then = zip(*blocks_and_remade(c, t))
     copies = {k: 2 * v for k, v in (cast_numel or {}).items()} if casts else {}

@@ -133,17 +133,17 @@ GIB = 2**30
 
 def memory_plan(lay: Layout, model_cfg, batch: int, seq: int, precision: str = "fp32",
                 optimizer: str = "adamw", sharding: Sharding | None = None,
-                checkpointing: bool = False, docs: bool = True) -> dict:
+                checkpointing: bool = False, docs: bool = True, doc_width: int = 0) -> dict:
     """Bytes per process of a run: {"params", "grads", "optimizer", "buffers", "activations"
     (the run's: with checkpointing or not), "total", "activations_checkpointed",
     "activations_full", "floor"}. `floor` is what the run needs at least, at the optimizer step
     or at the loss, whatever the formula's error: weights, optimizer state, DDP's buckets and
     the larger of the gradients and what the loss's moment keeps (the micro-batch, every block's
-    input, the final norm, the loss's log-probabilities)."""
+    input, the final norm, the loss's log-probabilities). `doc_width`: activations.Tokens'."""
     sharding = sharding or Sharding()
     s = states(lay, optimizer, sharding, 0, precision)
     cast = block_numel(lay, CAST_ROLES)  # the weights bf16 autocast copies, by block
-    act = activations(model_cfg, batch, seq, precision, docs, sharding.fsdp, cast)
+    act = activations(model_cfg, batch, seq, precision, docs, sharding.fsdp, cast, doc_width)
     used = act.checkpointed if checkpointing else act.peak
     resid = 2 if sharding.fsdp and precision != "fp32" else 4  # a block's input (activations)
     kept_at_loss = act.inputs + model_cfg.n_layers * resid * batch * seq * model_cfg.d_model + \

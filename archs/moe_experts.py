@@ -9,12 +9,14 @@ expert runs on its contiguous slice; the outputs, weighted, go back to token ord
 inverse permutation and each token's top_k rows are summed. Both moves are gathers, forward and
 backward (`dispatch` and `combine`, each the other's adjoint): autograd's index_select and
 index_add would make one of them a scatter-add, which runs serially on CPU. Nothing loops
-over tokens. In bf16 (autocast on GPUs) and on the CPU in any dtype the slices go
-through one grouped GEMM per weight matrix (`F.grouped_mm`, the experts' offsets on the device),
-each expert's slice padded to a multiple of 8 rows (the CUDA kernels' 16-byte alignment; the
-padding rows are zeros); in fp32 and fp16 on a GPU, where this torch's grouped_mm is not
-known to have a kernel, and on the CPU under torch.compile, through a loop over the experts,
-which reads the experts' sizes on the host (one sync per layer, a graph break).
+over tokens. In bf16 (autocast on GPUs) the slices go through one grouped GEMM per weight
+matrix (`F.grouped_mm`, the experts' offsets on the device), each expert's slice padded to a
+multiple of 8 rows (the CUDA kernels' 16-byte alignment; the padding rows are zeros); in fp32
+and fp16, where this torch's grouped_mm is not known to have a CUDA kernel, through a loop over
+the experts, which reads the experts' sizes on the host (one sync per layer, a graph break
+under torch.compile). The CPU takes the same paths as a GPU, so that what it measures (the
+memory plan's activations, tests/test_memory_plan.py; the host reads, tests/test_host_reads.py)
+is what a GPU run does.
 
 `capacity_factor` (default None: dropless) reproduces capacity-bound routing (GShard, Switch) for
 ablations: each document (a whole row without doc_starts) gives each expert
@@ -95,10 +97,7 @@ class Experts(nn.Module):
             # expert, one step of the loop below (not grouped_mm: FlopCounterMode has no
             # formula for it).
             sizes = [h.shape[0]]
-        elif (dtype == torch.bfloat16 and h.shape[1] % 8 == 0 and f % 8 == 0) or (
-                device == "cpu" and not torch.compiler.is_compiling()):
-            # the CPU's grouped_mm takes any dtype, but its shape function for a compiled
-            # graph refuses all but bf16 and fp16: compiled, the CPU loops
+        elif dtype == torch.bfloat16 and h.shape[1] % 8 == 0 and f % 8 == 0:
             return grouped_swiglu(h, expert, counts, *weights)
         else:
             sizes = counts.tolist()  # the slices' sizes, on the host: one sync

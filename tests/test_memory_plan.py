@@ -161,9 +161,11 @@ def saved_bytes(model, inputs, precision: str) -> int:
 
 
 def formula(name: str, rows: int, seq: int, precision: str, docs: bool, **overrides):
+    """The formula for `batch`'s rows (doc_starts 3 wide with documents)."""
     lay = archs.layout(name, **overrides)
     return activations.activations(archs.config(name, **overrides), rows, seq, precision, docs,
-                                   cast_numel=memory.block_numel(lay, activations.CAST_ROLES))
+                                   cast_numel=memory.block_numel(lay, activations.CAST_ROLES),
+                                   doc_width=3 if docs else 0)
 
 
 CONFIGS = [(name, {}) for name in FAMILIES] + [

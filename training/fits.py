@@ -30,8 +30,13 @@ def plan_memory(cfg: TrainConfig, vocab: int, seq: int, world: int) -> dict:
         raise SettingsError(f"{_model_flags(cfg)}: {e}") from None
     sharding = Sharding(world, cfg.fsdp, cfg.fsdp_replicas)
     model_cfg = archs.config(cfg.model, vocab_size=vocab, **overrides)
+    # a compiled run's doc_starts is as wide as its rows (one shape); an eager run's as wide as
+    # its batch's most documents in a row, which adds that many slots to a depth-routed block:
+    # not known before the rows are read, and under 1% of its floor(c x seq) slots for rows of
+    # documents of hundreds of tokens, it is not counted
     out = memory_plan(lay, model_cfg, cfg.batch_size, seq, cfg.precision, cfg.optimizer,
-                             sharding, cfg.activation_checkpointing, cfg.doc_mask)
+                      sharding, cfg.activation_checkpointing, cfg.doc_mask,
+                      seq if cfg.compile else 0)
     return {**out, "count": lay.count, "bytes": 4 * lay.count + lay.buffer_bytes,
             "sharding": sharding.name}
 
