@@ -235,6 +235,36 @@ def test_something_else_at_a_name_the_run_writes_is_refused_before_step_0(tmp_pa
     assert (run / name).exists()
 
 
+@pytest.mark.parametrize("kind", ["folder", "file", "copy"])
+def test_a_foreign_thing_at_a_step_the_run_will_save_is_refused_before_step_0(tmp_path, shards,
+                                                                           kind):
+    """`--resume never` (a resume refuses a run folder whose checkpoints cannot be read, these
+    among them). Before: the run trained to that step, then its save refused the folder there,
+    losing the steps since the last checkpoint. A folder at a step past the run's last stays as
+    it is (the run never writes there)."""
+    run = tmp_path / "runs" / "run"
+    run.mkdir(parents=True)
+    late = run / "step-00000009"  # past --max-steps 2: not the run's business
+    late.mkdir()
+    in_the_way = run / "step-00000002"
+    if kind == "file":
+        in_the_way.write_text("a user's")
+    else:
+        in_the_way.mkdir()
+        if kind == "copy":  # a checkpoint's COMPLETE, of another step: a copy of one
+            (in_the_way / "COMPLETE").write_text("longpack checkpoint of step 7\n")
+    before = listing(run)
+    r = run_cli(shards, run, "--resume", "never")
+    one_line_error(r, f"{in_the_way} is where this run would save its checkpoint of step 2",
+                   "move it out of the run folder", "no step was trained")
+    assert "Traceback" not in r.output
+    assert listing(run) == before  # nothing trained, written or removed
+    in_the_way.rename(tmp_path / "moved")
+    r = run_cli(shards, run, "--resume", "never")
+    assert r.exit_code == 0, r.output
+    assert late.is_dir() and not any(late.iterdir())
+
+
 def test_a_leftover_temporary_folder_without_links_is_no_obstacle(tmp_path):
     run = tmp_path / "run"
     (run / ".step-00000004.tmp").mkdir(parents=True)

@@ -73,6 +73,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 raise DataError(f"--max-epochs: {name} reaches it at step {last}"
                                 + (f", and the run is at step {start} already" if start else
                                    ", before any step") + f"; raise {name}'s --max-epochs")
+            saving.check_steps_free(run, start, last)  # what a save would refuse, refused now
             device = procs.device
             if device.type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True

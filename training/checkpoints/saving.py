@@ -252,6 +252,26 @@ def check_names(run: Path) -> None:
                     _refuse_link(Path(inner.path), "in the folder a save cut short left")
 
 
+def check_steps_free(run: Path, start: int, last: int) -> None:
+    """Before a run trains a step: refuse in one line a folder or file at the name of a
+    checkpoint the run may save, steps start + 1 to `last` (any of them, when a stop saves),
+    that is not one of its checkpoints: the save there would refuse it (and leave it), losing
+    the steps since the last checkpoint. Others' folders at later steps, which the run never
+    writes, stay as they are. Costs one listing of the run folder."""
+    if not run.is_dir():
+        return
+    for entry in sorted(os.scandir(run), key=lambda e: e.name):
+        name = STEP_NAME.fullmatch(entry.name)
+        if name is None or not start < int(name.group(1)) <= last or entry.is_symlink():
+            continue  # a symlink: check_names has refused it already
+        why = not_a_checkpoint(Path(entry.path))
+        if why is not None:
+            raise TrainingError(f"{entry.path} is where this run would save its checkpoint of "
+                                f"step {int(name.group(1))}, and was not written by this run "
+                                f"({why}); move it out of the run folder, then re-run the "
+                                "same command (no step was trained)")
+
+
 def _refuse_link(path: Path, where: str) -> None:
     raise TrainingError(f"{path} is a symlink (to {os.readlink(path)}) {where}, and a run never "
                         "writes through a link nor removes one; remove it, then re-run the same "
