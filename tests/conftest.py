@@ -342,6 +342,23 @@ def gpt2_vocab_shards_once(tmp_path_factory) -> Path:
                        val_fraction=0.05)
 
 
+@pytest.fixture(scope="session")
+def build_32k_once(tmp_path_factory) -> Path:
+    """A small build of 32k-token rows (the seeds' longest; their shorter lengths are windows
+    of them) in GPT-2's vocabulary (the shipped ranks: the configs' memory lines are at a real
+    tokenizer's), memmap, once per test run: the seeds' configs are planned on it. Read it,
+    never change it."""
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
+
+    tmp = tmp_path_factory.mktemp("b32k")
+    write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(2000)])
+    build(BuildConfig(out=str(tmp / "out"), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
+                      tokenizer="gpt2", seq=32768, val_fraction=0.2, format="memmap"),
+          show_progress=False)
+    return tmp / "out"
+
+
 def vocab_of(build: Path) -> int:
     """The vocabulary a build was tokenized with (its manifest's), which the trainer sizes a
     model at."""

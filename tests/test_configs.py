@@ -23,23 +23,6 @@ GIB = 2**30
 REPORTS = ("--report-to", "console,jsonl")
 
 
-@pytest.fixture(scope="module")
-def build_32k(tmp_path_factory):
-    """A small build of 32k-token rows (the seeds' longest; the others are windows of them) in
-    GPT-2's vocabulary (the shipped ranks: the files' memory lines are at a real tokenizer's),
-    memmap."""
-    from conftest import make_texts, write_jsonl
-    from longpack.pipeline.build import build
-    from longpack.pipeline.config import BuildConfig
-
-    tmp = tmp_path_factory.mktemp("b32k")
-    write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(2000)])
-    build(BuildConfig(out=str(tmp / "out"), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
-                      tokenizer="gpt2", seq=32768, val_fraction=0.2, format="memmap"),
-          show_progress=False)
-    return tmp / "out"
-
-
 def plan(path, build, out, *flags):
     """`train --config PATH --dry-run --json` on BUILD: the plan, and what it printed."""
     r = CliRunner().invoke(train_cli, ["--config", str(path), "--shards", str(build),
@@ -85,9 +68,9 @@ def slow_if_hybrid(params, path=lambda p: p[0]):
 
 
 @pytest.mark.parametrize("path", slow_if_hybrid(FILES, lambda p: p), ids=lambda p: p.name)
-def test_each_config_plans_as_its_comment_says(path, build_32k, tmp_path):
+def test_each_config_plans_as_its_comment_says(path, build_32k_once, tmp_path):
     flags, gib = stated_memory(path)
-    p, said = plan(path, build_32k, tmp_path / "r", *flags)
+    p, said = plan(path, build_32k_once, tmp_path / "r", *flags)
     assert p["fits"] is True and p["world_size"] == int(flags[1])
     assert p["gpu_memory"] == int(flags[3] if len(flags) > 2 else 80) * GIB
     assert abs(per_process_gib(p) - gib) < 1, (per_process_gib(p), gib)
@@ -110,7 +93,7 @@ def test_the_seeds_other_runs_are_in_tables():
 
 @pytest.mark.parametrize("path, run", slow_if_hybrid(RUNS),
                          ids=lambda x: x.name if isinstance(x, Path) else x[0])
-def test_each_run_of_a_configs_table_plans_as_it_says(path, run, build_32k, tmp_path):
+def test_each_run_of_a_configs_table_plans_as_it_says(path, run, build_32k_once, tmp_path):
     """`#   NAME  FLAGS  PARAMS  ~G GiB`: the file with FLAGS on the command line (the Memory
     line's --world-size and --gpu-memory unless FLAGS give theirs)."""
     _, flags, size, unit, gib = run
@@ -119,17 +102,17 @@ def test_each_run_of_a_configs_table_plans_as_it_says(path, run, build_32k, tmp_
     for i in range(0, len(memory), 2):
         if memory[i] not in flags:
             flags += memory[i:i + 2]
-    p, _ = plan(path, build_32k, tmp_path / "r", *flags)
+    p, _ = plan(path, build_32k_once, tmp_path / "r", *flags)
     scale = {"M": 1e6, "B": 1e9}[unit]
     decimals = len(size.partition(".")[2])  # the count, rounded to the digits it is given in
     assert abs(p["params"] - float(size) * scale) <= 0.5 * 10**-decimals * scale, p["params"]
     assert p["fits"] is True and abs(per_process_gib(p) - int(gib)) < 1, per_process_gib(p)
 
 
-def test_the_5b_moe_recipe_needs_more_than_one_80gb_gpu(build_32k, tmp_path):
+def test_the_5b_moe_recipe_needs_more_than_one_80gb_gpu(build_32k_once, tmp_path):
     path = CONFIGS / "moe-5b-32k.toml"
     assert "It needs more than one 80 GB GPU" in path.read_text()
-    one, _ = plan(path, build_32k, tmp_path / "r", "--world-size", "1")
+    one, _ = plan(path, build_32k_once, tmp_path / "r", "--world-size", "1")
     assert one["fits"] is False and 80 < per_process_gib(one) < 90  # the comment's ~84 GiB
 
 

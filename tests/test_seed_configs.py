@@ -219,22 +219,6 @@ def apply(data: dict, error: str) -> dict:
     return data
 
 
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    """A small build of 32k-token rows in GPT-2's vocabulary: the seeds' models at their own
-    sizes (the rows are cut into the seeds' shorter lengths)."""
-    from conftest import make_texts, write_jsonl
-    from longpack.pipeline.build import build as run_build
-    from longpack.pipeline.config import BuildConfig
-
-    tmp = tmp_path_factory.mktemp("seeds")
-    write_jsonl(tmp / "d.jsonl", [{"text": t} for t in make_texts(300)])
-    run_build(BuildConfig(out=str(tmp / "out"), dataset="jsonl", inputs=(str(tmp / "d.jsonl"),),
-                          tokenizer="gpt2", seq=32768, val_fraction=0.2, format="memmap"),
-              show_progress=False)
-    return tmp / "out"
-
-
 def dry_run(config, build, tmp_path):
     return CliRunner().invoke(train, ["--config", str(config), "--shards", str(build), "--out",
                                       str(tmp_path / "run"), "--dry-run", "--world-size", "1",
@@ -243,11 +227,12 @@ def dry_run(config, build, tmp_path):
 
 @pytest.mark.parametrize("seed", [pytest.param(seed, marks=pytest.mark.slow) if seed == "003"
                                   else seed for seed in sorted(SEEDS)])  # 003: the hybrid's FLOPs
-def test_a_seeds_own_config_runs_after_the_one_edit_its_error_asks_for(seed, build, tmp_path):
+def test_a_seeds_own_config_runs_after_the_one_edit_its_error_asks_for(seed, build_32k_once,
+                                                                        tmp_path):
     name, text = SEEDS[seed]
     config = tmp_path / name
     config.write_text(text)
-    r = dry_run(config, build, tmp_path)
+    r = dry_run(config, build_32k_once, tmp_path)
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     said = items(r.output)
     theirs = [path for path in leaves(read_settings_file(str(config))) if path not in OURS[seed]]
@@ -259,7 +244,7 @@ def test_a_seeds_own_config_runs_after_the_one_edit_its_error_asks_for(seed, bui
 
     fixed = tmp_path / "fixed.yaml"
     fixed.write_text(yaml.safe_dump(apply(read_settings_file(str(config)), r.output)))
-    r = dry_run(fixed, build, tmp_path)
+    r = dry_run(fixed, build_32k_once, tmp_path)
     assert r.exit_code == 0, (fixed.read_text(), r.output)
     plan = json.loads(r.stdout)
     family, stated, close = SIZES[seed]
@@ -285,15 +270,15 @@ def test_the_5b_moe_seeds_sizes_give_its_5b_because_d_expert_follows_d_model():
         archs.moe.PRESETS[name]["d_expert"] for name in archs.moe.PRESETS]
 
 
-def test_the_dry_run_says_which_widths_it_chose(build, tmp_path):
+def test_the_dry_run_says_which_widths_it_chose(build_32k_once, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("model:\n  name: moe\n  d_model: 768\n  n_layers: 12\n  n_experts: 8\n")
-    r = dry_run(config, build, tmp_path)
+    r = dry_run(config, build_32k_once, tmp_path)
     assert r.exit_code == 0, r.output
     assert ("sizes       d_expert 1,088: not given, so 11 x d_model 768 / n_experts 8, rounded "
             "up to a multiple of 64 (give d_expert to size the experts)") in r.stderr
     config.write_text("model:\n  name: moe\n  d_model: 768\n  n_layers: 12\n  d_expert: 1856\n")
-    r = dry_run(config, build, tmp_path)
+    r = dry_run(config, build_32k_once, tmp_path)
     assert r.exit_code == 0 and "not given" not in r.stderr, r.output
     plan = json.loads(r.stdout)
     parts = plan["param_parts"]
