@@ -346,11 +346,17 @@ def test_the_nearest_name_in_a_config_file_and_for_model_args(tmp_path, shards):
     assert not (tmp_path / "r").exists()
 
 
-def test_clipping_does_not_depend_on_how_the_gradients_are_split():
+@pytest.mark.parametrize("chunk", [None, 100])
+def test_clipping_does_not_depend_on_how_the_gradients_are_split(chunk, monkeypatch):
     """The clip coefficient from a float64 norm: the same float32 update whether a gradient is
     one tensor or shards of it (FSDP's), which float32 sums are not; torch's arithmetic
-    otherwise."""
+    otherwise. `chunk`: the float64 sums taken a few elements at a time, as for a large
+    tensor."""
+    from longpack.training import step
     from longpack.training.step import clip_gradients
+
+    if chunk:
+        monkeypatch.setattr(step, "SQUARES_CHUNK", chunk)
 
     def clipped(pieces, max_norm):
         params = [torch.nn.Parameter(torch.zeros_like(g)) for g in pieces]

@@ -150,13 +150,11 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
     to float32, does not depend on how the gradients are sharded: FSDP's shard-by-shard sums and
     one process's whole-tensor sums part in float32's last bits, and a clipped update carries
     that into the weights (MoE's and MoD's routing then amplify it into a different run)."""
-
     grads = [p.grad for p in parameters if p.grad is not None]
     if not grads:
         return torch.zeros((), dtype=torch.float64)
-    norms = [torch.linalg.vector_norm(g.detach(), dtype=torch.float64) for g in grads]
-    # one stack and one reduction: a sharded norm's DTensor becomes whole with one all-reduce
-    total = distributed.whole(torch.linalg.vector_norm(torch.stack(norms)))
+    # one stack and one reduction: sharded gradients' partial sums become whole in one all-reduce
+    total = distributed.whole(torch.stack([squares(g.detach()) for g in grads]).sum()).sqrt()
     if max_norm:
         coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0).float()
         by_device = {}
@@ -165,6 +163,27 @@ def clip_gradients(parameters, max_norm: float) -> torch.Tensor:
         for device, some in by_device.items():
             torch._foreach_mul_(some, coefficient.to(device))
     return total
+
+
+SQUARES_CHUNK = 1 << 24  # elements cast to float64 at once: a copy of 128 MiB at most
+
+
+def squares(g: torch.Tensor) -> torch.Tensor:
+    """sum(g ** 2) in float64, SQUARES_CHUNK elements cast at a time (a whole float64 copy of a
+    large embedding or expert tensor would be gigabytes at the optimizer step's peak). A
+    DTensor's is its local part's, a partial sum over the mesh dimensions it is sharded on."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    local = g.to_local() if isinstance(g, DTensor) else g
+    flat = local.reshape(-1)
+    total = torch.zeros((), dtype=torch.float64, device=local.device)
+    for start in range(0, flat.numel(), SQUARES_CHUNK):
+        chunk = flat[start:start + SQUARES_CHUNK].double()
+        total += torch.dot(chunk, chunk)
+    if not isinstance(g, DTensor):
+        return total
+    return DTensor.from_local(total, g.device_mesh, [Partial() if p.is_shard() else Replicate()
+                                                     for p in g.placements], run_check=False)
 
 
 def nonfinite(loss_sum: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
