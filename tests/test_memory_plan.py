@@ -401,3 +401,18 @@ def test_a_gpu_memory_past_any_device_is_one_line(shards):
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert r.output.strip().splitlines()[-1] == ("Error: --gpu-memory must be a positive, finite "
                                                  "number of GiB, at most 1,048,576 (got 1e+308)")
+
+
+def test_a_compiled_runs_depth_routed_blocks_are_planned_at_every_token():
+    """A compiled run's doc_starts is as wide as its rows, so each depth-routed block runs T
+    slots (archs/moe.py's mod_slots): its plan counts them; an eager run's, floor(c x T)."""
+    from longpack.training.fits import plan_memory
+
+    def planned(compile_: bool, capacity: float | None) -> int:
+        args = ("mod_capacity=0.5",) if capacity else ()
+        cfg = TrainConfig(shards="x", model="moe-tiny", model_args=args, compile=compile_,
+                          batch_size=2)
+        return plan_memory(cfg, 512, 256, 1)["activations"]
+
+    assert planned(True, 0.5) > planned(False, 0.5)
+    assert planned(True, None) == planned(False, None)  # without MoD the same plan
