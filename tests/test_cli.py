@@ -34,6 +34,32 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, byte_tokenizer):
     assert r.exit_code == 1 and "memmap shards are uncompressed" in r.output
 
 
+
+@pytest.mark.parametrize("argv, said", [
+    (["pack", "build", "--format", "npz"],
+     "Error: Invalid value for '--format': 'npz' is not one of 'mds', 'memmap' "
+     "(see 'pack build --help')"),
+    (["pack", "bogus"], "Error: No such command 'bogus' (see 'pack --help')"),
+    (["pack", "stats", "--nope"], "Error: No such option '--nope' (see 'pack stats --help')"),
+    (["train"], "Error: Missing option '--shards' (see 'train --help')"),
+    (["train", "--shards", "x", "--lr", "fast"],
+     "Error: Invalid value for '--lr': 'fast' is not a valid float (see 'train --help')"),
+    (["train", "--shards", "x", "--world-size", "2"],
+     "Error: --world-size: only with --dry-run (they shape its plan) (see 'train --help')"),
+    (["zoo", "export", "--nope"], "Error: No such option '--nope' (see 'zoo export --help')"),
+])
+def test_a_usage_error_is_one_line_that_says_where_help_is(argv, said):
+    """click's usage errors printed the usage block and a hint above the error: three lines
+    where every other refusal is one."""
+    from longpack.training.cli import train
+    from longpack.zoo.cli import zoo
+
+    command = {"pack": pack, "train": train, "zoo": zoo}[argv[0]]
+    r = CliRunner().invoke(command, argv[1:], prog_name=argv[0])
+    assert r.exit_code == 2 and r.output == said + "\n"
+    if argv[0] != "train":  # a group run bare prints its help, as click's groups do
+        assert CliRunner().invoke(command, [], prog_name=argv[0]).output.startswith("Usage:")
+
 @pytest.mark.slow
 def test_mds_output_reads_back_with_plain_streaming_dataset(tmp_path, byte_tokenizer):
     write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in make_texts(200)])

@@ -3,7 +3,7 @@
 
 import click
 
-from longpack.core import Command, SettingsError, click_options
+from longpack.core import Command, OneLineUsageError, SettingsError, click_options
 from longpack.training.config import TrainConfig
 
 
@@ -50,8 +50,8 @@ def _read_config_file(ctx, _param, path):
         return None
     try:
         settings = config_file.read(path)
-    except SettingsError as e:
-        raise click.UsageError(str(e)) from None
+    except SettingsError as e:  # the line names the file: no pointer to --help
+        raise OneLineUsageError(str(e), points_to_help=False) from None
     ctx.default_map = {**(ctx.default_map or {}), **settings}
     return path
 

@@ -30,7 +30,7 @@ _KERNEL = {  # name -> the module that defines it
     "Store": "store", "is_url": "store", "staging_folder": "store", "redact": "store",
     "refuse_unwritable": "store", "storage_errors": "store",
     # command.py: every command's class
-    "Command": "command", "Group": "command",
+    "Command": "command", "Group": "command", "OneLineUsageError": "command",
 }
 __all__ = sorted(_KERNEL)
 __getattr__ = lazy_names(__name__, _KERNEL)
