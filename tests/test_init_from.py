@@ -286,11 +286,19 @@ def test_a_run_starts_from_a_runs_checkpoint_and_records_it(tmp_path, shards_onc
         history = train(config(shards_once, tmp_path / "new", init_from=str(source_run),
                                max_steps=2, lr=1e-30, min_lr=0, warmup=0, save_every=1,
                                workers=0), log=said.append)
+        assert any("the run began from it and resumes its own checkpoint step-00000001" in
+                   line for line in said), said
+        assert [r["step"] for r in history] == [0, 1]
+        # a resume without --init-from (as TRAIN.md says it needs none), then the first
+        # command again: the run still began from the source, whatever its last leg was given
+        train(config(shards_once, tmp_path / "new", max_steps=3, lr=1e-30, min_lr=0, warmup=0,
+                     save_every=1, workers=0), log=lambda m: None)
+        said = []
+        train(config(shards_once, tmp_path / "new", init_from=str(source_run), max_steps=4,
+                     lr=1e-30, min_lr=0, warmup=0, save_every=1, workers=0), log=said.append)
+        assert any("resumes its own checkpoint step-00000003" in line for line in said), said
     finally:
         os.rename(moved, source_run)
-    assert any("the run began from it and resumes its own checkpoint step-00000001" in line
-               for line in said), said
-    assert [r["step"] for r in history] == [0, 1]
     assert checkpoint.load_latest(tmp_path / "new")[0]["began_from"] == began
 
 

@@ -118,7 +118,9 @@ def _resuming(cfg, found: tuple[dict, Path], log) -> None:
     if cfg.init_from is None:
         return
     state, path = found
-    began = (state.get("config") or {}).get("init_from")
+    # the record every checkpoint of the run carries, not the settings of its last leg (a
+    # resume without --init-from records none there)
+    began = (state.get("began_from") or {}).get("source")
     asked = cfg.to_dict()["init_from"]
     if began == asked:
         log(f"--init-from {cfg.init_from}: the run began from it and resumes its own "
