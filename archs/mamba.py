@@ -20,10 +20,11 @@ in backward (`LeanMix`), which costs that part's forward once more and cuts what
 to about a fifth (archs/activations.py). The scan is ssd_chunked, or on CUDA
 flash-linear-attention's kernel where it is installed (`scan_name`). The last block is followed
 by an RMSNorm (`norm_f`, weight only), and embeddings are tied to the output head, as in the
-published Mamba-2 models, so the presets' sizes (130m, 370m, 1.3b: Mamba-2's published widths
-and depths) are what they say, and a trained model is transformers' Mamba2ForCausalLM weight for
-weight (archs/hf/native.py). The gated RMSNorm spans the whole inner width, as
-transformers' Mamba2 computes it for any n_groups (mamba_ssm's own module normalizes each
+published Mamba-2 models (`tie_embeddings false` gives the head weights of its own, as
+transformers' Mamba2ForCausalLM has by default), so the presets' sizes (130m, 370m, 1.3b:
+Mamba-2's published widths and depths) are what they say, and a trained model is transformers'
+Mamba2ForCausalLM weight for weight (archs/hf/native.py). The gated RMSNorm spans the whole
+inner width, as transformers' Mamba2 computes it for any n_groups (mamba_ssm's own module normalizes each
 group apart; with one group, every preset's, the two are one).
 The mixer (`MambaMixer`) is also the Mamba layer of the MoE family's hybrids (archs/moe.py).
 """
@@ -58,12 +59,16 @@ class MambaConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     checkpointing: bool = False
+    # the output head is the embedding (Mamba-2's own models); False: a head of its own, as
+    # transformers' Mamba2ForCausalLM makes by default (tie_word_embeddings false)
+    tie_embeddings: bool = True
 
     def __post_init__(self):  # each field's range: archs/limits.py
         check_fields(self, vocab_size=VOCAB, d_model=SIZE, n_layers=SIZE, d_state=SIZE,
                      expand=SIZE, head_dim=SIZE, n_groups=SIZE, conv_width=SIZE, chunk=CHUNK,
                      dt_min=Range(0, low_open=True), dt_max=Range(0, low_open=True),
-                     max_seq=SIZE, norm_eps=EPS, init_std=STD, checkpointing=FLAG)
+                     max_seq=SIZE, norm_eps=EPS, init_std=STD, checkpointing=FLAG,
+                     tie_embeddings=FLAG)
         if self.dt_min > self.dt_max:
             raise ValueError(f"dt_min {self.dt_min} is above dt_max {self.dt_max}: the steps "
                              "start log-uniform between them")
@@ -404,7 +409,8 @@ class Mamba(StackedLM):
     # it ended in before never loads into it
     FINAL_NORM = ("norm_f", nn.RMSNorm)
     PARAM_ROLES = (  # each parameter's optimizer role (longpack.archs.layers.OPTIMIZER_ROLES), by name
-        ("embed.weight", "embedding"),  # tied: also the output head
+        ("embed.weight", "embedding"),  # tied (tie_embeddings): also the output head
+        ("head.weight", "head"),  # a head of its own (tie_embeddings false)
         ("norm_f.weight", "norm"), ("blocks.*.norm", "norm"), ("blocks.*.mixer.norm", "norm"),
         ("blocks.*.mixer.in_proj.weight", "matrix"), ("blocks.*.mixer.out_proj.weight", "matrix"),
         ("blocks.*.mixer.conv.*", "kernel"), ("blocks.*.mixer.A_log", "kernel"),
@@ -414,7 +420,10 @@ class Mamba(StackedLM):
     def __init__(self, cfg: MambaConfig):
         super().__init__(cfg, Block)
         nn.init.normal_(self.embed.weight, std=cfg.init_std)
-        self.head.weight = self.embed.weight  # tied
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+        else:
+            nn.init.normal_(self.head.weight, std=cfg.init_std)
         self.register_load_state_dict_pre_hook(_refuse_layernorm_state)
         for block in self.blocks:
             nn.init.normal_(block.mixer.in_proj.weight, std=cfg.init_std)

@@ -62,6 +62,7 @@ _API = {  # name -> the module that defines it
     "read_manifest": "builds.reader", "dataset_fingerprint": "builds.reader",
     "cache_bytes": "builds.reader",  # --cache-limit's sizes (20gb) in bytes
     "other_tokenizer": "builds.identity",  # a build of another tokenizer than recorded: why
+    "copy_problem": "builds.identity", "copy_fix": "builds.identity",  # its copy, damaged
     "fetch_kept": "tokenize.kept", "load_build_tokenizer": "tokenize.kept",  # the build's copy
     "DATASETS": "read.catalog",  # the datasets --dataset names
     "at_vocab": "stats.recommend", "preset_table": "stats.recommend",  # presets.json's sizes

@@ -31,6 +31,10 @@ TOKENIZER_IDENTITY = ("name", "kind", "sha256", "vocab_size", "eos_id")
 # what every reader of a manifest (pack stats, the trainer, zoo) relies on, and its type
 MANIFEST_KEYS = {"format": str, "seq": int, "tokenizer": dict, "splits": dict}
 TOKENIZER_KEYS = ("name", "source", "sha256", "vocab_size", "eos_id")
+# what each of them (and the copy's "file", where a build keeps one) may hold: an imported
+# build's tokenizer has no source, sha256 or file (import_tokens.py)
+TOKENIZER_TYPES = {"name": (str,), "source": (str, type(None)), "sha256": (str, type(None)),
+                   "vocab_size": (int,), "eos_id": (int, type(None)), "file": (str,)}
 SPLIT_KEYS = ("rows", "shards", "padding_tokens", "tokens", "documents")
 
 
@@ -42,7 +46,14 @@ def manifest_lacks(manifest, also: dict | None = None) -> list[str]:
         return ["everything: it is not a JSON object"]
     lacks = [k for k, kind in keys.items() if not isinstance(manifest.get(k), kind)]
     if not lacks:
-        lacks = [f"tokenizer.{k}" for k in TOKENIZER_KEYS if k not in manifest["tokenizer"]]
+        tok = manifest["tokenizer"]
+        lacks = [f"tokenizer.{k}" for k in TOKENIZER_KEYS if k not in tok]
+        lacks += [f"tokenizer.{k} as {' or '.join(t.__name__ for t in kinds)}"
+                  for k, kinds in TOKENIZER_TYPES.items()
+                  if k in tok and not (isinstance(tok[k], kinds) and not isinstance(tok[k], bool))]
+        if isinstance(tok.get("file"), str) and (Path(tok["file"]).name != tok["file"]
+                                                 or tok["file"] in ("", "..")):
+            lacks.append("tokenizer.file as a file name of the build's folder")
         lacks += [f"splits.{s}.{k}" for s, split in manifest["splits"].items() for k in SPLIT_KEYS
                   if not isinstance(split, dict) or k not in split]
     return lacks

@@ -35,7 +35,7 @@ nonsense: 1
 seed: 1
 training:
   grad_acum: 4
-  max_steps: 0
+  max_steps: -1
   lr: 3e-4
 optim:
   learning_rate: 0.1
@@ -57,7 +57,7 @@ model:
         "batch_size = 2.5 is not a whole number",
         "unknown settings nonsense, training.grad_acum (did you mean training.grad_accum?), "
         "wandb.nonsense_too, model.n_expert (did you mean model.n_experts?)",
-        f"max_steps must be in 1..{2**48} (got 0)",
+        f"max_steps must be in 0..{2**48} (got -1)",
         # another trainer's name for a setting the file gives: the one to remove (3e-4 a number)
         "optim.learning_rate: 0.1 -> remove (lr is given as training.lr: 0.0003)",
         "optim.grad_clip: 1.0 -> optim.clip: 1.0 (0 turns clipping off)",

@@ -269,6 +269,8 @@ def test_a_run_starts_from_a_runs_checkpoint_and_records_it(tmp_path, shards_onc
     assert state["step"] == 1 and state["config"]["init_from"] == str(source_run)
     began = state["began_from"]
     assert began["kind"] == "longpack checkpoint" and began["step"] == 4
+    first = json.loads((tmp_path / "new" / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 0 and first["began_from"] == began  # the local record says it too
     assert began["name"] == "source/step-00000004" and "the one it trained with" in \
         began["tokenizer"]
     # the model card says it, by name only; the command names the folder
@@ -435,16 +437,17 @@ if job["make"] == "gpt-neox":
         intermediate_size=256, rotary_pct=0.25, max_position_embeddings=256,
         rotary_emb_base=10000, eos_token_id=256, bos_token_id=256)).eval()
     model.save_pretrained(job["folder"])
-elif job["make"] == "mamba":
+elif job["make"] in ("mamba", "mamba-tied"):
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
     torch.manual_seed(0)
-    model = Mamba2ForCausalLM(Mamba2Config(
+    model = Mamba2ForCausalLM(Mamba2Config(  # a head of its own: transformers' default
         vocab_size=257, hidden_size=64, num_hidden_layers=2, state_size=16, expand=2,
         head_dim=16, num_heads=8, n_groups=1, conv_kernel=4, chunk_size=16,
-        tie_word_embeddings=False, eos_token_id=256, bos_token_id=256, pad_token_id=256))
-    with torch.no_grad():  # a head equal to the embedding (saved untied: see test_export_families)
-        model.lm_head.weight.copy_(model.backbone.embeddings.weight)
+        eos_token_id=256, bos_token_id=256, pad_token_id=256))
+    if job["make"] == "mamba-tied":  # a head equal to the embedding, as zoo export writes one
+        with torch.no_grad():  # (transformers cannot save a Mamba2's tied pair)
+            model.lm_head.weight.copy_(model.backbone.embeddings.weight)
     model.eval().save_pretrained(job["folder"])
 else:
     from transformers import AutoModelForCausalLM
@@ -468,19 +471,35 @@ def transformers_child(tmp: Path, folder: Path, make: str | None, ids: list) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,preset,cls", [("gpt-neox", "neox-tiny", "GPTNeoXForCausalLM"),
-                                               ("mamba", "mamba-tiny", "Mamba2ForCausalLM")])
-def test_a_transformers_model_starts_a_run_and_exports_back(tmp_path, shards_once, family,
-                                                            preset, cls):
+@pytest.mark.parametrize("made,preset,cls,args", [
+    ("gpt-neox", "neox-tiny", "GPTNeoXForCausalLM", ()),
+    ("mamba", "mamba-tiny", "Mamba2ForCausalLM", ("tie_embeddings=false",)),
+    ("mamba-tied", "mamba-tiny", "Mamba2ForCausalLM", ())])
+def test_a_transformers_model_starts_a_run_and_exports_back(tmp_path, shards_once, made,
+                                                            preset, cls, args):
+    """A transformers folder trained 0 steps: step 0's logits are transformers', and so are
+    its export's. A Mamba2ForCausalLM as transformers makes it has a head of its own: the run
+    is told the one --model-arg that holds it; one whose head is its embedding starts a tied
+    preset."""
     from longpack.zoo.cli import zoo
     from longpack.zoo.runs import load_run
 
     pytest.importorskip("transformers")
     ids = torch.randint(0, 257, (2, 48), generator=torch.Generator().manual_seed(0)).tolist()
     folder = tmp_path / "made"
-    theirs = transformers_child(tmp_path, folder, family, ids)
+    theirs = transformers_child(tmp_path, folder, made, ids)
     (folder / "tokenizer.json").write_bytes(byte_tokenizer_of(shards_once).read_bytes())
-    train(still(shards_once, tmp_path / "run", folder, model=preset), log=lambda m: None)
+    if args:
+        line = refused(["--shards", str(shards_once), "--model", preset, "--init-from",
+                        str(folder)], tmp_path / "run")
+        assert "computes otherwise (its tie_embeddings false; this run's true); pass " \
+               "--model-arg tie_embeddings=false" in line, line
+    said = []  # --max-steps 0: the run is the folder's weights, saved as step 0
+    history = train(config(shards_once, tmp_path / "run", init_from=str(folder), model=preset,
+                           model_args=args, max_steps=0, workers=0), log=said.append)
+    assert list(history) == [] and (tmp_path / "run" / "step-00000000").is_dir()
+    assert f"--max-steps 0: no step trained; the starting weights saved as step 0 (from " \
+           f"{folder})" in said, said
     trained = load_run(tmp_path / "run")
     with torch.no_grad():
         assert (trained.model(torch.tensor(ids)) - theirs).abs().max().item() <= 1e-5

@@ -125,6 +125,21 @@ def test_a_skipped_step_is_counted_and_said_and_the_run_carries_on(tmp_path, bui
     assert all(torch.isfinite(w).all() for w in weights.values())
 
 
+def test_a_val_loss_that_is_not_finite_is_null_in_metrics_jsonl(tmp_path, build_dir,
+                                                               monkeypatch):
+    """The evaluation's forwards (after training's 0 and 1) give NaN: metrics.jsonl held a bare
+    NaN, which no strict JSON reader takes."""
+    from longpack.training.loop import train
+
+    run_with_nan_at(monkeypatch, {2, 3, 4, 5})
+    history = train(run_config(build_dir, tmp_path, max_steps=2, eval_every=2), log=lambda m: None)
+    assert math.isnan(history[-1]["val_loss"])  # what the run saw, as it was
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1], parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))
+    assert last["val_loss"] is None and "val_loss" in last["nonfinite"]
+    assert last["loss"] is not None and "skipped" not in last
+
+
 def test_max_skipped_steps_in_a_row_stop_the_run_in_one_line(tmp_path, build_dir, monkeypatch):
     from longpack.training.loop import train
 

@@ -268,6 +268,59 @@ def test_no_tokenizer_and_old_checkpoints_still_export(tmp_path, replaced):
     assert r.exit_code == 0 and (tmp_path / "old-hf" / "tokenizer.json").is_file(), r.output
 
 
+@pytest.mark.parametrize("damage", ["replaced", "removed"])
+def test_a_new_run_refuses_a_build_whose_copy_is_damaged(tmp_path, trained, damage):
+    """It trained, exit 0, on a build pack stats calls damaged; its export then refused."""
+    build_dir = Path(shutil.copytree(trained.build, tmp_path / "build"))
+    if damage == "replaced":
+        shutil.copyfile(trained.other / "tokenizer.json", build_dir / "tokenizer.json")
+    else:
+        (build_dir / "tokenizer.json").unlink()
+    run = tmp_path / "run"
+    line = error_line(CliRunner().invoke(train_cli, ["--shards", str(build_dir), "--out",
+                                                     str(run), "--model", "neox-tiny",
+                                                     "--max-steps", "1", "--workers", "0"]))
+    assert line.startswith(f"Error: {build_dir / 'tokenizer.json'}: ")
+    assert ("is not the tokenizer the build's ids were made with" if damage == "replaced"
+            else "missing") in line and "re-run the same pack build with --overwrite" in line
+    assert not run.exists()
+
+
+CRAFTED = {"sha256 a number": ("sha256", 7), "file a number": ("file", 5),
+           "file outside": ("file", "../tokenizer.json"), "vocab_size gone": ("vocab_size", None),
+           "vocab_size true": ("vocab_size", True)}
+
+
+@pytest.mark.parametrize("craft", list(CRAFTED))
+def test_a_manifest_whose_tokenizer_fields_are_crafted_is_one_line_everywhere(
+        tmp_path, trained, craft):
+    """A hand-edited manifest's tokenizer fields (another type, a file name outside the build,
+    a field gone) were TypeErrors in pack stats, zoo export/generate/eval and train --resume."""
+    key, value = CRAFTED[craft]
+    build_dir = Path(shutil.copytree(trained.build, tmp_path / "build"))
+    manifest = json.loads((build_dir / "manifest.json").read_text())
+    if value is None:
+        del manifest["tokenizer"][key]
+    else:
+        manifest["tokenizer"][key] = value
+    (build_dir / "manifest.json").write_text(json.dumps(manifest))
+    runner = CliRunner()
+    for argv in (["--verify"], ["--json"], []):
+        line = error_line(runner.invoke(pack, ["stats", str(build_dir), *argv]))
+        assert "not a longpack manifest" in line and f"tokenizer.{key}" in line, line
+    for command in (["export", str(trained.run), "--to", "hf", "--out", str(tmp_path / "hf")],
+                    ["generate", str(trained.run), "--prompt", "ab"],
+                    ["eval", str(trained.run)]):
+        line = error_line(runner.invoke(zoo, [*command, "--shards", str(build_dir)]))
+        assert "not a longpack manifest" in line and f"tokenizer.{key}" in line, line
+    run = Path(shutil.copytree(trained.run, tmp_path / "run"))
+    line = error_line(runner.invoke(train_cli, ["--shards", str(build_dir), "--out", str(run),
+                                                "--model", "neox-tiny", "--batch-size", "4",
+                                                "--max-steps", "4", "--workers", "0"]))
+    assert "not a longpack manifest" in line and f"tokenizer.{key}" in line, line
+    assert not (tmp_path / "hf").exists()
+
+
 def test_zoo_export_help_shows_sane_flags():
     text = CliRunner().invoke(zoo, ["export", "--help"]).output
     assert "--no-tokenizer" in text and "--no-no-" not in text

@@ -52,8 +52,8 @@ def test_zoo_eval_refuses_a_build_of_another_tokenizer(tmp_path, shards, neox_ru
                                       "--split", "train"])
     assert result.exit_code == 1
     assert last_line(result) == (
-        f"Error: {other} was tokenized with imported ids (no tokenizer, vocabulary 256), the "
-        f"run trained on bytes-tokenizer (sha256 {sha}, vocabulary 257): evaluate on a build of the "
+        f"Error: {other} is a build of imported ids (no tokenizer, vocabulary 256), the run "
+        f"trained with bytes-tokenizer (sha256 {sha}, vocabulary 257): evaluate on a build of the "
         "run's tokenizer")
     # a checkpoint from before the tokenizer was recorded: the run's build's manifest tells
     latest = neox_run / "step-00000002"
@@ -64,7 +64,7 @@ def test_zoo_eval_refuses_a_build_of_another_tokenizer(tmp_path, shards, neox_ru
     result = CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(other),
                                       "--split", "train"])
     assert result.exit_code == 1
-    assert f"the run trained on bytes-tokenizer (sha256 {sha}" in last_line(result)
+    assert f"the run trained with bytes-tokenizer (sha256 {sha}" in last_line(result)
     # the run's own build still evaluates
     assert CliRunner().invoke(zoo, ["eval", str(neox_run), "--shards", str(shards)]).exit_code == 0
 

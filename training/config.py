@@ -71,7 +71,8 @@ class TrainConfig:
         "processes).", min=1, max=MAX_ROWS)
     grad_accum: int = setting(1, "Micro-steps per optimizer step.", min=1, max=MAX_ROWS)
     max_steps: int = setting(100, "Optimizer steps to train (ignored when --total-tokens is "
-                             "given).", min=1, max=MAX_STEPS)
+                             "given); 0 saves the starting weights (--init-from's) as step 0 "
+                             "and trains none.", min=0, max=MAX_STEPS)
     total_tokens: int | None = setting(
         None, "Train for this many tokens: steps = ceil(total_tokens / tokens per step).", min=1,
         max=MAX_STEPS)

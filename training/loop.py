@@ -131,6 +131,16 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 + (": the first step compiles the model" if cfg.compile else ""))
             for line in long_steps(times.floor, last - step, model, data.seq, cfg, device):
                 log(line)
+
+        def save_checkpoint(step: int) -> None:
+            check_weights(model, step, run, procs)
+            with distributed.failing_together(procs):
+                if procs.main and remote:
+                    remote.wait()  # the previous checkpoint's upload, if still running
+            saved = saving.save(run, step, state, checkpoint.capture(
+                state, step, data, order, cfg, run_id, began), cfg.keep_last, procs)
+            if procs.main and remote:  # its failure is seen at the next wait
+                remote.submit(saved, run, cfg.keep_last)  # in the background
         # -- steps: SIGINT/SIGTERM/SIGHUP finish the step in hand, save, and return (the CLI exits 0);
         # a second one aborts (the last complete checkpoint stays) ------------------------------
         with stop_requested(log, times.left) as stop, uploads_finished(remote, log), \
@@ -139,6 +149,10 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                                            cfg.prefetch)) as stream:
             pending = []  # the steps since the numbers were last read: (record, StepResult, t0)
             stopping = False
+            if last == 0 and not found:  # --max-steps 0: a run that is its starting weights
+                log("--max-steps 0: no step trained; the starting weights saved as step 0"
+                    + (f" (from {cfg.init_from})" if init else " (random ones)"))
+                save_checkpoint(0)
             while step < last:
                 t0 = times.started()
                 micro_batches = [model_inputs(next(stream), device, cfg.compile)
@@ -183,14 +197,7 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                             line = skips.after(record, run)
                             log(line)
                 if due or stopping:
-                    check_weights(model, step, run, procs)
-                    with distributed.failing_together(procs):
-                        if procs.main and remote:
-                            remote.wait()  # the previous checkpoint's upload, if still running
-                    saved = saving.save(run, step, state, checkpoint.capture(
-                        state, step, data, order, cfg, run_id, began), cfg.keep_last, procs)
-                    if procs.main and remote:  # its failure is seen at the next wait
-                        remote.submit(saved, run, cfg.keep_last)  # in the background
+                    save_checkpoint(step)
                 if stopping:
                     # another process's signal stopped this one: as a scheduler's SIGTERM
                     history.stopped_by = stop.signal or (None if stop_at else signal.SIGTERM)

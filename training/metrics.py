@@ -2,6 +2,7 @@
 (optional extras: a clear error when the package is missing, never a silent no-op)."""
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -51,8 +52,12 @@ class MetricsLog:
     def __init__(self, run: Path, cfg, config: dict, run_id: str):
         self.path = run / "metrics.jsonl"
         self.tb = self.wandb = None
+        # --init-from's record, which step 0's line carries (the config is W&B's alone)
+        self.began_from = config.get("began_from")
         if "tensorboard" in cfg.report_to:
             self.tb = _import("tensorboard")(str(run / "tensorboard"))
+            if self.began_from:
+                self.tb.add_text("began_from", json.dumps(self.began_from))
         if "wandb" in cfg.report_to:
             self.wandb = _import("wandb").init(**wandb_settings(cfg), dir=str(run),
                                                config=config, id=run_id, resume="allow")
@@ -75,9 +80,15 @@ class MetricsLog:
         return [json.loads(line) for line in kept]
 
     def write(self, record: dict) -> None:
+        line = {**record, "began_from": self.began_from} if (
+            record["step"] == 0 and self.began_from) else record
+        bad = [k for k, v in line.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:  # JSON has no NaN (a val loss of weights gone wrong): None, and named
+            line = {**line, **dict.fromkeys(bad), "nonfinite": sorted({*line.get("nonfinite", ()),
+                                                                       *bad})}
         # a full disk is one line naming the file; a symlink at its name is never written through
         with writing(self.path), open(self.path, "a", opener=no_follow) as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(line) + "\n")
         numbers = {k: v for k, v in record.items() if isinstance(v, (int, float))}
         if self.tb is not None:
             for k, v in numbers.items():

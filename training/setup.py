@@ -27,7 +27,7 @@ def resolve_steps(cfg: TrainConfig, seq: int, world: int = 1, log=print) -> Trai
         per_step = cfg.batch_size * cfg.grad_accum * world * (seq - 1)
         cfg = dataclasses.replace(cfg, max_steps=math.ceil(cfg.total_tokens / per_step),
                                   total_tokens=None)
-    if cfg.warmup > cfg.max_steps:
+    if cfg.warmup > cfg.max_steps > 0:  # (0 steps: no schedule is run)
         log(f"--warmup {cfg.warmup} is longer than the run's {cfg.max_steps} steps: the "
             f"learning rate warms up over all {cfg.max_steps}")
         cfg = dataclasses.replace(cfg, warmup=cfg.max_steps)

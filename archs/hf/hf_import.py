@@ -22,8 +22,9 @@ The folders it reads, by config.json:
 - `model_type: mamba2` (Mamba2ForCausalLM): mamba2_state_dict read backwards, the
   convolution's taps reversed again; the options archs does not compute are refused
   (projection biases, no convolution bias, a LayerNorm, another activation, a time-step
-  limit). archs' Mamba ties its head to its embedding: `lm_head.weight` is archs'
-  `head.weight`, which the caller holds to be the embedding's copy, or absent (tied).
+  limit). `lm_head.weight` is archs' `head.weight`: absent, equal to the embedding (what zoo
+  export writes) or with tie_word_embeddings true (transformers then ties it, and so do we)
+  the model is tied; a head of its own (transformers' default) gives `tie_embeddings false`.
 - `model_type: longpack` (LongpackForCausalLM: MoE, hybrids, resonance): the family and its
   config's fields are config.json's (configuration_longpack's names), the weights archs' own
   names after `model.` (a tied head left out, as remote_weights writes it: the caller fills
@@ -308,6 +309,9 @@ def _mamba2(path: Path, config: dict, tensors: dict) -> Folder:
         raise ValueError(f"its config.json has num_heads {heads} x head_dim {head_dim}, not "
                          f"expand x hidden_size ({expand * d}): archs' Mamba has heads of the "
                          "whole inner width")
+    values["tie_embeddings"] = tied = _mamba2_tied(path, config, tensors)
+    if tied and config.get("tie_word_embeddings") is True:  # transformers ties the head to the
+        tensors = {k: v for k, v in tensors.items() if k != "lm_head.weight"}  # embedding
     values = _archs_config("mamba", values)
 
     def rename(theirs):
@@ -333,6 +337,29 @@ def _mamba2(path: Path, config: dict, tensors: dict) -> Folder:
     convert = {f"blocks.{i}.mixer.conv.weight": lambda t: t[:, 0].t().flip(0).contiguous()
                for i in range(int(values["n_layers"]))}
     return _folder(path, "Mamba2ForCausalLM", "mamba", values, tensors, rename, convert)
+
+
+def _mamba2_tied(path: Path, config: dict, tensors: dict) -> bool:
+    """Whether the folder's output head is its embedding: tie_word_embeddings true, or no
+    lm_head.weight, or one equal to the embedding (zoo export writes such a copy with
+    tie_word_embeddings false, as transformers cannot save a Mamba2's tied pair); a head of
+    its own otherwise (transformers' default Mamba2ForCausalLM). Reads those two tensors."""
+    head, embedding = "lm_head.weight", "backbone.embeddings.weight"
+    if config.get("tie_word_embeddings") is True or head not in tensors:
+        return True
+    if embedding not in tensors or tensors[head][1] != tensors[embedding][1]:
+        return False
+    from safetensors import safe_open
+
+    pair = []
+    for name in (head, embedding):
+        file = tensors[name][0]
+        try:
+            with safe_open(str(path / file), framework="pt") as f:
+                pair.append(f.get_tensor(name))
+        except Exception as e:  # SafetensorError: short or damaged past its header
+            raise ValueError(f"{file} cannot be read ({_line(e)})") from None
+    return torch.equal(*pair)
 
 
 # -- longpack's own exports ----------------------------------------------------------------

@@ -8,7 +8,6 @@ import click
 
 from longpack.core.errors import LongpackError
 
-
 # A group run without a command prints its help through a usage error: that stays as it is.
 NO_ARGS_IS_HELP = click.exceptions.NoArgsIsHelpError
 
@@ -28,8 +27,8 @@ class OneLineUsageError(click.UsageError):
                    err=file is None, color=self.ctx.color if self.ctx is not None else None)
 
 
-def one_line(e: click.UsageError) -> OneLineUsageError:
-    short = OneLineUsageError(e.message, e.ctx)
+def one_line(e: click.UsageError, points_to_help: bool = True) -> OneLineUsageError:
+    short = OneLineUsageError(e.message, e.ctx, points_to_help)
     if isinstance(e, click.BadParameter):
         short.format_message = e.format_message  # "Invalid value for '--flag': ..."
     return short
@@ -55,9 +54,8 @@ class Command(OneLineUsage, click.Command):
             raise click.ClickException(str(e)) from None
         except OneLineUsageError:
             raise
-        except click.UsageError as e:  # a command's own check of how its flags go together
-            e.ctx = e.ctx or ctx
-            raise one_line(e) from None
+        except click.UsageError as e:  # a command's own check: its line says what to do
+            raise one_line(e, points_to_help=False) from None
 
 
 class Group(OneLineUsage, click.Group):

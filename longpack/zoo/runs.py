@@ -100,8 +100,8 @@ def _location(shards: str | list | None) -> str | None:
 def _build(shards: str | list | None) -> tuple[Path | None, dict | None]:
     """The folder and manifest of the run's build (a mixture's first source's: they share the
     tokenizer), or (None, None) when it is not here."""
-    from longpack.core import LongpackError, Store, is_url
-    from longpack.pipeline import fetch_kept
+    from longpack.core import DataError, LongpackError, Store, is_url
+    from longpack.pipeline import fetch_kept, manifest_lacks
 
     location = _location(shards)
     if location is None:
@@ -110,13 +110,19 @@ def _build(shards: str | list | None) -> tuple[Path | None, dict | None]:
         if is_url(location):  # a build in a bucket: its manifest, and its tokenizer's copy cached
             store = Store(location)
             manifest = json.loads(store.read_bytes("manifest.json"))
-            if not isinstance(manifest.get("tokenizer"), dict):
-                return None, None
-            return fetch_kept(store, manifest["tokenizer"]) or Path(location), manifest
-        folder = Path(location)
-        manifest = json.loads((folder / "manifest.json").read_text())
-        return (folder, manifest) if isinstance(manifest.get("tokenizer"), dict) else (None, None)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, LongpackError):
+        else:
+            manifest = json.loads((Path(location) / "manifest.json").read_text())
+    except (OSError, ValueError, LongpackError):
+        return None, None
+    lacks = manifest_lacks(manifest)
+    if lacks:  # a build is there, whose manifest would be misread: said, not passed over
+        raise DataError(f"{location}/manifest.json: not a longpack manifest (no "
+                        f"{', '.join(lacks)}); re-run the pack build that wrote it")
+    if not is_url(location):
+        return Path(location), manifest
+    try:  # its tokenizer's copy, cached
+        return fetch_kept(store, manifest["tokenizer"]) or Path(location), manifest
+    except LongpackError:
         return None, None
 
 

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from longpack.core import DataError, TrainingError
+from longpack.core import DataError, TrainingError, is_url
 from longpack.pipeline import (
     Build,
+    copy_fix,
+    copy_problem,
     dataset_fingerprint,
     natural_weights,
     open_build,
@@ -395,6 +397,7 @@ def open_sources(cfg, cache: Path) -> Sources:
                 raise DataError(f"{name}: {e}" if len(sources) > 1 else str(e)) from None
 
         manifest = opened(read_manifest, path)
+        opened(refuse_damaged_copy, manifest, path)
         fingerprint = dataset_fingerprint(manifest)
         if fingerprint in seen:  # read in lockstep, every row twice
             raise DataError(f"--shards: {seen[fingerprint]} and {name} are the same build "
@@ -404,6 +407,19 @@ def open_sources(cfg, cache: Path) -> Sources:
     names = [n for n, _ in sources]
     same_tokens(names, [b.manifest for b in builds], [b.seq for b in builds])
     return Sources(names, builds)
+
+
+def refuse_damaged_copy(manifest: dict, location: str) -> None:
+    """A local build whose copy of its tokenizer is missing or another file (pack stats' problem)
+    is refused before a step: the run records the manifest's tokenizer, and its export, eval and
+    generate would refuse the copy after the training was paid for. A build at a URL has its
+    copy checked where it is fetched (longpack.pipeline.fetch_kept)."""
+    if is_url(location):
+        return
+    tok = manifest["tokenizer"]
+    problem = copy_problem(tok, Path(location))
+    if problem:
+        raise DataError(f"{Path(location) / str(tok.get('file'))}: {problem}; {copy_fix(tok)}")
 
 
 def make_order(sources: Sources, cfg, global_batch: int) -> MixedOrder:
