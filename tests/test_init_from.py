@@ -385,6 +385,14 @@ def test_hostile_checkpoints_are_one_line(tmp_path, shards, source_run, byte_tok
     line = refused(["--shards", str(shards), "--init-from", str(copy)], tmp_path / "run")
     assert "none of its checkpoints can be read" in line, line
     assert not planted.exists()
+    # a crafted DCP .metadata (the weights' index), its COMPLETE remade: refused, never run
+    copy = Path(shutil.copytree(source_run, tmp_path / "copy2"))
+    (copy / "step-00000004" / ".metadata").write_bytes(pickle.dumps(Planted(planted), 2))
+    seal(copy / "step-00000004")
+    line = refused(["--shards", str(shards), "--init-from", str(copy / "step-00000004")],
+                   tmp_path / "run")
+    assert line.startswith("Error: --init-from") and "is not a DCP metadata file" in line, line
+    assert not planted.exists()
 
 
 # -- context extension ----------------------------------------------------------------------
@@ -519,7 +527,7 @@ def test_a_transformers_model_starts_a_run_and_exports_back(tmp_path, shards_onc
 def test_every_familys_export_starts_a_run_with_its_logits(tmp_path, shards_once, preset):
     """zoo export's folders back in (their weights in shards): GPT-NeoX and Mamba under
     transformers' names, MoE, a hybrid and resonance under LongpackForCausalLM's, and --to
-    safetensors' folder."""
+    safetensors' folder; a run of 0 steps from the export exports to transformers' logits."""
     from longpack.pipeline.tokenize.kept import load_build_tokenizer
     from longpack.zoo.hf_export import export_hf
     from longpack.zoo.runs import TrainedRun
@@ -544,6 +552,20 @@ def test_every_familys_export_starts_a_run_with_its_logits(tmp_path, shards_once
         start.load_into(again)
         with torch.no_grad():
             assert torch.equal(again.eval()(ids), want), folder
+    # the whole way: a run of 0 steps from the export, exported again, loaded by transformers
+    import transformers
+
+    from longpack.zoo.cli import zoo
+
+    train(config(shards_once, tmp_path / "run0", model=preset, init_from=str(tmp_path / "hf"),
+                 max_steps=0, workers=0), log=lambda m: None)
+    result = CliRunner().invoke(zoo, ["export", str(tmp_path / "run0"), "--to", "hf", "--out",
+                                      str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out",
+                                                               trust_remote_code=True).eval()
+    with torch.no_grad():
+        assert (loaded(ids).logits - want).abs().max().item() <= 1e-5
 
 
 def test_a_config_file_and_python_take_it_as_the_flag(tmp_path, shards_once):
@@ -557,6 +579,20 @@ def test_a_config_file_and_python_take_it_as_the_flag(tmp_path, shards_once):
     with pytest.raises(TrainingError, match="--init-from .*nowhere: no such folder"):
         longpack.train(shards=str(shards_once), out=str(tmp_path / "run"),
                        init_from=str(tmp_path / "nowhere"), log=lambda m: None)
+    # a good SOURCE both ways (a --to safetensors folder): the run begins from it
+    torch.manual_seed(0)
+    archs.save(archs.build("neox-tiny", vocab_size=257), tmp_path / "st")
+    (tmp_path / "st" / "tokenizer.json").write_bytes(byte_tokenizer_of(shards_once).read_bytes())
+    (tmp_path / "ok.toml").write_text(f'shards = "{shards_once}"\ninit_from = "'
+                                      f'{tmp_path / "st"}"\nmax_steps = 0\nworkers = 0\n')
+    result = CliRunner().invoke(train_cli, ["--config", str(tmp_path / "ok.toml"), "--out",
+                                            str(tmp_path / "from-file")])
+    assert result.exit_code == 0, result.output
+    longpack.train(shards=str(shards_once), out=str(tmp_path / "from-python"), max_steps=0,
+                   workers=0, init_from=str(tmp_path / "st"), log=lambda m: None)
+    for run in ("from-file", "from-python"):
+        state = checkpoint.load_latest(tmp_path / run)[0]
+        assert state["began_from"]["source"] == str(tmp_path / "st"), run
     assert not (tmp_path / "run").exists()
 
 
