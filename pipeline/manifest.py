@@ -60,13 +60,16 @@ def manifest_lacks(manifest, also: dict | None = None) -> list[str]:
 
 
 def refuse_nothing_packed(counts: dict, skip_log: Path) -> None:
-    """A build whose every record was skipped (a wrong --text-field or --dataset, most often)
-    is an error, not an empty build that looks complete. Inputs that hold no record at all
-    build an empty dataset, as they describe."""
+    """A build that packed no document is an error, not an empty build that looks complete:
+    its inputs held no record (empty files), or every record was skipped (a wrong
+    --text-field or --dataset, most often)."""
     from longpack.core import InputError
 
-    if counts["documents"] or not counts["records_read"]:
+    if counts["documents"]:
         return
+    if not counts["records_read"]:
+        raise InputError("the inputs hold no record (empty files): nothing to pack; check "
+                         "--input (no manifest written)")
     reasons = ", ".join(f"{n:,} {r}" for r, n in sorted(counts["skipped"].items()) if n)
     raise InputError(f"no document packed: all {counts['records_read']:,} records were skipped "
                      f"({reasons}; {skip_log} lists them); check --text-field and --dataset "

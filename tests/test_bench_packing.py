@@ -124,8 +124,10 @@ def test_the_tool_on_a_tiny_corpus(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_packing.py"), "--corpus",
                         str(corpus), "--seqs", "64,32768", "--repeat", "1", "--warmup", "0",
                         "--tokenizer", str(tokenizer), "--work", str(tmp_path / "work"),
-                        "--json", str(report)], capture_output=True, text=True, timeout=300)
+                        "--json", str(report), "--copies", "3"], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+    texts = texts * 3  # --copies 3: the corpus read three times over
     assert "issue 53, done when (at --seq 32768)" in r.stdout
     assert "every document's tokens present once: PASS" in r.stdout
     results = json.loads(report.read_text())["results"]

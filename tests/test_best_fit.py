@@ -252,6 +252,9 @@ def test_the_shipped_sample_packed_best_fit_is_the_same_for_any_worker_count(tmp
     two = sample_build(tmp_path / "two", seq, workers=2)  # the default
     concat = sample_build(tmp_path / "concat", seq, packing="concat", workers=2)
     assert build_files(tmp_path / "one") == build_files(tmp_path / "two")
+    for workers in (1, 2):  # memmap's shards too
+        sample_build(tmp_path / f"memmap{workers}", seq, workers=workers, format="memmap")
+    assert build_files(tmp_path / "memmap1") == build_files(tmp_path / "memmap2")
     assert one["packing"] == describe(seq) == one["fingerprint"]["packing"]
     assert one["settings"]["packing"] == "best-fit" and "packing" not in concat
     assert "packing" not in concat["settings"] and "packing" not in concat["fingerprint"]
@@ -444,6 +447,48 @@ def test_a_best_fit_build_split_into_tasks_gives_the_single_build_s_bytes(tmp_pa
         manifests = [tasks.run_task(cfg, i) for i in order]
         assert manifests[-1]["packing"] == m["packing"]
         assert build_tree(out) == want, f"{n} tasks finishing in order {order}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["one huge document", "rows shorter than most documents"])
+def test_hostile_shapes_build_whole_and_the_same_in_tasks(tmp_path, byte_tokenizer, shape):
+    """One document of 41 rows and more (cut into whole rows, its remainder packed), and a
+    --seq of 16 under documents of ~100 tokens: every document once, in order within a row's
+    pieces; the same bytes from 3 tasks; pack stats' split share at its floor."""
+    from conftest import build_tree
+    from longpack.pipeline.build import build
+    from longpack.pipeline.config import BuildConfig
+    from longpack.pipeline.distribute import tasks
+    from longpack.pipeline.stats.report import collect
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    if shape == "one huge document":
+        texts, seq = [" ".join(make_texts(400, seed=7))], 256  # ~41 rows of 256
+    else:
+        texts, seq = make_texts(300, seed=8), 16
+    write_jsonl(folder / "docs.jsonl", [{"text": t} for t in texts])
+
+    def cfg(out, **kw):
+        return BuildConfig(out=str(tmp_path / out), dataset="jsonl", inputs=(str(folder),),
+                           tokenizer=byte_tokenizer, seq=seq, val_fraction=0.0,
+                           shard_bytes=seq * 2 * 16, format="memmap", workers=2, **kw)
+
+    m = build(cfg("single"), show_progress=False)
+    concat = build(cfg("concat", packing="concat"), show_progress=False)
+    eos = m["tokenizer"]["eos_id"]
+    fitted = documents_of(tmp_path / "single", "train", eos)
+    assert sorted(fitted) == sorted(documents_of(tmp_path / "concat", "train", eos))
+    assert len(fitted) == len(texts) == m["counts"]["documents"]
+    for i in range(3):
+        tasks.run_task(cfg("tasked", tasks=3), i)
+    assert build_tree(tmp_path / "tasked") == build_tree(tmp_path / "single")
+    train = collect(tmp_path / "single", verify=True)["splits"]["train"]
+    assert train["split_share"] == pytest.approx(train["split_share_floor"], abs=1e-9)
+    if shape == "one huge document":
+        assert train["split_share"] == 1.0 and m["splits"]["train"]["rows"] > 40
+        assert m["splits"]["train"]["padding_tokens"] < seq  # the one row its remainder opens
+    assert m["splits"]["train"]["tokens"] == concat["splits"]["train"]["tokens"]
 
 
 def test_a_refusal_names_what_differs_between_best_fit_fingerprints():

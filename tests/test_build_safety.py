@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import make_texts, signals_as_from_a_shell, write_jsonl
-from longpack.core.errors import SettingsError
+from longpack.core.errors import InputError, SettingsError
 from longpack.pipeline.build import build
 from longpack.pipeline.cli import pack
 from longpack.pipeline.config import WORK_DIR, BuildConfig
@@ -475,10 +475,20 @@ def test_a_build_that_packs_no_document_is_an_error_not_an_empty_build(tmp_path,
             f"{out / log} lists them); check --text-field and --dataset (no manifest written)")
         assert not (out / "manifest.json").exists()
     empty = tmp_path / "empty.jsonl"
-    empty.write_text("")  # no record at all: an empty build, as the input is
-    m = build(BuildConfig(out=str(tmp_path / "e"), dataset="jsonl", inputs=(str(empty),),
-                          tokenizer=byte_tokenizer, seq=65), show_progress=False)
-    assert m["counts"]["records_read"] == m["counts"]["documents"] == 0
+    empty.write_text("")  # no record at all: nothing that looks like a build either
+    for packing in ("best-fit", "concat"):
+        out = tmp_path / f"e-{packing}"
+        with pytest.raises(InputError, match=r"^the inputs hold no record \(empty files\): "
+                           r"nothing to pack; check --input \(no manifest written\)$"):
+            build(BuildConfig(out=str(out), dataset="jsonl", inputs=(str(empty),),
+                              tokenizer=byte_tokenizer, seq=65, packing=packing),
+                  show_progress=False)
+        assert not (out / "manifest.json").exists()
+    r = CliRunner().invoke(pack, ["build", "--dataset", "jsonl", "--input", str(empty),
+                                  "--tokenizer", byte_tokenizer, "--out", str(tmp_path / "c"),
+                                  "--tasks", "3"])
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "hold no record" in r.output
+    assert not (tmp_path / "c" / "manifest.json").exists()
     with pytest.raises(SettingsError, match="--text-field must name a field or column"):
         BuildConfig(out=str(tmp_path / "t"), text_field="")
 

@@ -194,7 +194,8 @@ def test_sbatch_refusal_is_its_own_words_and_submits_nothing(slurm, tmp_path, by
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tasks, fmt, packing", [(2, "mds", "concat"), (3, "memmap", "concat"),
-                                                 (3, "mds", "best-fit")])
+                                                 (3, "mds", "best-fit"),
+                                                 (2, "memmap", "best-fit")])
 def test_slurm_build_is_byte_identical(slurm, tmp_path, byte_tokenizer, capsys, tasks, fmt,
                                        packing):
     kw = settings(tmp_path, byte_tokenizer, format=fmt, packing=packing)

@@ -63,7 +63,7 @@ def run_remote(cfg: BuildConfig) -> tuple[dict, bool]:
 
 
 @pytest.mark.parametrize("fmt, packing", [("mds", "concat"), ("memmap", "concat"),
-                                          ("mds", "best-fit")])
+                                          ("mds", "best-fit"), ("memmap", "best-fit")])
 @pytest.mark.slow
 def test_a_build_into_s3_holds_the_bytes_of_a_local_build(tmp_path, s3, corpus, byte_tokenizer,
                                                           fmt, packing):

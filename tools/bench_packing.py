@@ -47,7 +47,7 @@ concat's speed.
 
     .venv/bin/python tools/bench_packing.py [--corpus sample] [--corpus DIR ...]
         [--seqs 2048,8192,32768] [--repeat 3] [--warmup 1] [--workers 2] [--tokenizer T]
-        [--work DIR] [--keep] [--json FILE]
+        [--work DIR] [--keep] [--json FILE] [--copies N]
 
 `--corpus sample` is the FineWeb-Edu sample shipped with longpack (`--dataset
 fineweb-edu-sample`); any other value is a folder of FineWeb-Edu-schema parquet (`--dataset
@@ -219,6 +219,17 @@ def parse_build(out_dir: Path) -> Parsed:
     return parsed
 
 
+def copies_of(folder: Path, n: int, work: Path) -> Path:
+    """WORK/NAME-xN: the folder's parquet files linked n times (copyK-FILE), in that order."""
+    out = work / f"{folder.name}-x{n}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for k in range(n):
+        for path in sorted(folder.glob("*.parquet")):
+            (out / f"copy{k:02d}-{path.name}").symlink_to(path.resolve())
+    return out
+
+
 def input_lengths(folder: Path | None) -> Counter | None:
     """Document lengths the input itself gives (token_count + the EOS), if it has the column."""
     if folder is None:
@@ -319,15 +330,21 @@ def main() -> int:
     ap.add_argument("--work", type=Path)
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--json", type=Path, help="write every figure here")
+    ap.add_argument("--copies", type=int, default=1, help="read each corpus folder N times "
+                    "over (its files linked N times under new names): a larger corpus of the "
+                    "same documents, whose 32k build spans several of best-fit's windows")
     args = ap.parse_args()
-    if args.repeat < 1:
-        ap.error("--repeat must be at least 1")
+    if args.repeat < 1 or args.copies < 1:
+        ap.error("--repeat and --copies must be at least 1")
     corpora = args.corpus or ["sample", str(SHARED / "data" / "fineweb-edu-sample")]
     for corpus in corpora:
         if corpus != "sample" and not Path(corpus).is_dir():
             sys.exit(f"no corpus folder {corpus}")
     seqs = [int(s) for s in args.seqs.split(",")]
     work, made_here = work_dir(args.work, "bench_packing.")
+    if args.copies > 1:
+        corpora = [c if c == "sample" else str(copies_of(Path(c), args.copies, work))
+                   for c in corpora]
     print(f"checkout {describe_checkout()}; tokenizer {args.tokenizer}; workers {args.workers}; "
           f"repeat {args.repeat}; memmap; val fraction 0")
     results, all_ok = [], True
@@ -367,7 +384,8 @@ def main() -> int:
                                         indent=1, default=str))
     clean_work(work, made_here, args.keep,
                [f"{'sample' if c == 'sample' else Path(c).name}-{s}-{p}" for c in corpora
-                for s in seqs for p in PACKINGS] + ["warmup"])
+                for s in seqs for p in PACKINGS] + ["warmup"]
+               + [Path(c).name for c in corpora if args.copies > 1 and c != "sample"])
     return 0 if all_ok else 1
 
 
