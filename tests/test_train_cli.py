@@ -164,7 +164,7 @@ def test_a_cpu_probe_is_cut_to_a_few_seconds_and_scaled(tmp_path):
     import torch
 
     from longpack import archs
-    from longpack.training.dry_run import CPU_PROBE_FLOPS, probe_shape
+    from longpack.training.step_time import CPU_PROBE_FLOPS, probe_shape
 
     fpt = archs.build("neox-tiny", device="meta", vocab_size=50257).flops_per_token
     # the run: seq 32768, batch 8 -- 23 TFLOPs a step; the CPU probe does ~3e10

@@ -5,7 +5,8 @@ model and step from training/, and training/ never imports it.
 First the static plan, at once: the resolved config, parameters, tokens, steps, epochs, FLOPs
 and the memory one process needs (training/fits.py over archs/memory.py; a run that cannot fit
 this device is refused in one line). Then a probe: a warm-up and PROBE_STEPS timed steps of the
-run's own step (step.train_step), on a CPU cut to about CPU_PROBE_FLOPS and scaled up by FLOPs.
+run's own step (step.train_step), on a CPU cut to about step_time.CPU_PROBE_FLOPS and scaled
+up by FLOPs.
 `--world-size N` plans for N processes from this one: memory and batch for N, no probe.
 """
 
@@ -13,7 +14,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -29,10 +29,9 @@ from longpack.training.metrics import check_installed, duration
 from longpack.training.parallel import distributed
 from longpack.training.setup import open_data
 from longpack.training.step import prepare, train_step
+from longpack.training.step_time import now, prefix, probe_shape
 
 PROBE_STEPS = 2  # timed, after one warm-up
-CPU_PROBE_FLOPS = 3e10  # per probe step on a CPU: about a second or a few
-MIN_PROBE_TOKENS = 16
 GPU_MEMORY = 80 * GIB  # --gpu-memory's default
 MAX_WORLD = 2**20  # --world-size: a bound no cluster reaches, so a typo is one line
 
@@ -132,17 +131,6 @@ MEMORY_KEYS = ("params", "grads", "optimizer", "buffers", "activations", "total"
                "activations_checkpointed", "activations_full")
 
 
-def probe_shape(flops_per_token, seq: int, batch_size: int, device) -> tuple[int, int]:
-    """(rows, predicted tokens per row) of a probe micro-batch: the real one on a GPU; on a CPU
-    cut to about CPU_PROBE_FLOPS, first in rows, then in length."""
-    if device.type != "cpu":
-        return batch_size, seq
-    tokens = max(MIN_PROBE_TOKENS, int(CPU_PROBE_FLOPS / flops_per_token(seq)))
-    if tokens >= seq:
-        return min(batch_size, tokens // seq), seq
-    return 1, min(tokens, seq)
-
-
 def probe(cfg: TrainConfig, data, procs: distributed.Processes, vocab: int, rows: int,
           length: int, say, steps: int) -> dict:
     """Time PROBE_STEPS training steps of one micro-batch of `rows` x `length` after a warm-up;
@@ -158,10 +146,10 @@ def probe(cfg: TrainConfig, data, procs: distributed.Processes, vocab: int, rows
     state = prepare(model, cfg, procs)
     train = data.train
     samples = [train.get(i % len(train)) for i in range(rows)]
-    batch = make_batch([_prefix(s, length + 1) for s in samples], device, cfg.compile)
+    batch = make_batch([prefix(s, length + 1) for s in samples], device, cfg.compile)
     micro, updates, losses = [], [], []
     for i in range(PROBE_STEPS + 1):
-        out = train_step(state, [batch], i, cfg, procs, clock=lambda: _now(device))
+        out = train_step(state, [batch], i, cfg, procs, clock=lambda: now(device))
         micro.append(out.forward_backward_seconds)
         updates.append(out.update_seconds)
         step_loss = out.read()["loss"]
@@ -177,19 +165,6 @@ def probe(cfg: TrainConfig, data, procs: distributed.Processes, vocab: int, rows
     return {"probe_rows": rows, "probe_tokens": length, "probe_scaled": scaled,
             "probe_losses": losses, "probe_step_seconds": step_seconds,
             "eta_seconds": step_seconds * steps}
-
-
-def _prefix(sample, n: int):
-    """The first n tokens of a sample, with the segments that start in them."""
-    tokens, starts, hashes = sample
-    keep = int((starts < n).sum())
-    return tokens[:n], starts[:keep], None if hashes is None else hashes[:keep]
-
-
-def _now(device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
 
 
 def param_parts(model) -> dict:

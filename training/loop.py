@@ -30,11 +30,12 @@ from longpack.training.data.mixture import MixedOrder, Sources, check_resume
 from longpack.training.evaluate import split_loss
 from longpack.training.fits import check_memory
 from longpack.training.init_from import begin
-from longpack.training.metrics import MetricsLog, check_installed, duration, matmul_rate, peak_flops
+from longpack.training.metrics import MetricsLog, check_installed, duration, peak_flops
 from longpack.training.optim import schedule_change
 from longpack.training.parallel import distributed
 from longpack.training.setup import open_data
 from longpack.training.step import prepare, read_steps, train_step
+from longpack.training.step_time import PROBE_FROM, StepTimes, long_steps, probe_step, step_floor
 
 SHARD_CACHE = "shard-cache"  # in the run directory, without --cache
 
@@ -129,7 +130,11 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 f"{last - 1} of {order.global_batch} x {data.seq - 1} tokens on {procs.world} "
                 f"{device.type} process{'es' if procs.world > 1 else ''}"
                 + (": the first step compiles the model" if cfg.compile else ""))
-            for line in long_steps(times.floor, last - step, model, data.seq, cfg, device):
+            if (times.floor or 0) >= PROBE_FROM and procs.world == 1 and not cfg.fsdp \
+                    and not cfg.compile:  # a compiled model would compile for the probe's shape
+                times.about = probe_step(state, model, data.train, cfg, device)
+            for line in long_steps(times.floor, times.about, last - step, model, data.seq, cfg,
+                                   device):
                 log(line)
 
         def save_checkpoint(step: int) -> None:
@@ -370,64 +375,11 @@ class StopRequest:
     signal: int | None = None  # the first stop signal this process received
 
 
-class StepTimes:
-    """How long a step takes, for a Ctrl+C to say how long the step in hand has left: the
-    steps' measured time once there is one (the last read's), else `floor` (step_floor)."""
-
-    def __init__(self, floor: float | None):
-        self.floor, self.per_step, self.t_step = floor, floor, None
-
-    def started(self) -> float:
-        self.t_step = time.perf_counter()
-        return self.t_step
-
-    def took(self, seconds: float) -> None:
-        self.per_step = seconds
-
-    def left(self) -> float | None:
-        if self.per_step is None or self.t_step is None:
-            return None
-        return max(self.per_step - (time.perf_counter() - self.t_step), 0.0)
-
-
-def step_floor(model, seq: int, cfg: TrainConfig, device) -> float | None:
-    """A floor on one optimizer step's time on this process: its FLOPs (flops_per_token, a
-    micro-step's rows x grad_accum) at the device's best matmul rate (metrics.matmul_rate);
-    None where the rate is not known."""
-    rate = matmul_rate(device)
-    if not rate:
-        return None
-    tokens = cfg.batch_size * cfg.grad_accum * (seq - 1)
-    return model.flops_per_token(seq - 1) * tokens / rate
-
-
-SMALL_SEQ = 2048  # a first try's sample length on a CPU
-
-
-def long_steps(floor: float | None, steps: int, model, seq: int, cfg: TrainConfig,
-               device) -> list[str]:
-    """What a run of long steps says before its first (a step of an hour on a CPU would
-    otherwise be an hour of silence): the floor per step and in all, said from a second a
-    step; and from a minute on a CPU, the floor of a first try with a smaller --seq and
-    --batch-size."""
-    if floor is None or floor < 1:
-        return []
-    lines = [f"a step takes at least {duration(floor)} here (its FLOPs at this {device.type}'s "
-             f"best matmul rate): the {steps:,} steps at least {duration(floor * steps)}"]
-    cfg_seq = cfg.seq or seq
-    if device.type == "cpu" and floor >= 60 and (cfg_seq > SMALL_SEQ or cfg.batch_size > 1):
-        small = SMALL_SEQ if cfg_seq > SMALL_SEQ and seq % SMALL_SEQ == 0 else cfg_seq
-        smaller = step_floor(model, small, dataclasses.replace(cfg, batch_size=1), device)
-        lines.append(f"for a first try on a CPU, --seq {small} --batch-size 1 takes at least "
-                     f"{duration(smaller)} a step")
-    return lines
-
-
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
-def stop_requested(log=print, left=lambda: None):
+def stop_requested(log=print, left=lambda: ""):
     """SIGINT, SIGTERM and SIGHUP (a closed terminal) set `.requested` instead of stopping the
     process, while the block runs, and say so at once; a second SIGINT or SIGTERM raises
     KeyboardInterrupt there and then (a step of an hour need not be waited for; the last
@@ -442,9 +394,7 @@ def stop_requested(log=print, left=lambda: None):
                     "complete checkpoint")
                 raise KeyboardInterrupt
             if not stop.requested:
-                seconds = left()
-                more = f" (about {duration(seconds)} more)" if seconds is not None else ""
-                log(f"stopping after the step in hand{more}, with a checkpoint (Ctrl+C again "
+                log(f"stopping after the step in hand{left()}, with a checkpoint (Ctrl+C again "
                     "to stop at once)")
                 stop.signal = sig
             stop.requested = True
