@@ -54,11 +54,12 @@ class ResonanceConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     checkpointing: bool = False
+    tie_embeddings: bool = False  # the output head is the embedding (a model with "tied weights")
 
     def __post_init__(self):  # each field's range: archs/limits.py
         check_fields(self, vocab_size=VOCAB, d_model=SIZE, n_layers=SIZE, num_frequencies=SIZE,
                      d_ff=SIZE, short_conv=SIZE, max_seq=SIZE, norm_eps=EPS, init_std=STD,
-                     checkpointing=FLAG)
+                     checkpointing=FLAG, tie_embeddings=FLAG)
 
     @property
     def ff(self) -> int:
@@ -265,6 +266,8 @@ class Resonance(StackedLM):
         for block in self.blocks:  # scaled residual init, as in gpt_neox.py
             for proj in (block.out, block.fc_out):
                 nn.init.normal_(proj.weight, std=cfg.init_std / math.sqrt(2 * cfg.n_layers))
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
 
 
 PRESETS = {

@@ -522,12 +522,15 @@ def test_a_transformers_model_starts_a_run_and_exports_back(tmp_path, shards_onc
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["neox-tiny", "mamba-tiny", "moe-tiny", "hybrid-tiny",
-                                    "resonance-tiny"])
-def test_every_familys_export_starts_a_run_with_its_logits(tmp_path, shards_once, preset):
+@pytest.mark.parametrize("preset, args", [
+    ("neox-tiny", ()), ("mamba-tiny", ()), ("mamba-tiny", ("tie_embeddings=false",)),
+    ("moe-tiny", ()), ("hybrid-tiny", ()), ("resonance-tiny", ()),
+    ("resonance-tiny", ("tie_embeddings=true",))])
+def test_every_familys_export_starts_a_run_with_its_logits(tmp_path, shards_once, preset, args):
     """zoo export's folders back in (their weights in shards): GPT-NeoX and Mamba under
     transformers' names, MoE, a hybrid and resonance under LongpackForCausalLM's, and --to
-    safetensors' folder; a run of 0 steps from the export exports to transformers' logits."""
+    safetensors' folder; a run of 0 steps from the export exports to transformers' logits. A
+    head tied or not, as the family's tie_embeddings says, either way."""
     from longpack.pipeline.tokenize.kept import load_build_tokenizer
     from longpack.zoo.hf_export import export_hf
     from longpack.zoo.runs import TrainedRun
@@ -535,7 +538,7 @@ def test_every_familys_export_starts_a_run_with_its_logits(tmp_path, shards_once
     manifest = json.loads((shards_once / "manifest.json").read_text())["tokenizer"]
     tokenizer, _ = load_build_tokenizer(manifest, shards_once)
     torch.manual_seed(0)
-    model = archs.build(preset, vocab_size=257).eval()
+    model = archs.build(preset, vocab_size=257, **archs.parse_args(preset, list(args))).eval()
     ids = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model(ids)
@@ -545,10 +548,11 @@ def test_every_familys_export_starts_a_run_with_its_logits(tmp_path, shards_once
     archs.save(model, tmp_path / "st")
     (tmp_path / "st" / "tokenizer.json").write_bytes(byte_tokenizer_of(shards_once).read_bytes())
     for folder in (tmp_path / "hf", tmp_path / "st"):
-        start = begin(config(shards_once, tmp_path / "new", model=preset, init_from=str(folder)),
-                      None, lambda line: None)
+        start = begin(config(shards_once, tmp_path / "new", model=preset, model_args=args,
+                             init_from=str(folder)), None, lambda line: None)
         torch.manual_seed(1)
-        again = archs.build(preset, vocab_size=start.vocab_size)
+        again = archs.build(preset, vocab_size=start.vocab_size,
+                            **archs.parse_args(preset, list(args)))
         start.load_into(again)
         with torch.no_grad():
             assert torch.equal(again.eval()(ids), want), folder
@@ -557,8 +561,8 @@ def test_every_familys_export_starts_a_run_with_its_logits(tmp_path, shards_once
 
     from longpack.zoo.cli import zoo
 
-    train(config(shards_once, tmp_path / "run0", model=preset, init_from=str(tmp_path / "hf"),
-                 max_steps=0, workers=0), log=lambda m: None)
+    train(config(shards_once, tmp_path / "run0", model=preset, model_args=args,
+                 init_from=str(tmp_path / "hf"), max_steps=0, workers=0), log=lambda m: None)
     result = CliRunner().invoke(zoo, ["export", str(tmp_path / "run0"), "--to", "hf", "--out",
                                       str(tmp_path / "out")])
     assert result.exit_code == 0, result.output

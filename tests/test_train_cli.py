@@ -183,6 +183,27 @@ def test_dry_run_of_a_large_model_on_cpu_says_what_it_probed(tmp_path, shards):
     assert "and scaled by FLOPs) -> ETA" in r.output
 
 
+@pytest.mark.parametrize("model, args, says", [
+    ("resonance-tiny", [], "the head is a weight of its own (16,448): --model-arg "
+                           "tie_embeddings=true makes it the embedding's, "),
+    ("resonance-tiny", ["--model-arg", "tie_embeddings=true"], "+ the head, tied to it + "),
+    ("mamba-tiny", [], "+ the head, tied to it + ")])
+def test_the_dry_run_says_where_the_head_is_and_how_to_tie_it(shards, model, args, says):
+    """A seed's "LM head with tied weights" counted 50M more here, with no word of why; a tied
+    head was counted twice (the rest came out negative)."""
+    import json
+
+    r = run_cli("--shards", shards, "--model", model, *args, "--dry-run", "--json",
+                "--world-size", 1)
+    assert r.exit_code == 0, r.output
+    assert says in r.output
+    plan = json.loads(r.stdout)
+    parts = plan["param_parts"]
+    assert parts["rest"] >= 0 and parts["tied"] == ("tied" in says)
+    assert parts["embedding"] + parts["head"] + sum(parts["layers"]) + parts["rest"] == \
+        plan["params"]
+
+
 def test_console_and_records_say_progress_and_eta(tmp_path, shards):
     import json
 

@@ -168,13 +168,15 @@ def probe(cfg: TrainConfig, data, procs: distributed.Processes, vocab: int, rows
 
 
 def param_parts(model) -> dict:
-    """Where a model's parameters are: {"embedding", "head", "layers" (each block's), "rest"},
-    so that a count can be set against one worked out by hand (a seed's "24 x 45.1M")."""
+    """Where a model's parameters are: {"embedding", "head" (0 when `tied`: the head is the
+    embedding's weight), "tied", "layers" (each block's), "rest"}, so that a count can be set
+    against one worked out by hand (a seed's "24 x 45.1M")."""
     def count(module) -> int:
         return sum(p.numel() for p in module.parameters())
 
-    parts = {"embedding": count(model.embed), "head": count(model.head),
-             "layers": [count(block) for block in model.blocks]}
+    tied = model.head.weight is model.embed.weight  # one weight, counted once (as the embedding)
+    parts = {"embedding": count(model.embed), "head": 0 if tied else count(model.head),
+             "tied": tied, "layers": [count(block) for block in model.blocks]}
     parts["rest"] = count(model) - parts["embedding"] - parts["head"] - sum(parts["layers"])
     return parts
 
@@ -197,13 +199,18 @@ def render(p: dict) -> str:
     model = archs.config(c["model"], **archs.parse_args(c["model"], list(c["model_args"])))
     parts = p["param_parts"]
     layers = sorted(set(parts["layers"]))
-    lines.append(f"  sizes       embedding {parts['embedding']:,} + head {parts['head']:,} + "
+    head = "the head, tied to it" if parts.get("tied") else f"head {parts['head']:,}"
+    lines.append(f"  sizes       embedding {parts['embedding']:,} + {head} + "
                  f"{len(parts['layers'])} layers "
                  + (f"of {layers[0]:,}" if len(layers) == 1 else
                     f"of {layers[0]:,} to {layers[-1]:,} ({sum(parts['layers']):,})")
                  + f" + the rest {parts['rest']:,} (final norm"
                  + (", multi-token heads)" if getattr(model, "n_pred_tokens", 1) > 1 else ")"))
     lines += [f"  sizes       {line}" for line in getattr(model, "derived", ())]
+    if hasattr(model, "tie_embeddings") and not parts.get("tied"):  # a model of "tied weights"
+        lines.append(f"  sizes       the head is a weight of its own ({parts['head']:,}): "
+                     "--model-arg tie_embeddings=true makes it the embedding's, "
+                     f"{p['params'] - parts['head']:,} parameters in all")
     scan = archs.mamba.scan_lines(model, p["device"])
     lines += scan
     if scan and c["compile"]:  # MambaMixer.forward skips LeanMix while torch.compile traces
