@@ -194,7 +194,7 @@ def test_a_symlink_at_a_name_the_run_writes_is_refused_before_step_0(tmp_path, s
 
 
 @pytest.mark.parametrize("name, target", [("step-00000002", "gone"),
-                                          (".step-00000002.tmp", "folder")])
+                                          (".step-00000002.tmp", "folder"), ("latest", "gone")])
 def test_a_symlink_planted_while_the_run_trains_stops_its_save_in_one_line(
         tmp_path, shards, outside, monkeypatch, name, target):
     run = tmp_path / "runs" / "run"
@@ -202,6 +202,7 @@ def test_a_symlink_planted_while_the_run_trains_stops_its_save_in_one_line(
 
     def planted_before_the_second_save(*args, **kwargs):
         if args[1] == 2:
+            (run / name).unlink(missing_ok=True)  # `latest`, a file since the first save
             (run / name).symlink_to(outside / target)
         return save(*args, **kwargs)
 
@@ -216,6 +217,25 @@ def test_a_symlink_planted_while_the_run_trains_stops_its_save_in_one_line(
     assert [p.name for p in run.iterdir() if p.name.startswith(".") and not p.is_symlink()] == []
     assert sorted(p.name for p in run.glob("step-*")) == ["step-00000001"] + (
         [name] if name.startswith("step-") else [])
+
+
+def test_a_symlink_planted_at_metrics_jsonl_while_the_run_trains_is_one_line(
+        tmp_path, shards, outside, monkeypatch):
+    run = tmp_path / "runs" / "run"
+    save = saving.save
+
+    def planted_after_the_first_save(*args, **kwargs):
+        saved = save(*args, **kwargs)
+        if args[1] == 1:
+            (run / "metrics.jsonl").rename(run / "kept.jsonl")
+            (run / "metrics.jsonl").symlink_to(outside / "gone")
+        return saved
+
+    monkeypatch.setattr(saving, "save", planted_after_the_first_save)
+    r = run_cli(shards, run)
+    one_line_error(r, f"cannot write {run / 'metrics.jsonl'}: ", "move the symlink at that name "
+                   "away (nothing is written through one)", "it resumes from its last checkpoint")
+    assert not (outside / "gone").exists() and (run / "metrics.jsonl").is_symlink()
 
 
 @pytest.mark.parametrize("name, kind", [("latest", "folder"), ("metrics.jsonl", "folder"),

@@ -18,7 +18,9 @@ TEMP_NAME = re.compile(r"\.(?P<name>.+)\.tmp\d+")  # what temp_name gives, for a
 
 _REMEDY = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space (disk quota)",
            errno.EROFS: "make it writable", errno.EACCES: "make it writable",
-           errno.EPERM: "make it writable"}
+           errno.EPERM: "make it writable",
+           # no_follow's refusal of a symlink at the name: never written through
+           errno.ELOOP: "move the symlink at that name away (nothing is written through one)"}
 
 
 def remedy(error: OSError) -> str:

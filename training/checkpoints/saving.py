@@ -88,6 +88,10 @@ def _publish(run: Path, tmp: Path, final: Path, keep_last: int) -> None:
     """The whole checkpoint in place (this run's older one of the step replaced, anything else
     there refused), `latest` pointed at it, and the checkpoints it supersedes removed."""
     _refuse_in_the_way(final)  # again: the folder may have changed while the parts were written
+    latest = run / "latest"
+    if latest.is_symlink():  # renaming over it would not follow it, but remove another's link
+        raise _InTheWay(f"{latest} is a symlink (to {os.readlink(latest)}) where this run names "
+                        "its newest checkpoint, which a run never writes through nor removes")
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
