@@ -154,6 +154,34 @@ def test_documents_told_from_the_host_make_a_step_read_nothing(family, precision
     assert seen == (Counter({"Tensor.tolist": experts}) if experts else Counter())
 
 
+@pytest.mark.parametrize("optimizer, precision", [("muon", "bf16"), ("adamw", "fp16"),
+                                                  ("muon", "fp16")])
+def test_muon_and_fp16_steps_read_nothing_either(optimizer, precision):
+    """The skip of a non-finite step (issue 52) is decided on the device for every optimizer:
+    Muon keeps its update where the flag says, fp16's scaler is lowered without a read."""
+    from longpack.training import TrainConfig
+    from longpack.training.data.loader import make_batch
+    from longpack.training.parallel.distributed import launched
+    from longpack.training.step import prepare, train_step
+
+    name, args = FAMILIES["neox"]
+    torch.manual_seed(0)
+    model = archs.build(name, **args)
+    cfg = TrainConfig(shards="x", model=name, lr=1e-3, warmup=0, precision=precision,
+                      optimizer=optimizer)
+    procs = launched()
+    state = prepare(model, cfg, procs)
+    rng = np.random.default_rng(0)
+
+    def micro_batch():
+        return make_batch([(rng.integers(0, model.cfg.vocab_size, 97), np.array([0, 40]), None)
+                           for _ in range(2)])
+
+    train_step(state, [micro_batch()], 0, cfg, procs)  # the first: lazy set-up
+    seen = host_reads(lambda: train_step(state, [micro_batch()], 1, cfg, procs))
+    assert seen == Counter()
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_a_trainer_step_reads_nothing_for_any_family(family, precision):

@@ -140,6 +140,26 @@ def test_a_val_loss_that_is_not_finite_is_null_in_metrics_jsonl(tmp_path, build_
     assert last["loss"] is not None and "skipped" not in last
 
 
+def test_fp16_overflows_that_never_end_stop_the_run(tmp_path):
+    """An overflow with a finite loss is fp16's routine and no step towards --max-skipped-steps;
+    one at every step skipped every step for ever, said each time."""
+    from longpack.training.loop import SkippedSteps
+
+    skips = SkippedSteps(3, "fp16")
+    overflow = {"skipped": True, "nonfinite": ["grad_norm"]}
+    for step in range(SkippedSteps.OVERFLOWS_LIMIT - 1):
+        skips.count(record := {**overflow, "step": step})
+        assert "fp16's overflow, its scale lowered" in skips.after(record, tmp_path)
+    skips.count({"step": 39})  # a good step: the count starts again
+    for step in range(40, 40 + SkippedSteps.OVERFLOWS_LIMIT - 1):
+        skips.count(record := {**overflow, "step": step})
+        skips.after(record, tmp_path)
+    skips.count(record := {**overflow, "step": 79})
+    with pytest.raises(TrainingError, match=r"^40 steps in a row \(to step 79\) had fp16 "
+                       r"gradients that overflow.*--precision bf16\)$"):
+        skips.after(record, tmp_path)
+
+
 def test_max_skipped_steps_in_a_row_stop_the_run_in_one_line(tmp_path, build_dir, monkeypatch):
     from longpack.training.loop import train
 

@@ -244,16 +244,22 @@ class SkippedSteps:
     (every --log-every steps), so a run may skip up to --log-every updates more before it
     stops; the weights stay as they were before the first."""
 
+    # fp16 overflows in a row that stop a run: its scaler halves the scale at each, from 2**16,
+    # so by then a gradient overflows at a scale of 2**-24 (fp16's least), at any scale at all
+    OVERFLOWS_LIMIT = 40
+
     def __init__(self, limit: int, precision: str):
-        self.limit, self.in_a_row, self.total = limit, 0, 0
+        self.limit, self.in_a_row, self.total, self.overflows_in_a_row = limit, 0, 0, 0
         # fp16's overflowed gradients (a finite loss) are its scaler's routine while it finds
-        # its scale: skipped, said, but no step towards the limit
+        # its scale: skipped, said, but no step towards the limit (OVERFLOWS_LIMIT's instead)
         self.overflows = precision == "fp16"
 
     def count(self, record: dict) -> None:
         skipped = record.get("skipped", False)
-        counted = skipped and not (self.overflows and "loss" not in record["nonfinite"])
+        overflow = skipped and self.overflows and "loss" not in record["nonfinite"]
+        counted = skipped and not overflow
         self.in_a_row = self.in_a_row + 1 if counted else 0
+        self.overflows_in_a_row = self.overflows_in_a_row + 1 if overflow else 0
         self.total += skipped
         if skipped:
             record["skipped_in_a_row"] = self.in_a_row
@@ -268,6 +274,12 @@ class SkippedSteps:
                   f"fp16's overflow, its scale lowered; {self.total} in this run")
         line = (f"step {record['step']}: the {what} {verb} not finite: its update was skipped "
                 f"({counts})")
+        if self.overflows_in_a_row >= self.OVERFLOWS_LIMIT:
+            raise TrainingError(
+                f"{self.overflows_in_a_row} steps in a row (to step {record['step']}) had fp16 "
+                "gradients that overflow, the scale lowered at each: they are not finite at any "
+                f"scale, and the run stops; {saving.resume_point(run)} (resume with a lower "
+                "--lr, or --precision bf16)")
         if self.in_a_row >= self.limit:
             raise TrainingError(
                 f"{self.in_a_row} steps in a row (to step {record['step']}) had a loss or "
