@@ -238,3 +238,29 @@ def test_a_signal_ignored_at_start_stays_ignored_nohup():
         os.kill(os.getpid(), signal.SIGHUP)
         os.kill(os.getpid(), signal.SIGHUP)  # a second hangup: no stop at once, no checkpoint lost
         assert stop.requested
+
+
+@pytest.mark.slow
+def test_two_processes_skip_and_stop_together_with_ddp_and_fsdp(tmp_path, shards_once):
+    """A learning rate that blows the weights up: every process skips the same steps (the
+    flag is of the global norm) and stops at --max-skipped-steps in one line, under DDP with
+    AdamW and --fsdp with Muon's sharded update; no process waits for another."""
+    from conftest import run_train_jobs
+
+    jobs = []
+    for name, more in (("ddp", []), ("fsdp", ["--fsdp", "--optimizer", "muon",
+                                              "--muon-lr", "1e30"])):
+        jobs.append({"argv": ["--shards", str(shards_once), "--out", str(tmp_path / name),
+                              "--model", "neox-tiny", "--batch-size", "2", "--max-steps", "30",
+                              "--lr", "1e30", "--weight-decay", "0", "--warmup", "0", "--clip",
+                              "0", "--log-every", "1", "--save-every", "100", "--workers", "0",
+                              *more],
+                     "stdout": str(tmp_path / name)})
+    run_train_jobs(tmp_path, jobs, timeout=300)
+    for name in ("ddp", "fsdp"):
+        said = [(tmp_path / f"{name}.rank{rank}").read_text() for rank in (0, 1)]
+        for printed in said:
+            errors = [line for line in printed.splitlines() if line.startswith("Error: ")]
+            assert len(errors) == 1 and "steps in a row" in errors[0] and \
+                "were skipped: the run stops" in errors[0], (name, printed[-2000:])
+        assert not any((tmp_path / name).glob("step-*")), name  # nothing non-finite saved
