@@ -656,3 +656,6 @@ def test_sources_in_a_bucket_are_copied_once_and_read_as_here(tmp_path, shards_o
         begin(config(shards_once, tmp_path / "b", init_from=hf_url), None, lambda m: None)
     with pytest.raises(TrainingError, match="nothing there is a longpack checkpoint"):
         begin(config(shards_once, tmp_path / "b", init_from=s3.url("nothing")), None, print)
+    gone = s3.url("nothing").replace(f"s3://{s3.name}/", "s3://no-such-bucket-here/")
+    with pytest.raises(TrainingError, match=r"^--init-from s3://no-such-bucket-here/nothing: "):
+        begin(config(shards_once, tmp_path / "b", init_from=gone), None, print)

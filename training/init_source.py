@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from longpack import archs
-from longpack.core import TrainingError, is_url, redact
+from longpack.core import LongpackError, TrainingError, is_url, redact
 from longpack.training.checkpoints import checkpoint
 
 FIX = "pass a longpack run or checkpoint folder, or a transformers model folder"
@@ -68,7 +68,12 @@ def open_source(text: str, log) -> Source:
 
     given = redact(text) if is_url(text) else text
     where = f"--init-from {given}"
-    path = fetched(text, where) if is_url(text) else Path(text)
+    try:
+        path = fetched(text, where) if is_url(text) else Path(text)
+    except TrainingError:
+        raise
+    except LongpackError as e:  # the store's own line (a bucket not there, no credentials)
+        raise TrainingError(f"{where}: {e}") from None
     if not path.exists():
         hint = ""
         if text in ("scratch", "resume") or text.startswith("gpt2"):
