@@ -11,10 +11,14 @@ unless given another `log`).
     history = longpack.train(shards="./mds", out="./run", model="neox-tiny", max_steps=20)
     longpack.export("./run", "./hf")                       # zoo export --to hf
 
-An unknown setting is a SettingsError naming the nearest known one, as a config file's is.
+An unknown setting is a SettingsError naming the nearest known one, as a config file's is;
+a settings error names the keywords where the command names its flags (`train: min_lr=1.0 is
+above lr=0.0003`), and a path, alone or in a list, is text or a Path, never a number.
 """
 
 import dataclasses
+import os
+import re
 from pathlib import Path
 
 from longpack.core import LongpackError, SettingsError
@@ -24,9 +28,9 @@ def _config(cls, settings: dict, command: str):
     """cls(**settings), the dataclass checking each value as its flag's (longpack/core/settings.py);
     every unknown name refused at once, each with the nearest known one, as a config file's
     keys are. A value is checked first under the keyword the caller wrote (`train:
-    val_fraction = '0.1' is not a number`, not the flag's name); text (a path, a URL, a
-    size) is text or a Path, never a number cast to text."""
-    from longpack.core import check_values, kinds, refuse_unknown
+    val_fraction = '0.1' is not a number`, not the flag's name), and a rule that ties settings
+    together says the keywords too (`_as_keywords`)."""
+    from longpack.core import check_values, refuse_unknown
 
     fields = {f.name: f for f in dataclasses.fields(cls)}
     refuse_unknown(settings, fields, command, answers=_answers(cls))
@@ -34,12 +38,69 @@ def _config(cls, settings: dict, command: str):
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise SettingsError(f"{command} needs {', '.join(f'{n}=...' for n in missing)}")
+    _refuse_numbers(fields, settings, command)
+    values = check_values(cls, settings, command)
+    try:
+        return cls(**values)
+    except SettingsError as e:  # a config's rules are written once, with its flags
+        raise type(e)(f"{command}: {_as_keywords(str(e), fields, values)}") from None
+
+
+def _refuse_numbers(fields: dict, settings: dict, command: str) -> None:
+    """Text (a path, a URL, a size) is text or a Path, never a number cast to text as a
+    config file's may be (out=123 would build ./123); so is each item of a list of paths
+    (`setting(path=True)`: shards=[S, 5] would read ./5)."""
+    from longpack.core import kinds
+
     for name, value in settings.items():
-        allowed = kinds(fields[name].type)
-        if allowed and str in allowed and not {int, float} & set(allowed) and isinstance(
-                value, int | float):
+        f, allowed = fields[name], kinds(fields[name].type)
+        if f.metadata.get("path") and isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                if not isinstance(item, str | os.PathLike):
+                    raise SettingsError(f"{command}: {name}[{i}]={item!r}: give each of {name} "
+                                        "as text or a Path")
+        elif isinstance(value, int | float) and (f.metadata.get("path") or str in allowed
+                                                 and not {int, float} & set(allowed)):
             raise SettingsError(f"{command}: {name}={value!r}: give {name} as text or a Path")
-    return cls(**check_values(cls, settings, command))
+
+
+# A flag in a message (--min-lr, --no-tokenizer) and what is written after it: a quoted text,
+# a number (1.0, 3e-05, 32,768) or a word (cosine-restarts, zstd:9, /data/out; not hf in hf's)
+_FLAG = re.compile(r"(?<![\w-])--(?P<no>no-)?(?P<flag>[a-z][a-z0-9-]*)(?: (?:"
+                   r"(?P<value>'[^']*'|-?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?)"
+                   r"|(?P<word>(?!-)[\w.:/~-]*\w))(?![\w']))?")
+
+
+def _as_keywords(message: str, fields: dict, values: dict) -> str:
+    """A config's message, written with its flags, as a Python caller reads it: each flag of
+    one of `fields` said as its keyword, with its value where one follows (`--min-lr 1.0 is
+    above --lr 0.0003`: `min_lr=1.0 is above lr=0.0003`; `--fsdp`: `fsdp=True`;
+    `--no-tokenizer`: `tokenizer=False`). A word after a flag is its value only when it is one
+    of the setting's choices or the value the caller gave (`--upload is for` is not); a flag of
+    no field (another command's) stays a flag."""
+    import typing
+
+    from longpack.core import flag_of, kinds
+
+    by_flag = {flag_of(f): f for f in fields.values()
+               if "role" in f.metadata and not f.metadata["argument"]}
+
+    def said(m: re.Match) -> str:
+        f = by_flag.get("--" + m["flag"])
+        rest = m[0][m.end("flag") - m.start():]  # what follows the flag, as it was
+        if f is None or m["no"] and bool not in kinds(f.type):
+            return m[0]
+        if bool in kinds(f.type):
+            return f"{f.name}={not m['no']}{rest}"
+        if typing.get_origin(f.type) is tuple:  # a list's item follows, not the setting
+            return f.name + rest
+        if m["value"]:
+            return f"{f.name}={m['value']}"
+        if m["word"] and m["word"] in (*(f.metadata["choices"] or ()), str(values.get(f.name))):
+            return f"{f.name}={m['word']!r}"
+        return f.name + rest
+
+    return _FLAG.sub(said, message)
 
 
 def _answers(cls) -> dict[str, str]:
@@ -61,8 +122,6 @@ def _callable(name: str, value):
 
 def _text(name: str, value) -> str:
     """A path given as text or a Path; SettingsError otherwise."""
-    import os
-
     if not isinstance(value, str | os.PathLike):
         raise SettingsError(f"{name}={value!r}: give {name} as text or a Path")
     return os.fspath(value)

@@ -31,20 +31,21 @@ class BuildConfig:
 
     out: str = setting(help="Output directory (OUT/train, OUT/val, OUT/manifest.json), or a "
                        "store's URL: s3://BUCKET/PREFIX, gs://... (docs/SCALE.md).",
-                       metavar="DIR|URL", role="run")
+                       metavar="DIR|URL", role="run", path=True)
     dataset: str = setting("fineweb-edu", "Named dataset: text field, file patterns, hub "
                            "location.", choices=DATASETS, role="output")
     inputs: tuple[str, ...] = setting((), "File, directory or glob (repeatable). Without it the "
                                       "dataset is fetched from the Hugging Face hub (a -sample "
                                       "dataset: its files shipped with longpack).",
-                                      flag="--input", multiple=True, metavar="PATH", role="run")
+                                      flag="--input", multiple=True, metavar="PATH", role="run",
+                                      path=True)
     subset: str | None = setting(None, "Hub subset, e.g. sample-10BT (the default), "
                                  "sample-100BT, CC-MAIN-2024-10.", role="output")
     text_field: str | None = setting(None, "Field/column with the text [dataset's: text].",
                                      role="output")
     tokenizer: str = setting("gpt2", "tiktoken name (gpt2, r50k_base, cl100k_base, o200k_base), "
                              "a .tiktoken ranks file, or a Hugging Face tokenizer.json.",
-                             role="output")
+                             role="output", path=True)
     tokenizer_engine: str = setting(
         "auto", "What encodes: fast (fastokens), reference (tiktoken / tokenizers) or auto (fast "
         "where it loads and agrees). The output is the same.", choices=TOKENIZER_ENGINES,
@@ -93,7 +94,7 @@ class BuildConfig:
                                      role="once")
     staging: str | None = setting(None, "--out URL: the local folder where shards wait for "
                                   "their upload, a few at a time [~/.cache/longpack/staging].",
-                                  metavar="DIR", role="run")
+                                  metavar="DIR", role="run", path=True)
 
     def __post_init__(self):
         check(self)  # each field's type, range and choices, as declared above

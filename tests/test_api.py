@@ -128,6 +128,92 @@ def test_every_unknown_keyword_is_named_at_once():
 
 
 
+def test_a_path_is_text_or_a_path_each_item_of_a_list_too(tmp_path):
+    """A number where a path goes was a folder of that name (before: shards=123 read
+    ./123/manifest.json, inputs=[5] looked for a file 5): every path of every config the
+    functions take, alone or in a list, is refused naming the keyword and the item."""
+    import dataclasses
+
+    from longpack.pipeline import BuildConfig, ImportConfig, LaunchConfig
+    from longpack.training import TrainConfig
+    from longpack.zoo import ExportConfig
+
+    here = str(tmp_path)
+    for call, says in (
+            (lambda: longpack.train(shards=[here, 5]), r"^train: shards\[1\]=5: give each of "
+                                                       r"shards as text or a Path$"),
+            (lambda: longpack.plan(shards=(tmp_path, 2.5)), r"^train: shards\[1\]=2.5"),
+            (lambda: longpack.build(out=tmp_path / "o", dataset="jsonl", inputs=[5]),
+             r"^pack build: inputs\[0\]=5: give each of inputs as text or a Path$"),
+            (lambda: longpack.build(out=tmp_path / "o", dataset="jsonl", inputs=[here, None]),
+             r"^pack build: inputs\[1\]=None")):
+        with pytest.raises(SettingsError, match=says):
+            call()
+    calls = {TrainConfig: lambda **kw: longpack.train(**{"shards": here, **kw}),
+             BuildConfig: lambda **kw: longpack.build(**{"out": tmp_path / "o", **kw}),
+             ImportConfig: lambda **kw: longpack.import_tokens(**{"src": here, "out": here, **kw}),
+             ExportConfig: lambda **kw: longpack.export(**{"run": here, "out": here, **kw}),
+             LaunchConfig: None}  # where a build runs: no path
+    paths = {cls: {f.name for f in dataclasses.fields(cls) if f.metadata.get("path")}
+             for cls in calls}
+    assert paths[TrainConfig] == {"shards", "init_from", "out", "upload", "staging", "cache"}
+    assert paths[BuildConfig] == {"out", "inputs", "tokenizer", "staging"}
+    assert paths[ImportConfig] == {"src", "out", "tokenizer"}
+    assert paths[ExportConfig] == {"run", "out", "shards"} and not paths[LaunchConfig]
+    command = {TrainConfig: "train", BuildConfig: "pack build", ImportConfig: "pack import",
+               ExportConfig: "zoo export"}
+    for cls, names in paths.items():
+        for name in names:
+            with pytest.raises(SettingsError, match=rf"^{command[cls]}: {name}=7: give {name} "
+                                                    r"as text or a Path$"):
+                calls[cls](**{name: 7})
+    with pytest.raises(LongpackError, match="manifest.json not found"):  # a Path is a path
+        longpack.plan(shards=[tmp_path / "a"], log=lambda line: None)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_rule_tying_settings_names_the_keywords(tmp_path):
+    """What ties settings together is written once, with the flags (training/config.py's
+    rules, BuildConfig's, LaunchConfig's, the zoo's); from Python it says the keywords, with
+    the values where it gives them (before: --min-lr 1.0 is above --lr 0.0003), and the
+    command line still says the flags."""
+    from longpack.training.cli import train as train_cli
+
+    out = tmp_path / "o"
+    for call, says in (
+            (lambda: longpack.train(shards="x", min_lr=1.0), "train: min_lr=1.0 is above "
+                                                             "lr=0.0003"),
+            (lambda: longpack.plan(shards="x", model_args=["d_model=x"]),
+             "train: model_args: d_model: 'x' is not a int"),
+            (lambda: longpack.train(shards="x", fsdp_replicas=2),
+             "train: fsdp_replicas is hybrid sharding: it needs fsdp=True"),
+            (lambda: longpack.train(shards="x", schedule="cosine", restart_every=5),
+             "train: schedule='cosine-restarts' takes restart_every STEPS"),
+            (lambda: longpack.train(shards="x", upload="here"),
+             "train: upload='here': give a bucket's URL"),
+            (lambda: longpack.train(shards="x", mix_stages=["soon"]),
+             "train: mix_stages 'soon': give START:NAME=WEIGHT"),
+            (lambda: longpack.build(out=out, tasks=2, task_index=5),
+             "pack build: task_index=5 is not a task of tasks=2 (0 to 1)"),
+            (lambda: longpack.build(out=out, last_row="drop"),
+             "pack build: last_row='drop' drops the one partial row of packing='concat'"),
+            (lambda: longpack.build(out=out, format="memmap", compression="zstd"),
+             "pack build: memmap shards are uncompressed .npy files: drop compression (or use "
+             "format='mds')"),
+            (lambda: longpack.build(out=out, wait=True),
+             "pack build: slurm_option, wait=True and dry_run=True need engine='slurm'"),
+            (lambda: longpack.export(tmp_path, out, to="safetensors", tokenizer=False),
+             "zoo export: tokenizer=False and shards are to hf's: to='safetensors' writes")):
+        with pytest.raises(SettingsError) as e:
+            call()
+        assert str(e.value).startswith(says) and "--" not in str(e.value), str(e.value)
+    r = CliRunner().invoke(train_cli, ["--shards", "x", "--min-lr", "1.0", "--dry-run"])
+    assert r.exit_code == 1 and "Error: --min-lr 1.0 is above --lr 0.0003\n" in r.output, r.output
+    r = CliRunner().invoke(pack, ["build", "--out", str(out), "--last-row", "drop"])
+    assert r.exit_code == 1 and "Error: --last-row drop drops" in r.output, r.output
+    assert not out.exists()
+
+
 def test_plan_is_the_dry_run(tmp_path, shards):
     lines = []
     p = longpack.plan(shards=str(shards), model="neox-tiny", batch_size=2, world_size=8,

@@ -33,7 +33,7 @@ class TrainConfig:
         help="Output directory of `pack build` (OUT, with train/ and val/), or its URL "
         "(s3://, gs://, ...), its shards fetched into --cache as they are needed. Repeat it "
         "to train on a mixture, each as NAME=PATH (a bare path is named by its folder).",
-        multiple=True, metavar="[NAME=]PATH")
+        multiple=True, metavar="[NAME=]PATH", path=True)
     mix: str | None = setting(
         None, "Shares of a mixture's sources, NAME=WEIGHT,... (divided by their sum; an "
         "unnamed source gets 0) [each in proportion to its train rows].", metavar="SHARES")
@@ -56,16 +56,18 @@ class TrainConfig:
         None, "Start from these weights: a longpack run or checkpoint folder, or a transformers "
         "model folder (GPTNeoXForCausalLM, Mamba2ForCausalLM, zoo export's). Weights only: the "
         "optimizer, schedule and data order start at step 0; a resume continues the run's own "
-        "checkpoints and never reads it again (docs/TRAIN.md).", metavar="SOURCE")
+        "checkpoints and never reads it again (docs/TRAIN.md).", metavar="SOURCE",
+        path=True)
     out: str = setting("runs/default", "Run directory: checkpoints, metrics.jsonl; or a bucket's "
                        "URL (s3://, gs://): the run is kept in a local folder and uploaded "
-                       "there (as --upload).")
+                       "there (as --upload).", path=True)
     upload: str | None = setting(None, "Also keep the run's checkpoints and metrics.jsonl at "
                                  "this URL (s3://BUCKET/RUN, gs://...), uploaded in the "
                                  "background; --resume auto finds them there on a fresh "
-                                 "machine.", metavar="URL")
+                                 "machine.", metavar="URL", path=True)
     staging: str | None = setting(None, "--out URL: the local folder the run is kept in while "
-                                  "it is uploaded [~/.cache/longpack/staging].", metavar="DIR")
+                                  "it is uploaded [~/.cache/longpack/staging].", metavar="DIR",
+                                  path=True)
     batch_size: int = setting(
         8, "Samples per device per micro-step (the global batch is this x grad_accum x "
         "processes).", min=1, max=MAX_ROWS)
@@ -141,7 +143,7 @@ class TrainConfig:
         metavar="N", min=1, max=MAX_PROCESSES)
     cache: str | None = setting(
         None, "Local directory for MDS shards, decompressed (and downloaded when --shards is "
-        "a URL); default: shard-cache/ inside --out.")
+        "a URL); default: shard-cache/ inside --out.", path=True)
     cache_limit: str = setting(
         "100gb", "Most disk the shard cache may use (e.g. 20gb); the coldest shards are evicted "
         "beyond it.")

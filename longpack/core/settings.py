@@ -41,7 +41,7 @@ ROLES = {
 }
 _FORM = {"flag": None, "choices": None, "multiple": False, "switch": False, "comma": False,
          "show_default": True, "metavar": None, "argument": False, "min": None, "max": None,
-         "min_open": False, "max_open": False, "why": "", "callback": None}
+         "min_open": False, "max_open": False, "why": "", "callback": None, "path": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +85,9 @@ def setting(default=dataclasses.MISSING, help: str = "", *, factory: Callable | 
     switch (a bool that is off unless given: a launcher repeats its --flag only when it is on;
     every bool has --flag and --no-flag), show_default (True, False or the text to show),
     metavar, argument (a positional argument, not a flag), callback (click's: parses the
-    flag's text, which `check` then leaves to the config)."""
+    flag's text, which `check` then leaves to the config), path (text that names a file, a
+    folder or a URL, each item's for a tuple: a Python caller's number there is refused
+    rather than taken as a folder's name, longpack/api.py)."""
     unknown = set(form) - set(_FORM)
     if unknown:
         raise TypeError(f"setting(): unknown {', '.join(sorted(unknown))}")

@@ -52,13 +52,13 @@ class ListConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ExportConfig:
-    run: str = setting(argument=True)
+    run: str = setting(argument=True, path=True)
     step: int | None = setting(None, "The checkpoint of this step [the newest].")
     to: str = setting(help="hf: a folder transformers loads and the hub takes (every family; "
                       "GPT-NeoX as GPTNeoXForCausalLM, the others with their own code: "
                       "trust_remote_code=True); safetensors: config.json + model.safetensors "
                       "that archs.load reads.", choices=EXPORTS)
-    out: str = setting(help="Directory to write (new or empty).")
+    out: str = setting(help="Directory to write (new or empty).", path=True)
     license: str | None = setting(None, "--to hf: the model card's license, as the hub names "
                                   "them (apache-2.0, mit, cc-by-4.0, ...) [other: the weights' "
                                   "terms follow the data's, yours to state].", metavar="ID")
@@ -76,7 +76,7 @@ class ExportConfig:
     shards: str | None = setting(None, "The run's build where it is now (its --out or URL), "
                                  "when it was moved: its tokenizer goes with the model, held to "
                                  "the one the run trained with [where the run read it].",
-                                 metavar="BUILD")
+                                 metavar="BUILD", path=True)
 
     def __post_init__(self):
         check(self)
@@ -94,8 +94,9 @@ class ExportConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    run: str = setting(argument=True)
-    shards: str = setting(help="A build (its --out, or URL) with the run's tokenizer.")
+    run: str = setting(argument=True, path=True)
+    shards: str = setting(help="A build (its --out, or URL) with the run's tokenizer.",
+                          path=True)
     split: str = setting("val", choices=["val", "train"])
     step: int | None = setting(None, "The checkpoint of this step [the newest].")
     batch_size: int = setting(8, min=1)
@@ -103,7 +104,8 @@ class EvalConfig:
                               "windows as train --seq cuts them (a divisor of the build's "
                               "rows) [the run's own --seq: the windows it trained on].", min=2)
     limit: int | None = setting(None, "Only the first N samples of the split [all].", min=1)
-    cache: str | None = setting(None, "Shard cache for a build at a URL [a temporary folder].")
+    cache: str | None = setting(None, "Shard cache for a build at a URL [a temporary folder].",
+                                path=True)
     as_json: bool = setting(False, "Print the figures as JSON.", flag="--json", switch=True,
                             show_default=False)
 
@@ -113,7 +115,7 @@ class EvalConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class GenerateConfig:
-    run: str = setting(argument=True)
+    run: str = setting(argument=True, path=True)
     prompt: str = setting(help="Text to continue (encoded with the build's tokenizer).")
     max_new_tokens: int = setting(50, min=1)
     temperature: float = setting(0.0, "0: greedy.", min=0)
@@ -125,7 +127,7 @@ class GenerateConfig:
     shards: str | None = setting(None, "The run's build where it is now (its --out or URL), "
                                  "when it was moved: the prompt is encoded with its tokenizer, "
                                  "held to the one the run trained with [where the run read it].",
-                                 metavar="BUILD")
+                                 metavar="BUILD", path=True)
 
     def __post_init__(self):
         check(self)

@@ -14,8 +14,8 @@ BIN_DTYPES = ("uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "
 class ImportConfig:
     """The settings of one `pack import`; each field is also its flag (longpack/core/settings.py)."""
 
-    src: str = setting(argument=True, role="output")
-    out: str = setting(help="Output directory.", role="run")
+    src: str = setting(argument=True, role="output", path=True)
+    out: str = setting(help="Output directory.", role="run", path=True)
     seq: int | None = setting(None, "Tokens per row (.bin and a .npz's 1-D streams: required; "
                               ".npy/.pt/.npz arrays: their width) "
                               "[the files'].", min=2, role="output")
@@ -24,7 +24,8 @@ class ImportConfig:
     eos_id: int | None = setting(None, "Documents end at this id (their starts are recorded) "
                                  "[rows are documents].", min=0, role="output")
     tokenizer: str | None = setting(None, "The tokenizer the ids are of, recorded (and its "
-                                    "vocabulary checked) [the largest id + 1].", role="output")
+                                    "vocabulary checked) [the largest id + 1].", role="output",
+                                    path=True)
     format: str = setting("mds", choices=FORMATS, role="output")
     shard_bytes: int = setting(64 << 20, min=1, role="output")
     overwrite: bool = setting(False, "Replace an existing build in --out.", switch=True,

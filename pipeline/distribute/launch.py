@@ -49,7 +49,7 @@ class LaunchConfig:
 class MergeConfig:
     """`pack merge OUT`'s settings."""
 
-    out: str = setting(argument=True)
+    out: str = setting(argument=True, path=True)
     task_index: int | None = setting(None, "Only place task I's shards (one such command per "
                                      "task, in parallel); the last one to finish merges.",
                                      metavar="I")

@@ -9,7 +9,8 @@ from longpack.core import SettingsError, check, setting
 
 @dataclass(frozen=True, kw_only=True)
 class StatsConfig:
-    paths: tuple[str, ...] = setting(argument=True, multiple=True, metavar="PATH...")
+    paths: tuple[str, ...] = setting(argument=True, multiple=True, metavar="PATH...",
+                                     path=True)
     verify: bool = setting(False, "Also check checksums, token ids, document starts and "
                            "continued documents' hashes.", switch=True, show_default=False)
     as_json: bool = setting(False, "Print the report as JSON (docs/STATS.md).", flag="--json",
@@ -18,7 +19,7 @@ class StatsConfig:
                                  "boundaries marked.", metavar="ROW", min=0)
     split: str = setting("train", "Split for --decode.")
     plot: str | None = setting(None, "Write document-length and token-frequency plots to this "
-                               "PNG.", metavar="FILE")
+                               "PNG.", metavar="FILE", path=True)
     throughput: float | None = setting(None, "Training throughput, for a time estimate.",
                                        metavar="TOKENS/S", min=0, min_open=True)
     budget: float | None = setting(None, "Training budget in tokens, for epochs and time.",
