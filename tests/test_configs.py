@@ -162,3 +162,27 @@ def test_each_config_trains_two_steps_at_a_tiny_scale(path, shards, tmp_path):
                                                   "--batch-size", "2", "--limit", "2",
                                                   "--json"]).output)
         assert got["loss"] == pytest.approx(final["val_loss"], abs=1e-5)
+
+
+def test_the_onecycle_run_ends_where_onecycle_lr_does(tmp_path):
+    """Seed 004's OneCycleLR(max_lr=lr, total_steps, pct_start=0.1, anneal_strategy='cos')
+    ends at lr / 25 / 10,000 (its div_factor 25, final_div_factor 1e4): the file said so in
+    its comment and set 1.2e-8, ten times that. The file's values are those the seed's own
+    keys translate to (training/names.py)."""
+    import tomllib
+
+    from longpack import SettingsError
+    from longpack.training import config_file
+
+    run = tomllib.loads((CONFIGS / "resonance-32k-1gpu.toml").read_text())
+    optim, steps = run["optim"], run["training"]["max_steps"]
+    assert optim["schedule"] == "onecycle"
+    assert optim["min_lr"] == pytest.approx(optim["lr"] / 25 / 10_000, rel=1e-9)
+    seed = tmp_path / "seed.yaml"
+    seed.write_text(f"max_lr: {optim['lr']}\ntotal_steps: {steps}\npct_start: 0.1\n"
+                    "anneal_strategy: cos\n")
+    with pytest.raises(SettingsError) as e:
+        config_file.read(str(seed))
+    said = str(e.value)
+    assert float(re.search(r"-> min_lr: (\S+) \(", said)[1]) == optim["min_lr"]
+    assert f"-> warmup: {optim['warmup']} (" in said and '-> schedule: "onecycle"' in said

@@ -139,9 +139,7 @@ pin_memory: true
 persistent_workers: true
 prefetch_factor: 4
 multiprocessing_context: spawn
-scheduler: OneCycleLR
 max_lr: 3e-4                # the value is left open
-total_steps: 300            # the value is left open
 pct_start: 0.1
 anneal_strategy: cos
 max_norm: 1.0

@@ -26,7 +26,18 @@ HELP_SECTIONS = {"shards": "Data", "model": "Model", "out": "Where the run goes"
             "version": "Other"}
 
 
+GIVEN = "longpack.train.given"  # ctx.meta's key: the parameters the command line gives
+
+
 class GroupedHelp(Command):
+    def parse_args(self, ctx, args):
+        # --config is read first (eager), before the other flags are processed: it is told
+        # which settings the command line gives (parsed, not yet processed), whose checks
+        # against the file's values are then the flags' own
+        opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        ctx.meta[GIVEN] = frozenset(opts)
+        return super().parse_args(ctx, args)
+
     def format_options(self, ctx, formatter):
         sections, title = {}, "Run"
         for param in self.get_params(ctx):
@@ -43,13 +54,14 @@ def _read_config_file(ctx, _param, path):
     """--config: the file's settings (training/config_file.py: every problem in one line, other
     trainers' names with ours), checked as the Python API's are (longpack/core/settings.py), become
     the defaults of the flags (click's default_map), so a flag on the command line wins and
-    --shards may come from the file."""
+    --shards may come from the file. The rules and report backends the file's values break are
+    in its error, but for those a flag given takes part in (GIVEN), which TrainConfig checks."""
     from longpack.training import config_file
 
     if path is None:
         return None
     try:
-        settings = config_file.read(path)
+        settings = config_file.read(path, ctx.meta.get(GIVEN, ()))
     except SettingsError as e:  # the line names the file: no pointer to --help
         raise OneLineUsageError(str(e), points_to_help=False) from None
     ctx.default_map = {**(ctx.default_map or {}), **settings}

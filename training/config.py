@@ -1,10 +1,13 @@
 """The trainer's settings: one frozen dataclass whose fields are also `train`'s flags, each
-with its type, range and choices (longpack/core/settings.py); `rules` holds what ties them together."""
+with its type, range and choices (longpack/core/settings.py); `broken` holds what ties them
+together, which `rules` checks."""
 
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from functools import cached_property
 
-from longpack.core import DataError, SettingsError, check, setting
+from longpack.core import DataError, LongpackError, SettingsError, check, flag_of, setting
 
 SCHEDULES = ("cosine", "wsd", "constant", "onecycle", "cosine-restarts")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -186,17 +189,9 @@ class TrainConfig:
 
     @cached_property
     def model_overrides(self) -> dict:
-        """--model-arg as the model config's fields (archs.parse_args: unknown keys and types;
-        the model's config checks the values), and --activation-checkpointing as every
-        family's `checkpointing` field."""
-        from longpack import archs
-
-        overrides = archs.parse_args(self.model, list(self.model_args))
-        if "checkpointing" in overrides:
-            raise ValueError("checkpointing is the flag --activation-checkpointing "
-                             "(activation_checkpointing = true in a config file)")
-        return {**overrides, "checkpointing": True} if self.activation_checkpointing \
-            else overrides
+        """--model-arg as the model config's fields, with --activation-checkpointing
+        (`model_overrides`)."""
+        return model_overrides(self.model, self.model_args, self.activation_checkpointing)
 
     def to_dict(self) -> dict:
         """The settings as a run records them (checkpoints, W&B): local --shards, --cache and
@@ -219,52 +214,97 @@ class TrainConfig:
                 "init_from": self.init_from and absolute(self.init_from)}
 
 
+def model_overrides(model: str, model_args, activation_checkpointing: bool) -> dict:
+    """--model-arg as the model config's fields (archs.parse_args: unknown keys and types; the
+    model's config checks the values), and --activation-checkpointing as every family's
+    `checkpointing` field."""
+    from longpack import archs
+
+    overrides = archs.parse_args(model, list(model_args))
+    if "checkpointing" in overrides:
+        raise ValueError("checkpointing is the flag --activation-checkpointing "
+                         "(activation_checkpointing = true in a config file)")
+    return {**overrides, "checkpointing": True} if activation_checkpointing else overrides
+
+
 def rules(cfg: TrainConfig) -> None:
     """What ties settings together (each one's own range and choices are declared on its
-    field): one SettingsError for the first that fails."""
-    cfg.mixture()  # names, shares, stages and epochs: one line each
+    field): the first that fails, naming the flags."""
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+    def flag(name: str, bare: bool = False, fmt: str = "") -> str:
+        said = flag_of(fields[name])
+        return said if bare else f"{said} {format(getattr(cfg, name), fmt)}"
+
+    for _, error in broken(cfg, flag):
+        raise error
+
+
+def broken(cfg, say) -> Iterator[tuple[tuple[str, ...], LongpackError]]:
+    """Each rule that `cfg`'s settings break, as (the settings it ties, the error), every one
+    of them: `rules` says the first, a config file all it breaks by itself
+    (training/config_file.py). `say(name, bare=False, fmt="")` names a setting, with its value
+    unless bare (`fmt` formats it): the flag on the command line (`--min-lr 0.002`), the key
+    where a file gives it (`training.min_lr: 0.002`). `cfg` is a TrainConfig, or the file's
+    values over the defaults, each checked on its own."""
+    from longpack.pipeline import parse_mixture
+
+    try:  # names, shares, stages and epochs: one line each
+        parse_mixture(cfg.shards, cfg.mix, cfg.mix_stages, cfg.max_epochs)
+    except LongpackError as e:
+        yield ("shards", "mix", "mix_stages", "max_epochs"), e
     rows = cfg.max_steps * cfg.batch_size * cfg.grad_accum
     if cfg.total_tokens is None and rows > MAX_RUN_ROWS:
-        raise SettingsError(f"{cfg.max_steps:,} steps (--max-steps, or --total-tokens over a "
-                            f"step's tokens) x --batch-size {cfg.batch_size:,} x --grad-accum "
-                            f"{cfg.grad_accum:,} is {rows:,} rows a process, past the "
-                            f"{MAX_RUN_ROWS:,} (2**42) a run counts, far past any real run: "
-                            "lower one of them")
+        yield ("max_steps", "total_tokens", "batch_size", "grad_accum"), SettingsError(
+            f"{cfg.max_steps:,} steps ({say('max_steps', True)}, or {say('total_tokens', True)} "
+            f"over a step's tokens) x {say('batch_size', fmt=',')} x "
+            f"{say('grad_accum', fmt=',')} is {rows:,} rows a process, past the "
+            f"{MAX_RUN_ROWS:,} (2**42) a run counts, far past any real run: lower one of them")
     if (cfg.schedule == "cosine-restarts") != (cfg.restart_every is not None):
-        raise SettingsError("--schedule cosine-restarts takes --restart-every STEPS (and only "
-                            "it does)")
+        yield ("schedule", "restart_every"), SettingsError(
+            f"{say('schedule', True)} cosine-restarts takes {say('restart_every', True)} STEPS "
+            "(and only it does)")
     if cfg.fsdp_replicas > 1 and not cfg.fsdp:
-        raise SettingsError("--fsdp-replicas is hybrid sharding: it needs --fsdp")
+        yield ("fsdp_replicas", "fsdp"), SettingsError(
+            f"{say('fsdp_replicas', True)} is hybrid sharding: it needs {say('fsdp', True)}")
     if cfg.fsdp and cfg.precision == "fp16":
-        raise SettingsError("--fsdp trains in fp32 or bf16 (bf16 parameters for compute, fp32 "
-                            "master weights and reductions); fp16's loss scaling over sharded "
-                            "gradients is not supported: use --precision bf16")
+        yield ("fsdp", "precision"), SettingsError(
+            f"{say('fsdp', True)} trains in fp32 or bf16 (bf16 parameters for compute, fp32 "
+            "master weights and reductions): fp16's loss scaling over sharded gradients is not "
+            f"supported, use {say('precision', True)} bf16")
     if cfg.min_lr > cfg.lr:
-        raise SettingsError(f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}")
+        yield ("min_lr", "lr"), SettingsError(f"{say('min_lr')} is above {say('lr')}")
     peak = max(cfg.lr, cfg.muon_lr or 0)
     if peak * cfg.weight_decay >= 1:  # decoupled decay scales weights by 1 - lr x wd a step
-        raise SettingsError(f"--weight-decay {cfg.weight_decay} at a learning rate of {peak} "
-                            "would shrink every weight by 100% or more a step (lr x weight "
-                            "decay must be below 1; 0.1 is usual)")
-    muon = [f"--{f.replace('_', '-')}" for f, default in MUON_DEFAULTS.items()
-            if getattr(cfg, f) != default]
+        yield ("weight_decay", "lr", "muon_lr"), SettingsError(
+            f"{say('weight_decay')} at a learning rate of {peak} would shrink every weight by "
+            "100% or more a step (lr x weight decay must be below 1, and 0.1 is usual)")
+    muon = [say(f, True) for f, default in MUON_DEFAULTS.items() if getattr(cfg, f) != default]
     if muon and cfg.optimizer != "muon":
-        raise SettingsError(f"{', '.join(muon)}: Muon's settings, for --optimizer muon (this "
-                            f"run's optimizer is {cfg.optimizer})")
+        yield ("optimizer", *MUON_DEFAULTS), SettingsError(
+            f"{', '.join(muon)}: Muon's settings, for {say('optimizer', True)} muon (this run's "
+            f"optimizer is {cfg.optimizer})")
     from longpack.core import is_url, refuse_unwritable  # light: pipeline loads on first use
 
+    out, upload = say("out", True), say("upload", True)
     if cfg.upload is not None and is_url(cfg.out):
-        raise SettingsError("--upload is for a local --out; --out URL already uploads the run "
-                            "there")
+        yield ("upload", "out"), SettingsError(f"{upload} is for a local {out}: an {out} URL "
+                                               "already uploads the run there")
     if cfg.upload is not None and not is_url(cfg.upload):
-        raise SettingsError(f"--upload {cfg.upload}: give a bucket's URL (s3://BUCKET/RUN, "
-                            "gs://...); a local copy is --out's job")
+        yield ("upload",), SettingsError(f"{say('upload')}: give a bucket's URL "
+                                         f"(s3://BUCKET/RUN, gs://...), a local copy is {out}'s "
+                                         "job")
     if cfg.staging is not None and not is_url(cfg.out):
-        raise SettingsError("--staging is for an --out URL (s3://...): a local --out is the "
-                            "run's folder itself")
-    for url in (cfg.out, cfg.upload):
+        yield ("staging", "out"), SettingsError(f"{say('staging', True)} is for an {out} URL "
+                                                f"(s3://...): a local {out} is the run's folder "
+                                                "itself")
+    for name in ("out", "upload"):
+        url = getattr(cfg, name)
         if url is not None and is_url(url):
-            refuse_unwritable(url, "train")
+            try:
+                refuse_unwritable(url, "train")
+            except LongpackError as e:
+                yield (name,), e
     from longpack.pipeline import cache_bytes
 
     try:
@@ -272,20 +312,24 @@ def rules(cfg: TrainConfig) -> None:
     except DataError:
         limit = 0
     if limit <= 0:
-        raise SettingsError(f"--cache-limit {cfg.cache_limit!r}: give a positive size such as "
-                            "20gb, 500mb or a number of bytes")
+        yield ("cache_limit",), SettingsError(
+            f"{say('cache_limit', True)} {cfg.cache_limit!r}: give a positive size such as "
+            "20gb, 500mb or a number of bytes")
     from longpack import archs  # here, not at the top: torch loads only once a run is being set up
 
+    model = ("model", "model_args", "activation_checkpointing")
     try:
         archs.config(cfg.model)
     except KeyError as e:  # the registry's message lists the choices
-        raise SettingsError(f"--model: {e.args[0]}") from None
+        yield model, SettingsError(f"{say('model', True)}: {e.args[0]}")
+        return
     try:  # a config file's [model] table is --model-arg too (training/cli.py); the model's
-        overrides = cfg.model_overrides  # own config checks each field's type and range
+        # own config checks each field's type and range
+        overrides = model_overrides(cfg.model, cfg.model_args, cfg.activation_checkpointing)
         if "vocab_size" in overrides:
             raise ValueError("vocab_size is not set here: the model takes the vocabulary of the "
                              "build's tokenizer (its manifest's tokenizer.vocab_size), which the "
                              "shards' token ids are numbered in")
         archs.config(cfg.model, **overrides)
     except (ValueError, TypeError) as e:  # an unknown key, a value the config refuses
-        raise SettingsError(f"--model-arg: {e}") from None
+        yield model, SettingsError(f"{say('model_args', True)}: {e}")

@@ -15,13 +15,27 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 def check_installed(kinds: tuple[str, ...]) -> None:
     """Refuse --report-to tensorboard / wandb without the package, and wandb without a login
     (before a run makes anything: wandb.init's own refusal is a traceback after it)."""
+    for kind, needs in unavailable(kinds):
+        raise SettingsError(f"--report-to {kind} {needs}")
+
+
+def unavailable(kinds) -> list[tuple[str, str]]:
+    """(kind, what it needs) for each report backend of `kinds` this machine cannot use now:
+    its package, or for W&B a login (asked of no one). A config file says these among its own
+    problems (training/config_file.py), the command line through `check_installed`."""
+    missing = {}
     for kind in ("tensorboard", "wandb"):
         if kind in kinds:
-            _import(kind)
-    if "wandb" in kinds and os.environ.get("WANDB_MODE", "").lower() not in (
-            "offline", "disabled", "dryrun") and not _logged_in(_import("wandb")):
-        raise SettingsError("--report-to wandb: not logged in to W&B; run `wandb login` or set "
-                            "WANDB_API_KEY (or WANDB_MODE=offline to keep the records locally)")
+            try:
+                _load(kind)
+            except ImportError:
+                missing[kind] = f"needs the {kind} package: {install_hint(kind)}"
+    offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+    if "wandb" in kinds and "wandb" not in missing and not offline \
+            and not _logged_in(_load("wandb")):
+        missing["wandb"] = ("is not logged in to W&B: run `wandb login` or set WANDB_API_KEY "
+                            "(or WANDB_MODE=offline to keep the records locally)")
+    return list(missing.items())
 
 
 def _logged_in(wandb) -> bool:
@@ -33,15 +47,20 @@ def _logged_in(wandb) -> bool:
 
 
 def _import(kind: str):
+    """The backend's writer (SummaryWriter) or module (wandb); SettingsError without it."""
     try:
-        if kind == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-            return SummaryWriter
-        import wandb
-        return wandb
+        return _load(kind)
     except ImportError:
         raise SettingsError(f"--report-to {kind} needs the {kind} package: "
                             f"{install_hint(kind)}") from None
+
+
+def _load(kind: str):
+    if kind == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+        return SummaryWriter
+    import wandb
+    return wandb
 
 
 class MetricsLog:

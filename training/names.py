@@ -13,20 +13,26 @@ An entry's `theirs` is a key as a file writes it, or `section.key` where only th
 gives it this meaning (a section's own entry is looked up before the bare key's). `ours` is
 train's setting, `model.FIELD` for a field of the model's config, or "" when there is none
 (the note then says what is closest). `convert(value, settings)` gives our value from theirs
-and the file's other settings in our names; DROP: the key says nothing train needs."""
+and the file's other settings in our names; DROP: the key says nothing train needs. An
+`implied` entry is what a key means besides its own setting (OneCycleLR's `pct_start` is a
+warmup, and a onecycle schedule ending at lr / 25 / 10,000): said only where the file does not
+give that setting otherwise, and not at all when its convert gives SILENT (what it depends on is
+not in the file)."""
 
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
-DROP = object()  # what a key converts to when it is to be removed: it sets nothing here
+from longpack.training import conversions as to
 
 WHO = {
     "hf": "Hugging Face Trainer (TrainingArguments)",
     "hf-model": "transformers' model configs (GPTNeoXConfig, ...)",
     "accelerate": "Accelerate",
     "nanogpt": "nanoGPT",
-    "torch": "PyTorch (OneCycleLR, DataLoader, clip_grad_norm_)",
+    "torch": "PyTorch (AdamW, OneCycleLR, DataLoader, clip_grad_norm_)",
+    "megatron": "Megatron-LM (its flags, with _)",
+    "keras": "Keras (its optimizers' arguments)",
     "seeds": "the seeds' trainers (configs/ holds their runs)",
     "longpack": "longpack's own earlier name",
 }
@@ -39,6 +45,7 @@ class Name:
     who: tuple[str, ...]
     note: str = ""
     convert: Callable | None = None  # (their value, the file's settings in our names) -> ours
+    implied: bool = False  # besides the key's own setting: said where the file gives it not
 
     def target(self, section: str | None) -> str:
         """Where our name goes in the file: the same one of train's tables, or the top level
@@ -46,84 +53,6 @@ class Name:
         if self.ours.startswith("model.") or section is None:
             return self.ours
         return f"{section}.{self.ours}"
-
-
-def _default(name: str):
-    import dataclasses
-
-    from longpack.training.config import TrainConfig
-
-    return next(f.default for f in dataclasses.fields(TrainConfig) if f.name == name)
-
-
-@dataclass(frozen=True)
-class Converted:
-    """A converted value with the note that says how, in its numbers."""
-    value: object
-    note: str
-
-
-def _times_lr(ratio, settings):
-    lr = settings.get("lr", _default("lr"))
-    whose = "" if "lr" in settings else ", train's default"
-    return Converted(float(f"{ratio * lr:.12g}"),
-                     f"a learning rate, not a ratio: {ratio} x lr {lr}{whose}")
-
-
-def _switch(precision):
-    return lambda on, _settings: precision if on is True else DROP
-
-
-def _reports_with(kind):
-    def convert(on, settings):
-        if on is not True:
-            return DROP
-        given = settings.get("report_to", _default("report_to"))
-        given = given.split(",") if isinstance(given, str) else list(given)
-        return [*given, kind] if kind not in given else DROP
-
-    return convert
-
-
-def _from(table: dict, what: str):
-    def convert(value, _settings):
-        key = str(value).lower().replace("-", "_")
-        if key not in table:
-            raise ValueError(f"{value!r} has no equivalent {what} here, choose from "
-                             + ", ".join(sorted({v for v in table.values() if v is not DROP})))
-        return table[key]
-
-    return convert
-
-
-PRECISION = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
-             "no": "fp32", "fp32": "fp32", "float32": "fp32"}
-SCHEDULES = {"cosine": "cosine", "cosine_with_min_lr": "cosine", "cos": "cosine",
-             "constant": "constant", "constant_with_warmup": "constant",
-             "cosine_with_restarts": "cosine-restarts", "warmup_stable_decay": "wsd",
-             "wsd": "wsd", "onecycle": "onecycle", "onecyclelr": "onecycle",
-             "cosineannealinglr": "cosine", "cosineannealingwarmrestarts": "cosine-restarts"}
-OPTIMIZERS = {"adamw": "adamw", "adamw_torch": "adamw", "adamw_torch_fused": "adamw",
-              "adamw_hf": "adamw", "adam": "adamw", "muon": "muon"}
-
-
-def _betas(index):
-    def convert(betas, _settings):
-        if not isinstance(betas, list | tuple) or len(betas) != 2:
-            raise ValueError(f"{betas!r} is not two numbers, beta1 and beta2")
-        return betas[index]
-
-    return convert
-
-
-def _steps_of_share(share, settings):
-    """A share of the steps, as steps: only where the file gives max_steps (total_tokens
-    becomes steps by the build's row length, which the dry run knows)."""
-    if "max_steps" not in settings or "total_tokens" in settings:
-        raise ValueError(f"give warmup in steps: {share} x the run's steps, which "
-                         "`train --dry-run` prints")
-    steps = settings["max_steps"]
-    return Converted(round(share * steps), f"steps, not a share: {share} x max_steps {steps}")
 
 
 _N = Name
@@ -149,54 +78,83 @@ NAMES: tuple[Name, ...] = (
     _N("max_iters", "max_steps", ("nanogpt",)),
     _N("total_steps", "max_steps", ("torch",)),
     _N("num_train_epochs", "max_epochs", ("hf",),
-       "stops the run before a source is repeated past N epochs, while the schedule spans "
-       "max_steps or total_tokens: give total_tokens too, N x the build's train tokens by "
-       "`pack stats`"),
+       "stops the run before a source is repeated past N epochs, while the run's length is "
+       "max_steps or total_tokens", to.epochs),
+    _N("num_train_epochs", "total_tokens", ("hf",),
+       "N epochs of the file's build: its train rows x their tokens, from its manifest",
+       to.epochs_tokens, implied=True),
     _N("epochs", "max_epochs", ("seeds",),
-       "stops the run before a source is repeated past N epochs, while the schedule spans "
-       "max_steps or total_tokens: give total_tokens too, N x the build's train tokens by "
-       "`pack stats`"),
+       "stops the run before a source is repeated past N epochs, while the run's length is "
+       "max_steps or total_tokens", to.epochs),
+    _N("epochs", "total_tokens", ("seeds",),
+       "N epochs of the file's build: its train rows x their tokens, from its manifest",
+       to.epochs_tokens, implied=True),
     # -- learning rate and schedule
     _N("learning_rate", "lr", ("hf", "nanogpt"), "the peak learning rate"),
     _N("max_lr", "lr", ("seeds", "torch"), "the peak learning rate"),
     _N("min_lr_ratio", "min_lr", ("seeds",),
-       "a learning rate, not a ratio: min_lr_ratio x lr", _times_lr),
+       "a learning rate, not a ratio: min_lr_ratio x lr", to.times_lr),
     _N("warmup_steps", "warmup", ("hf", "seeds")),
     _N("warmup_iters", "warmup", ("nanogpt",)),
     _N("warmup_ratio", "warmup", ("hf",),
-       "steps, not a share: warmup_ratio x the run's steps, which `train --dry-run` prints",
-       _steps_of_share),
+       "steps, not a share: warmup_ratio x the file's max_steps, or train's default",
+       to.steps_of_share),
     _N("pct_start", "warmup", ("torch",),
-       "steps, not a share: pct_start x the run's steps, which `train --dry-run` prints, "
-       "and schedule onecycle without a warmup rises over 30% of them", _steps_of_share),
+       "steps, not a share: pct_start x the file's max_steps, or train's default",
+       to.steps_of_share),
+    _N("pct_start", "schedule", ("torch",), "OneCycleLR's: schedule onecycle",
+       lambda _share, settings: to.onecycle(True, settings), implied=True),
+    _N("pct_start", "min_lr", ("torch",), "OneCycleLR's end, lr / 25 / 10,000",
+       to.onecycle_end(), implied=True),
     _N("lr_scheduler_type", "schedule", ("hf",),
-       "cosine decays to min_lr, theirs to 0: min_lr 0 for that", _from(SCHEDULES, "schedule")),
-    _N("scheduler", "schedule", ("seeds", "torch"), "", _from(SCHEDULES, "schedule")),
-    _N("lr_scheduler", "schedule", ("seeds", "torch"), "", _from(SCHEDULES, "schedule")),
-    _N("anneal_strategy", "", ("torch",), "schedule onecycle anneals by cosine"),
+       "cosine decays to min_lr, theirs to 0: min_lr 0 for that",
+       to.one_of(to.SCHEDULES, "schedule")),
+    _N("scheduler", "schedule", ("seeds", "torch"), "", to.one_of(to.SCHEDULES, "schedule")),
+    _N("scheduler", "min_lr", ("seeds", "torch"), "OneCycleLR's end, lr / 25 / 10,000",
+       to.onecycle_end_if_named, implied=True),
+    _N("lr_scheduler", "schedule", ("seeds", "torch"), "", to.one_of(to.SCHEDULES, "schedule")),
+    _N("lr_scheduler", "min_lr", ("seeds", "torch"), "OneCycleLR's end, lr / 25 / 10,000",
+       to.onecycle_end_if_named, implied=True),
+    _N("anneal_strategy", "schedule", ("torch",),
+       "OneCycleLR's: schedule onecycle, which anneals by cosine", to.onecycle),
+    _N("anneal_strategy", "min_lr", ("torch",), "OneCycleLR's end, lr / 25 / 10,000",
+       to.onecycle_end(), implied=True),
+    _N("final_div_factor", "min_lr", ("torch",),
+       "a learning rate: lr / 25 / final_div_factor, OneCycleLR's end",
+       to.onecycle_end(None)),
+    _N("div_factor", "", ("torch",),
+       "schedule onecycle rises from lr / 25, OneCycleLR's default"),
+    _N("three_phase", "", ("torch",), "schedule onecycle has two phases, up and down"),
     _N("lr_decay_iters", "", ("nanogpt",), "the decay spans the run's steps, max_steps"),
     _N("decay_lr", "schedule", ("nanogpt",), "false: schedule constant",
-       lambda on, _s: DROP if on is True else "constant"),
+       lambda on, _s: to.DROP if on is True else "constant"),
     # -- optimizer
-    _N("optim", "optimizer", ("hf",), "", _from(OPTIMIZERS, "optimizer")),
-    _N("optimizer.type", "optimizer", ("seeds",), "", _from(OPTIMIZERS, "optimizer")),
-    _N("optimizer.name", "optimizer", ("seeds",), "", _from(OPTIMIZERS, "optimizer")),
+    _N("optim", "optimizer", ("hf",), "", to.one_of(to.OPTIMIZERS, "optimizer")),
+    _N("optimizer.type", "optimizer", ("seeds",), "", to.one_of(to.OPTIMIZERS, "optimizer")),
+    _N("optimizer.name", "optimizer", ("seeds",), "", to.one_of(to.OPTIMIZERS, "optimizer")),
     _N("optimizer.momentum", "muon_momentum", ("seeds",),
        "Muon's Nesterov momentum, with optimizer muon"),
     _N("momentum", "muon_momentum", ("seeds",),
        "Muon's Nesterov momentum, with optimizer muon"),
     _N("beta1", "adam_beta1", ("nanogpt",)),
     _N("beta2", "adam_beta2", ("nanogpt",)),
-    _N("betas", "adam_beta1", ("seeds",), "the first of AdamW's betas", _betas(0)),
-    _N("betas", "adam_beta2", ("seeds",), "the second of AdamW's betas", _betas(1)),
+    _N("betas", "adam_beta1", ("torch", "seeds"), "the first of AdamW's betas", to.betas(0)),
+    _N("betas", "adam_beta2", ("torch", "seeds"), "the second of AdamW's betas", to.betas(1)),
+    _N("beta_1", "adam_beta1", ("keras",)),
+    _N("beta_2", "adam_beta2", ("keras",)),
+    _N("eps", "adam_epsilon", ("torch",), "AdamW's epsilon"),
+    _N("epsilon", "adam_epsilon", ("keras",), "AdamW's epsilon"),
+    _N("adam_eps", "adam_epsilon", ("megatron",)),
     _N("max_grad_norm", "clip", ("hf",), "0 turns clipping off"),
     _N("grad_clip", "clip", ("nanogpt",), "0 turns clipping off"),
     _N("max_norm", "clip", ("torch", "seeds"), "0 turns clipping off"),
+    _N("clip_grad", "clip", ("megatron",), "0 turns clipping off"),
     # -- precision and compute
-    _N("bf16", "precision", ("hf",), "", _switch("bf16")),
-    _N("fp16", "precision", ("hf",), "fp16 autocast with a gradient scaler", _switch("fp16")),
-    _N("mixed_precision", "precision", ("accelerate",), "", _from(PRECISION, "precision")),
-    _N("dtype", "precision", ("nanogpt",), "", _from(PRECISION, "precision")),
+    _N("bf16", "precision", ("hf",), "", to.switch("bf16")),
+    _N("fp16", "precision", ("hf",), "fp16 autocast with a gradient scaler", to.switch("fp16")),
+    _N("mixed_precision", "precision", ("accelerate",), "",
+       to.one_of(to.PRECISION, "precision")),
+    _N("dtype", "precision", ("nanogpt",), "", to.one_of(to.PRECISION, "precision")),
     _N("tf32", "", ("hf",), "TF32 matmuls are on for fp32 on GPUs"),
     _N("allow_tf32", "", ("torch",), "TF32 matmuls are on for fp32 on GPUs"),
     _N("torch_compile", "compile", ("hf",)),
@@ -268,16 +226,23 @@ NAMES: tuple[Name, ...] = (
     _N("logging_steps", "log_every", ("hf",), "metrics.jsonl gets every step"),
     _N("log_interval", "log_every", ("nanogpt", "seeds"), "metrics.jsonl gets every step"),
     _N("logging_strategy", "", ("hf",), "a console line every log_every steps"),
-    _N("wandb", "report_to", ("seeds",), "", _reports_with("wandb")),
-    _N("use_wandb", "report_to", ("seeds",), "", _reports_with("wandb")),
-    _N("wandb_log", "report_to", ("nanogpt",), "", _reports_with("wandb")),
-    _N("wandb.enabled", "report_to", ("seeds",), "", _reports_with("wandb")),
+    _N("wandb", "report_to", ("seeds",), "", to.reports_with("wandb")),
+    _N("use_wandb", "report_to", ("seeds",), "", to.reports_with("wandb")),
+    _N("wandb_log", "report_to", ("nanogpt",), "", to.reports_with("wandb")),
+    _N("wandb.enabled", "report_to", ("seeds",), "", to.reports_with("wandb")),
     _N("wandb.project", "wandb_project", ("seeds",)),
     _N("wandb.run_name", "wandb_run_name", ("seeds",)),
     _N("wandb.name", "wandb_run_name", ("seeds",)),
     _N("wandb.entity", "wandb_entity", ("seeds",)),
     _N("wandb.group", "wandb_group", ("seeds",)),
     _N("wandb.tags", "wandb_tags", ("seeds",)),
+    _N("wandb.mode", "", ("seeds",),
+       "the environment's WANDB_MODE: offline keeps the records locally"),
+    _N("wandb.api_key", "", ("seeds",),
+       "credentials come from `wandb login` or the environment's WANDB_API_KEY"),
+    _N("wandb.notes", "", ("seeds",), "a run's notes are written on its W&B page"),
+    _N("wandb.log_model", "", ("seeds",),
+       "checkpoints stay in out, `zoo export` makes a model folder of one"),
     _N("run_name", "wandb_run_name", ("hf",), "the W&B run's name, the run's folder is out"),
     _N("log", "report_to", ("longpack",), "renamed: torchrun reads --log as its --log-dir"),
     # -- the model's config (a [model] table, or model: in YAML, with its name)
@@ -338,7 +303,7 @@ def answers() -> dict[str, str]:
     keyword is told (refuse_unknown), where a file gets the full translation."""
     out = {}
     for n in NAMES:
-        if "." in n.theirs:
+        if "." in n.theirs or n.implied:  # what a key implies is a file's, beside its others
             continue
         said_ = f"it is {n.ours}" if n.ours else "none here"
         out[n.theirs] = "; ".join(filter(None, [out.get(n.theirs), said_ + (
@@ -357,14 +322,16 @@ def markdown() -> str:
     rows = [f"Whose names: {whose}.", "",
             "| their name | train's | difference | whose |", "|---|---|---|---|"]
     for n in NAMES:
-        ours = f"`{n.ours}`" if n.ours else "none"
+        ours = (f"also `{n.ours}`" if n.implied else f"`{n.ours}`") if n.ours else "none"
         rows.append(f"| `{n.theirs}` | {ours} | {n.note} | {', '.join(n.who)} |")
     return "\n".join(rows)
 
 
 def comment_lines(who: str) -> list[str]:
-    """`# theirs -> ours` lines for a config file's comment: `who`'s names with an equivalent."""
-    return [f"#   {n.theirs} -> {n.ours}" for n in NAMES if who in n.who and n.ours]
+    """`# theirs -> ours` lines for a config file's comment: `who`'s names with an equivalent
+    (not what one implies besides)."""
+    return [f"#   {n.theirs} -> {n.ours}" for n in NAMES
+            if who in n.who and n.ours and not n.implied]
 
 
 if __name__ == "__main__":  # python -m longpack.training.names: the table for docs/TRAIN.md
