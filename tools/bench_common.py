@@ -87,6 +87,18 @@ def clean_work(work: Path, made_here: bool, keep: bool, names) -> None:
             shutil.rmtree(work / name, ignore_errors=True)
 
 
+def linked_copies(folder: Path, n: int, out: Path) -> Path:
+    """OUT, holding FOLDER's parquet files linked n times under new names (copyKK-FILE, in that
+    order): a corpus n times as large of the same documents, as pack build reads each name
+    once."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for k in range(n):
+        for path in sorted(folder.glob("*.parquet")):
+            (out / f"copy{k:02d}-{path.name}").symlink_to(path.resolve())
+    return out
+
+
 def build_shared_corpus(work: Path, seq: int, formats=("mds", "memmap")) -> dict[str, Path]:
     """The shared FineWeb-Edu sample, gpt2.tiktoken, rows of `seq`, no val split, per format
     (kept in `work` and reused when already built)."""

@@ -75,6 +75,7 @@ from bench_common import (  # noqa: E402
     CpuWatch,
     clean_work,
     describe_checkout,
+    linked_copies,
     pack_executable,
     verdict,
     work_dir,
@@ -219,17 +220,6 @@ def parse_build(out_dir: Path) -> Parsed:
     return parsed
 
 
-def copies_of(folder: Path, n: int, work: Path) -> Path:
-    """WORK/NAME-xN: the folder's parquet files linked n times (copyK-FILE), in that order."""
-    out = work / f"{folder.name}-x{n}"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    for k in range(n):
-        for path in sorted(folder.glob("*.parquet")):
-            (out / f"copy{k:02d}-{path.name}").symlink_to(path.resolve())
-    return out
-
-
 def input_lengths(folder: Path | None) -> Counter | None:
     """Document lengths the input itself gives (token_count + the EOS), if it has the column."""
     if folder is None:
@@ -343,7 +333,8 @@ def main() -> int:
     seqs = [int(s) for s in args.seqs.split(",")]
     work, made_here = work_dir(args.work, "bench_packing.")
     if args.copies > 1:
-        corpora = [c if c == "sample" else str(copies_of(Path(c), args.copies, work))
+        corpora = [c if c == "sample" else
+                   str(linked_copies(Path(c), args.copies, work / f"{Path(c).name}-x{args.copies}"))
                    for c in corpora]
     print(f"checkout {describe_checkout()}; tokenizer {args.tokenizer}; workers {args.workers}; "
           f"repeat {args.repeat}; memmap; val fraction 0")

@@ -74,6 +74,7 @@ from bench_common import (  # noqa: E402
     CpuWatch,
     clean_work,
     describe_checkout,
+    linked_copies,
     pack_executable,
     verdict,
     work_dir,
@@ -124,12 +125,7 @@ def build_base(work: Path, fmt: str, shard_mib: int = SHARD_MIB, repeats: int = 
         return out
     source = FINEWEB_SAMPLE
     if repeats > 1:  # the same files under other names: pack build reads each name once
-        source = work / f"input-x{repeats}"
-        shutil.rmtree(source, ignore_errors=True)
-        source.mkdir(parents=True)
-        for k in range(repeats):
-            for f in sorted(FINEWEB_SAMPLE.glob("*.parquet")):
-                (source / f"copy{k}-{f.name}").symlink_to(f.resolve())
+        source = linked_copies(FINEWEB_SAMPLE, repeats, work / f"input-x{repeats}")
     cmd = [pack_executable(), "build", "--dataset", "fineweb-edu", "--input", str(source),
            "--tokenizer", str(GPT2_TIKTOKEN), "--seq", str(SEQ), "--val-fraction",
            str(VAL_FRACTION), "--shard-bytes", str(shard_mib * MIB), "--out", str(out),
