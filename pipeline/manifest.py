@@ -35,6 +35,7 @@ TOKENIZER_KEYS = ("name", "source", "sha256", "vocab_size", "eos_id")
 # build's tokenizer has no source, sha256 or file (import_tokens.py)
 TOKENIZER_TYPES = {"name": (str,), "source": (str, type(None)), "sha256": (str, type(None)),
                    "vocab_size": (int,), "eos_id": (int, type(None)), "file": (str,)}
+KIND_WORDS = {str: "text", int: "a whole number", type(None): "null"}  # JSON's, as users read
 SPLIT_KEYS = ("rows", "shards", "padding_tokens", "tokens", "documents")
 
 
@@ -48,7 +49,7 @@ def manifest_lacks(manifest, also: dict | None = None) -> list[str]:
     if not lacks:
         tok = manifest["tokenizer"]
         lacks = [f"tokenizer.{k}" for k in TOKENIZER_KEYS if k not in tok]
-        lacks += [f"tokenizer.{k} as {' or '.join(t.__name__ for t in kinds)}"
+        lacks += [f"tokenizer.{k} as {' or '.join(KIND_WORDS[t] for t in kinds)}"
                   for k, kinds in TOKENIZER_TYPES.items()
                   if k in tok and not (isinstance(tok[k], kinds) and not isinstance(tok[k], bool))]
         if isinstance(tok.get("file"), str) and (Path(tok["file"]).name != tok["file"]

@@ -46,7 +46,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, byte_tokenizer):
      "Error: Invalid value for '--lr': 'fast' is not a valid float (see 'train --help')"),
     (["train", "--shards", "x", "--world-size", "2"],
      "Error: --world-size: only with --dry-run (they shape its plan)"),  # says what to do
-    (["zoo", "export", "--nope"], "Error: No such option '--nope' (see 'zoo export --help')"),
+    (["zoo", "export", "--zzzqqq"], "Error: No such option '--zzzqqq' (see 'zoo export --help')"),
 ])
 def test_a_usage_error_is_one_line_that_says_where_help_is(argv, said):
     """click's usage errors printed the usage block and a hint above the error: three lines
@@ -96,3 +96,13 @@ def test_importing_the_pipeline_pulls_in_neither_torch_nor_torchvision():
             "print(sorted(m for m in ('torch', 'torchvision', 'streaming') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
+
+
+def test_a_misspelt_flag_is_one_line_with_the_nearest_names():
+    from longpack.training.cli import train
+
+    r = CliRunner().invoke(train, ["--batch-sise", "2"], prog_name="train")
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+    assert r.output.startswith("Error: No such option '--batch-sise'")
+    assert "Did you mean" in r.output and "'--batch-size'" in r.output
+    assert r.output.endswith(" (see 'train --help')\n")

@@ -306,8 +306,9 @@ def test_a_report_backend_this_machine_lacks_is_an_item_of_the_one_error(tmp_pat
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     assert error(tmp_path, "report_to: wandb\n") == (
-        "report_to asks for wandb, which is not logged in to W&B: run `wandb login` or set "
-        "WANDB_API_KEY (or WANDB_MODE=offline to keep the records locally)")
+        "report_to asks for wandb, which needs a W&B login this machine does not have: run "
+        "`wandb login` or set WANDB_API_KEY (or WANDB_MODE=offline to keep the records "
+        "locally)")
 
 
 def test_onecycle_lr_keys_become_the_onecycle_schedule_with_its_values(tmp_path):
@@ -332,8 +333,8 @@ def test_onecycle_lr_keys_become_the_onecycle_schedule_with_its_values(tmp_path)
                                     "gradient_accumulation_steps: 8\nwarmup_ratio: 0.02\n"
                                     "scheduler: cosine\n"))
     assert said == ["gradient_accumulation_steps: 8 -> grad_accum: 8",
-                    "warmup_ratio: 0.02 -> warmup: 305 (steps, not a share: 0.02 x 15,259 "
-                    "steps, total_tokens 1,000,000,000 over seq 2048 x batch_size 4 x "
+                    "warmup_ratio: 0.02 -> warmup: 305 (steps, not a share: 0.02 x 15,267 "
+                    "steps, total_tokens 1,000,000,000 over seq 2048 - 1 x batch_size 4 x "
                     "grad_accum 8 tokens a step on one process)",
                     'scheduler: "cosine" -> schedule: "cosine"']
 
@@ -353,10 +354,10 @@ def test_epochs_become_total_tokens_where_the_files_build_says_how_many(tmp_path
                     "or `pack import` wrote)",
                     "epochs: 3 -> max_epochs: 3 (stops the run before a source is repeated "
                     "past 3 epochs, and total_tokens makes the run 3 epochs long)",
-                    f"epochs: 3 -> total_tokens: {3 * rows * seq} (3 x the build's {rows:,} "
-                    f"train rows of {seq} tokens, its manifest's)"]
+                    f"epochs: 3 -> total_tokens: {3 * rows * (seq - 1)} (3 x the build's "
+                    f"{rows:,} train rows of {seq - 1} predicted tokens, its manifest's)"]
     path = tmp_path / "fixed.yaml"  # the edit made: 3 epochs, the dry run says
-    path.write_text(f"shards: {shards}\nmax_epochs: 3\ntotal_tokens: {3 * rows * seq}\n"
+    path.write_text(f"shards: {shards}\nmax_epochs: 3\ntotal_tokens: {3 * rows * (seq - 1)}\n"
                     "batch_size: 4\n")
     r = CliRunner().invoke(train, ["--config", str(path), "--dry-run", "--json",
                                    "--world-size", "1", "--out", str(tmp_path / "r")])
@@ -365,3 +366,12 @@ def test_epochs_become_total_tokens_where_the_files_build_says_how_many(tmp_path
     said = error(tmp_path, "epochs: 3\nmax_steps: 50\n")  # the file's length is kept
     assert said == ("epochs: 3 -> max_epochs: 3 (stops the run before a source is repeated "
                     "past 3 epochs, while the run's length is the file's max_steps)")
+
+
+def test_eps_in_a_model_table_is_the_norms_not_adamws(tmp_path):
+    """The bare eps and epsilon are AdamW's (torch, Keras); a model's table's was taken for
+    AdamW's too."""
+    said = error(tmp_path, "[model]\nname = \"resonance-small\"\neps = 1e-5\n\n[optim]\neps = 1e-6\n",
+                 "run.toml")
+    assert "model.eps: 1e-05 -> model.norm_eps: 1e-05" in said, said
+    assert "optim.eps: 1e-06 -> optim.adam_epsilon: 1e-06" in said, said

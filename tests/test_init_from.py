@@ -659,3 +659,19 @@ def test_sources_in_a_bucket_are_copied_once_and_read_as_here(tmp_path, shards_o
     gone = s3.url("nothing").replace(f"s3://{s3.name}/", "s3://no-such-bucket-here/")
     with pytest.raises(TrainingError, match=r"^--init-from s3://no-such-bucket-here/nothing: "):
         begin(config(shards_once, tmp_path / "b", init_from=gone), None, print)
+
+
+def test_a_source_url_with_credentials_is_the_one_the_run_began_from(tmp_path, shards_once):
+    """The record keeps a URL without its password; the run's setting has it: re-running the
+    command that started the run was refused as another source."""
+    from longpack.training.init_from import _resuming
+
+    cfg = config(shards_once, tmp_path / "r", init_from="https://user:pw@host/models/neox")
+    said = []
+    _resuming(cfg, ({"began_from": {"source": "https://host/models/neox"}},
+                    tmp_path / "r" / "step-00000002"), said.append)
+    assert said == ["--init-from https://host/models/neox: the run began from it and resumes "
+                    "its own checkpoint step-00000002, without reading it again"]  # no password
+    with pytest.raises(TrainingError, match="the run has a checkpoint to resume"):
+        _resuming(cfg, ({"began_from": {"source": "https://host/models/other"}},
+                        tmp_path / "r" / "step-00000002"), said.append)

@@ -117,9 +117,11 @@ def steps_of_share(share, settings):
         batch, _ = _given("batch_size", settings)
         accum, _ = _given("grad_accum", settings)
         tokens = int(settings["total_tokens"])
-        steps = math.ceil(tokens / (int(seq) * batch * accum))
+        # a step's tokens as the trainer counts them (training/setup.resolve_steps): each row's
+        # predictions, seq - 1
+        steps = math.ceil(tokens / ((int(seq) - 1) * batch * accum))
         return Converted(round(share * steps), f"steps, not a share: {share} x {steps:,} steps, "
-                         f"total_tokens {tokens:,} over seq {seq} x batch_size "
+                         f"total_tokens {tokens:,} over seq {seq} - 1 x batch_size "
                          f"{batch} x grad_accum {accum} tokens a step on one process")
     steps, whose = _given("max_steps", settings)
     return Converted(round(share * steps),
@@ -173,6 +175,6 @@ def epochs_tokens(epochs, settings):
     if ("total_tokens" in settings or "max_steps" in settings or split is None
             or isinstance(epochs, bool) or not isinstance(epochs, int | float)):
         return SILENT
-    rows, seq = split
-    return Converted(math.ceil(epochs * rows * seq), f"{epochs} x the build's {rows:,} train "
-                     f"rows of {seq:,} tokens, its manifest's")
+    rows, seq = split  # a row's tokens as the trainer counts them: its predictions, seq - 1
+    return Converted(math.ceil(epochs * rows * (seq - 1)), f"{epochs} x the build's {rows:,} "
+                     f"train rows of {seq - 1:,} predicted tokens, its manifest's")

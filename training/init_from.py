@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from longpack import archs
-from longpack.core import LongpackError, TrainingError, is_url, sha256_file
+from longpack.core import LongpackError, TrainingError, is_url, redact, sha256_file
 from longpack.training.init_source import Source, open_source
 
 # model config fields a run may set otherwise than the weights it starts from: the context
@@ -122,15 +122,17 @@ def _resuming(cfg, found: tuple[dict, Path], log) -> None:
     # resume without --init-from records none there)
     began = (state.get("began_from") or {}).get("source")
     asked = cfg.to_dict()["init_from"]
+    asked = redact(asked) if is_url(asked) else asked  # as the record has it (no password)
+    shown = redact(cfg.init_from) if is_url(cfg.init_from) else cfg.init_from
     if began == asked:
-        log(f"--init-from {cfg.init_from}: the run began from it and resumes its own "
+        log(f"--init-from {shown}: the run began from it and resumes its own "
             f"checkpoint {path.name}, without reading it again")
         return
     how = f"began from {began}" if began else "began from random weights"
-    raise TrainingError(f"--init-from {cfg.init_from}: the run has a checkpoint to resume "
+    raise TrainingError(f"--init-from {shown}: the run has a checkpoint to resume "
                         f"({path}, of a run that {how}), and a resume never reads --init-from; "
                         f"pass --resume never or another --out to start a new run from "
-                        f"{cfg.init_from}, or leave --init-from out to resume")
+                        f"{shown}, or leave --init-from out to resume")
 
 
 # -- the vocabulary ------------------------------------------------------------------------

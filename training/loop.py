@@ -63,8 +63,9 @@ def train(cfg: TrainConfig, resume: str = "auto", log=print,
                 checkpoint.check_model(found, cfg)
             with together_if(cfg.init_from, procs):  # SOURCE may be amiss on one machine
                 init = begin(cfg, found, log)  # --init-from: checked now, its weights read below
-            data, cfg, order = open_data(cfg, Path(cfg.cache or run / SHARD_CACHE), procs.world,
-                                         log)
+            with distributed.failing_together(procs):  # a build amiss on one machine's disk
+                data, cfg, order = open_data(cfg, Path(cfg.cache or run / SHARD_CACHE),
+                                             procs.world, log)
             if found:
                 check_resume(found, data, order, cfg)
             start = found[0]["step"] if found else 0

@@ -29,13 +29,18 @@ def unavailable(kinds) -> list[tuple[str, str]]:
             try:
                 _load(kind)
             except ImportError:
-                missing[kind] = f"needs the {kind} package: {install_hint(kind)}"
+                missing[kind] = _needs_package(kind)
     offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
     if "wandb" in kinds and "wandb" not in missing and not offline \
             and not _logged_in(_load("wandb")):
-        missing["wandb"] = ("is not logged in to W&B: run `wandb login` or set WANDB_API_KEY "
-                            "(or WANDB_MODE=offline to keep the records locally)")
+        missing["wandb"] = ("needs a W&B login this machine does not have: run `wandb login` "
+                            "or set WANDB_API_KEY (or WANDB_MODE=offline to keep the records "
+                            "locally)")
     return list(missing.items())
+
+
+def _needs_package(kind: str) -> str:
+    return f"needs the {kind} package: {install_hint(kind)}"
 
 
 def _logged_in(wandb) -> bool:
@@ -51,8 +56,7 @@ def _import(kind: str):
     try:
         return _load(kind)
     except ImportError:
-        raise SettingsError(f"--report-to {kind} needs the {kind} package: "
-                            f"{install_hint(kind)}") from None
+        raise SettingsError(f"--report-to {kind} {_needs_package(kind)}") from None
 
 
 def _load(kind: str):

@@ -263,6 +263,9 @@ NAMES: tuple[Name, ...] = (
     _N("rope_theta", "model.rotary_base", ("hf-model",)),
     _N("layer_norm_eps", "model.norm_eps", ("hf-model",)),
     _N("rms_norm_eps", "model.norm_eps", ("hf-model",)),
+    # in a model's table eps is its norms' (the bare eps and epsilon are AdamW's)
+    _N("model.eps", "model.norm_eps", ("seeds",), "the norms' epsilon"),
+    _N("model.epsilon", "model.norm_eps", ("seeds",), "the norms' epsilon"),
     _N("initializer_range", "model.init_std", ("hf-model",)),
     _N("num_local_experts", "model.n_experts", ("hf-model",)),
     _N("num_experts", "model.n_experts", ("hf-model",)),
@@ -277,7 +280,9 @@ NAMES: tuple[Name, ...] = (
     _N("chunk_size", "", ("seeds",), "the kernel of a resonance layer spans the whole row"),
     _N("use_parallel_residual", "", ("hf-model",), "gpt-neox's residual is parallel"),
     _N("hidden_act", "", ("hf-model",), "gpt-neox's MLP is GELU, moe's experts SwiGLU"),
-    _N("tie_word_embeddings", "", ("hf-model",), "the embedding and the head are untied"),
+    _N("tie_word_embeddings", "", ("hf-model",),
+       "GPT-NeoX's and MoE's heads are untied, resonance's and Mamba's follow "
+       "model.tie_embeddings: resonance's false, Mamba's true unless given"),
     _N("attention_dropout", "", ("hf-model",), "no dropout"),
     _N("hidden_dropout", "", ("hf-model",), "no dropout"),
     _N("dropout", "", ("nanogpt",), "no dropout"),

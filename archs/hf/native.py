@@ -62,8 +62,9 @@ def hf_config(model, ids: dict, context: int) -> dict:
 
 
 def mamba2_state_dict(model) -> dict[str, torch.Tensor]:
-    """Mamba weights under transformers' Mamba2ForCausalLM names; the head, archs' embedding,
-    as a copy of its own (module docstring)."""
+    """Mamba weights under transformers' Mamba2ForCausalLM names; the head as lm_head.weight:
+    a copy of the embedding where archs ties them (tie_embeddings, the default), else its own
+    (docs/ZOO.md)."""
     ours = model.state_dict()
     out = {"backbone.embeddings.weight": ours["embed.weight"],
            "backbone.norm_f.weight": ours["norm_f.weight"], "lm_head.weight": ours["head.weight"]}

@@ -29,8 +29,8 @@ class OneLineUsageError(click.UsageError):
 
 def one_line(e: click.UsageError, points_to_help: bool = True) -> OneLineUsageError:
     short = OneLineUsageError(e.message, e.ctx, points_to_help)
-    if isinstance(e, click.BadParameter):
-        short.format_message = e.format_message  # "Invalid value for '--flag': ..."
+    # its own words: "Invalid value for '--flag': ...", "No such option: --x Did you mean --y?"
+    short.format_message = e.format_message
     return short
 
 

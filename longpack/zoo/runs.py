@@ -120,9 +120,9 @@ def _build(shards: str | list | None) -> tuple[Path | None, dict | None]:
                         f"{', '.join(lacks)}); re-run the pack build that wrote it")
     if not is_url(location):
         return Path(location), manifest
-    try:  # its tokenizer's copy, cached
+    try:  # its tokenizer's copy, cached (a cache folder that cannot be written: not here)
         return fetch_kept(store, manifest["tokenizer"]) or Path(location), manifest
-    except LongpackError:
+    except (LongpackError, OSError):
         return None, None
 
 
