@@ -138,7 +138,8 @@ class StepTimes:
         spent = time.perf_counter() - self.t_step
         per_step = self.measured or self.about
         if per_step is not None:
-            return f" (about {_seconds(max(per_step - spent, 0.0))} more)"
+            left = per_step - spent
+            return " (under a second more)" if left < 1 else f" (about {duration(left)} more)"
         if self.floor is not None and spent < self.floor:
             return f" (at least {_seconds(self.floor - spent)} more)"
         return f" ({duration(spent)} into it; no step has been timed yet)"
