@@ -5,7 +5,7 @@ an hour of silence) and when Ctrl+C asks how long the step in hand has left.
     about = probe_step(state, model, rows, cfg, device)  # a small micro-batch timed, scaled
     lines = long_steps(floor, about, steps, model, seq, cfg, device)
 
-The floor is a bound, no estimate: a CPU step of neox-350m on 32k rows takes ~5x its floor. So
+The floor is a bound, no estimate (a step does more than its matmuls at their best rate). So
 where the floor says a step takes PROBE_FROM seconds or more, the run times one micro-batch cut
 to about CPU_PROBE_FLOPS (the dry run's probe shape; on a GPU the run's own micro-batch),
 forward and backward after a warm-up, its gradients dropped (no weight moves, no RNG is
